@@ -1,0 +1,37 @@
+#include "core/cotangent.h"
+
+#include "core/error.h"
+
+namespace meshsim {
+
+Cotangent cotangent(const Placement& primal) {
+  switch (primal.kind) {
+    case Placement::Kind::Shard:
+    case Placement::Kind::Replicate:
+      return {primal, false};
+    case Placement::Kind::Reduced:
+      return {Placement::partial(ReduceOp::Sum), false};
+    case Placement::Kind::Partial:
+      if (primal.op == ReduceOp::Sum) return {Placement::reduced(), false};
+      if (primal.op == ReduceOp::Avg) return {Placement::reduced(), true};
+      throw SemanticError(ErrorKind::NotDifferentiable,
+                          primal.str() + " is not differentiable: redistribute it to R first");
+  }
+  return {primal, false};
+}
+
+Spec cotangent_spec(const Spec& primal) {
+  Spec out;
+  out.reserve(primal.size());
+  for (const auto& p : primal) out.push_back(cotangent(p).placement);
+  return out;
+}
+
+int64_t cotangent_scale_divisor(const Mesh& mesh, const Spec& primal) {
+  int64_t d = 1;
+  for (int a = 0; a < mesh.ndim(); ++a)
+    if (cotangent(primal.at(a)).scaled_by_inverse_group) d *= mesh.axis_size(a);
+  return d;
+}
+
+}  // namespace meshsim

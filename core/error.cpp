@@ -1,0 +1,47 @@
+#include "core/error.h"
+
+namespace meshsim {
+
+const char* error_kind_name(ErrorKind kind) {
+  switch (kind) {
+    case ErrorKind::InvalidScenario: return "invalid_scenario";
+    case ErrorKind::IllegalRedistribute: return "illegal_redistribute";
+    case ErrorKind::NotDifferentiable: return "not_differentiable";
+    case ErrorKind::ExclusivityViolation: return "exclusivity_violation";
+    case ErrorKind::ReducedMismatch: return "reduced_mismatch";
+    case ErrorKind::MeshMismatch: return "mesh_mismatch";
+    case ErrorKind::ShapeMismatch: return "shape_mismatch";
+    case ErrorKind::UnsupportedOp: return "unsupported_op";
+  }
+  return "invalid_scenario";
+}
+
+int exit_code_for(ErrorKind kind) {
+  switch (kind) {
+    case ErrorKind::InvalidScenario:
+    case ErrorKind::ShapeMismatch:
+    case ErrorKind::UnsupportedOp:
+      return 2;
+    default:
+      return 3;
+  }
+}
+
+static std::string compose(const std::string& file, const std::string& path, const std::string& msg) {
+  std::string out = file.empty() ? std::string("<input>") : file;
+  out += ": ";
+  out += path.empty() ? std::string("/") : path;
+  out += ": ";
+  out += msg;
+  return out;
+}
+
+InputError::InputError(const std::string& file, const std::string& json_path,
+                       const std::string& message, ErrorKind kind)
+    : std::runtime_error(compose(file, json_path, message)),
+      file_(file),
+      json_path_(json_path),
+      detail_(message),
+      kind_(kind) {}
+
+}  // namespace meshsim

@@ -1,0 +1,52 @@
+// Error kinds of the result contract (DESIGN.md, contract 3) and the exit codes of contract 1.
+#pragma once
+
+#include <stdexcept>
+#include <string>
+
+namespace meshsim {
+
+enum class ErrorKind {
+  InvalidScenario,
+  IllegalRedistribute,
+  NotDifferentiable,
+  ExclusivityViolation,
+  ReducedMismatch,
+  MeshMismatch,
+  ShapeMismatch,
+  UnsupportedOp,
+};
+
+// The spelling used in result JSON: "illegal_redistribute", ...
+const char* error_kind_name(ErrorKind kind);
+
+// Exit code of contract 1: 2 for unusable input, 3 for a scenario illegal under the semantics.
+int exit_code_for(ErrorKind kind);
+
+// A scenario that is illegal under the semantics (exit 3), or unusable (exit 2), raised while running.
+class SemanticError : public std::runtime_error {
+ public:
+  SemanticError(ErrorKind kind, const std::string& message)
+      : std::runtime_error(message), kind_(kind) {}
+  ErrorKind kind() const { return kind_; }
+
+ private:
+  ErrorKind kind_;
+};
+
+// Unusable input found while reading a file: names the file and the JSON path (exit 2).
+class InputError : public std::runtime_error {
+ public:
+  InputError(const std::string& file, const std::string& json_path, const std::string& message,
+             ErrorKind kind = ErrorKind::InvalidScenario);
+  const std::string& file() const { return file_; }
+  const std::string& json_path() const { return json_path_; }
+  const std::string& detail() const { return detail_; }
+  ErrorKind kind() const { return kind_; }
+
+ private:
+  std::string file_, json_path_, detail_;
+  ErrorKind kind_;
+};
+
+}  // namespace meshsim

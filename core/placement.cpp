@@ -1,0 +1,145 @@
+#include "core/placement.h"
+
+#include <cctype>
+#include <stdexcept>
+
+namespace meshsim {
+
+const char* reduce_op_name(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::Sum: return "sum";
+    case ReduceOp::Avg: return "avg";
+    case ReduceOp::Max: return "max";
+    case ReduceOp::Min: return "min";
+  }
+  return "sum";
+}
+
+ReduceOp parse_reduce_op(std::string_view text) {
+  if (text == "sum") return ReduceOp::Sum;
+  if (text == "avg") return ReduceOp::Avg;
+  if (text == "max") return ReduceOp::Max;
+  if (text == "min") return ReduceOp::Min;
+  throw std::invalid_argument("unknown reduce op \"" + std::string(text) +
+                              "\" (expected sum, avg, max or min)");
+}
+
+std::string Placement::str() const {
+  switch (kind) {
+    case Kind::Shard: return "S(" + std::to_string(dim) + ")";
+    case Kind::Replicate: return "R";
+    case Kind::Partial: return std::string("P(") + reduce_op_name(op) + ")";
+    case Kind::Reduced: return "Rd";
+  }
+  return "R";
+}
+
+std::string Placement::pytorch_str() const {
+  switch (kind) {
+    case Kind::Shard: return "Shard(dim=" + std::to_string(dim) + ")";
+    case Kind::Replicate: return "Replicate()";
+    case Kind::Partial: return std::string("Partial(") + reduce_op_name(op) + ")";
+    case Kind::Reduced: return "Reduced()";
+  }
+  return "Replicate()";
+}
+
+namespace {
+
+std::string_view trim(std::string_view s) {
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.remove_prefix(1);
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.remove_suffix(1);
+  return s;
+}
+
+// Splits "Name(arg)" into name and arg; a bare "Name" has an empty arg and has_parens false.
+bool split_call(std::string_view s, std::string_view& name, std::string_view& arg) {
+  auto open = s.find('(');
+  if (open == std::string_view::npos) {
+    name = s;
+    arg = {};
+    return false;
+  }
+  if (s.back() != ')') throw std::invalid_argument("unbalanced parentheses");
+  name = trim(s.substr(0, open));
+  arg = trim(s.substr(open + 1, s.size() - open - 2));
+  return true;
+}
+
+std::string_view strip_keyword(std::string_view arg, std::string_view key) {
+  auto eq = arg.find('=');
+  if (eq == std::string_view::npos) return arg;
+  if (trim(arg.substr(0, eq)) != key) throw std::invalid_argument("unknown argument name");
+  return trim(arg.substr(eq + 1));
+}
+
+int64_t parse_dim(std::string_view arg) {
+  if (arg.empty()) throw std::invalid_argument("missing shard dim");
+  int64_t v = 0;
+  for (char c : arg) {
+    if (!std::isdigit(static_cast<unsigned char>(c))) throw std::invalid_argument("bad shard dim");
+    v = v * 10 + (c - '0');
+    if (v > 64) throw std::invalid_argument("shard dim out of range");
+  }
+  return v;
+}
+
+}  // namespace
+
+Placement parse_placement(std::string_view raw) {
+  std::string_view text = trim(raw);
+  try {
+    std::string_view name, arg;
+    bool parens = split_call(text, name, arg);
+    if (name == "S" || name == "Shard") {
+      if (!parens) throw std::invalid_argument("missing shard dim");
+      return Placement::shard(parse_dim(strip_keyword(arg, "dim")));
+    }
+    if (name == "R" || name == "Replicate") {
+      if (!arg.empty()) throw std::invalid_argument("Replicate takes no argument");
+      if (name == "Replicate" && !parens) throw std::invalid_argument("write Replicate()");
+      return Placement::replicate();
+    }
+    if (name == "Rd" || name == "Reduced") {
+      if (!arg.empty()) throw std::invalid_argument("Reduced takes no argument");
+      if (name == "Reduced" && !parens) throw std::invalid_argument("write Reduced()");
+      return Placement::reduced();
+    }
+    if (name == "P" || name == "Partial") {
+      if (!parens) throw std::invalid_argument("missing reduce op");
+      std::string_view op = strip_keyword(arg, "reduce_op");
+      if (op.size() >= 2 && (op.front() == '"' || op.front() == '\'')) op = op.substr(1, op.size() - 2);
+      if (op.empty()) {
+        if (name == "P") throw std::invalid_argument("missing reduce op");
+        return Placement::partial(ReduceOp::Sum);
+      }
+      return Placement::partial(parse_reduce_op(op));
+    }
+    throw std::invalid_argument("unknown placement");
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument("bad placement \"" + std::string(raw) + "\": " + e.what() +
+                                " (expected S(d), R, P(sum|avg|max|min), Rd or the PyTorch "
+                                "spellings Shard(d), Replicate(), Partial(), Reduced())");
+  }
+}
+
+std::string spec_str(const Spec& spec) {
+  std::string out = "[";
+  for (size_t i = 0; i < spec.size(); ++i) {
+    if (i) out += ", ";
+    out += spec[i].str();
+  }
+  return out + "]";
+}
+
+std::vector<Placement> all_placements(int64_t max_dim) {
+  std::vector<Placement> out;
+  for (int64_t d = 0; d < max_dim; ++d) out.push_back(Placement::shard(d));
+  out.push_back(Placement::replicate());
+  for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min})
+    out.push_back(Placement::partial(op));
+  out.push_back(Placement::reduced());
+  return out;
+}
+
+}  // namespace meshsim

@@ -1,0 +1,64 @@
+// Placements of one tensor over one mesh axis, and specs (one placement per mesh axis).
+// SEMANTICS.md section 1. Canonical spellings: S(0), R, P(sum), P(avg), P(max), P(min), Rd.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace meshsim {
+
+enum class ReduceOp { Sum, Avg, Max, Min };
+
+const char* reduce_op_name(ReduceOp op);
+// Parses "sum" | "avg" | "max" | "min"; throws std::invalid_argument otherwise.
+ReduceOp parse_reduce_op(std::string_view text);
+
+struct Placement {
+  enum class Kind { Shard, Replicate, Partial, Reduced };
+
+  Kind kind = Kind::Replicate;
+  int64_t dim = 0;               // Shard only
+  ReduceOp op = ReduceOp::Sum;   // Partial only
+
+  static Placement shard(int64_t dim) { return {Kind::Shard, dim, ReduceOp::Sum}; }
+  static Placement replicate() { return {Kind::Replicate, 0, ReduceOp::Sum}; }
+  static Placement partial(ReduceOp op = ReduceOp::Sum) { return {Kind::Partial, 0, op}; }
+  static Placement reduced() { return {Kind::Reduced, 0, ReduceOp::Sum}; }
+
+  bool is_shard() const { return kind == Kind::Shard; }
+  bool is_partial() const { return kind == Kind::Partial; }
+  bool is_reduced() const { return kind == Kind::Reduced; }
+  // Rd is a subclass of R: anything that asks "is this replicated?" gets yes for both.
+  bool is_replicate() const { return kind == Kind::Replicate || kind == Kind::Reduced; }
+  bool is_plain_replicate() const { return kind == Kind::Replicate; }
+
+  // Canonical spelling: S(0), R, P(sum), Rd.
+  std::string str() const;
+  // PyTorch spelling: Shard(dim=0), Replicate(), Partial(sum), Reduced().
+  std::string pytorch_str() const;
+
+  bool operator==(const Placement& o) const {
+    if (kind != o.kind) return false;
+    if (kind == Kind::Shard) return dim == o.dim;
+    if (kind == Kind::Partial) return op == o.op;
+    return true;
+  }
+  bool operator!=(const Placement& o) const { return !(*this == o); }
+};
+
+// Accepts both spellings and PyTorch's: S(0), Shard(0), Shard(dim=0), R, Replicate(), P(sum),
+// Partial(), Partial(sum), Partial(reduce_op=sum), Rd, Reduced(). Throws std::invalid_argument.
+Placement parse_placement(std::string_view text);
+
+// One placement per mesh axis, in the order of the mesh's axes.
+using Spec = std::vector<Placement>;
+// "[S(0), R]"
+std::string spec_str(const Spec& spec);
+
+// Every placement with shard dims in [0, max_dim), in a fixed order: S(0..), R, P(sum), P(avg),
+// P(max), P(min), Rd. For exhaustive tests.
+std::vector<Placement> all_placements(int64_t max_dim);
+
+}  // namespace meshsim

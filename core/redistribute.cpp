@@ -1,0 +1,193 @@
+#include "core/redistribute.h"
+
+#include "core/error.h"
+
+namespace meshsim {
+
+const char* step_kind_name(StepKind kind) {
+  switch (kind) {
+    case StepKind::AllGather: return "all_gather";
+    case StepKind::ReduceScatter: return "reduce_scatter";
+    case StepKind::AllReduce: return "all_reduce";
+    case StepKind::AllToAll: return "all_to_all";
+    case StepKind::LocalChunk: return "local_chunk";
+    case StepKind::PartialFromReplicate: return "partial_from_replicate";
+    case StepKind::PadToPartial: return "pad_to_partial";
+    case StepKind::Relabel: return "relabel";
+  }
+  return "relabel";
+}
+
+const char* partial_from_replicate_name(PartialFromReplicate c) {
+  return c == PartialFromReplicate::Divide ? "divide" : "rank0";
+}
+
+bool RedistStep::communicates() const {
+  return kind == StepKind::AllGather || kind == StepKind::ReduceScatter ||
+         kind == StepKind::AllReduce || kind == StepKind::AllToAll;
+}
+
+std::string RedistStep::str() const {
+  std::string out = step_kind_name(kind);
+  out += "(axis " + std::to_string(axis);
+  if (kind == StepKind::AllGather || kind == StepKind::ReduceScatter ||
+      kind == StepKind::LocalChunk || kind == StepKind::PadToPartial)
+    out += ", dim=" + std::to_string(dim);
+  if (kind == StepKind::AllToAll)
+    out += ", split=" + std::to_string(split_dim) + ", concat=" + std::to_string(concat_dim);
+  if (kind == StepKind::AllReduce || kind == StepKind::ReduceScatter)
+    out += std::string(", ") + reduce_op_name(op);
+  out += "): " + from.str() + " -> " + to.str();
+  return out;
+}
+
+namespace {
+
+std::string axis_illegal(const Placement& f, const Placement& t, bool gradient) {
+  if (f == t || !t.is_partial()) return {};
+  if (f.is_shard()) {
+    if (gradient && t.op == ReduceOp::Sum) return {};
+    return f.str() + " -> " + t.str() + " is illegal: a shard cannot become a partial";
+  }
+  if (f.is_partial())
+    return f.str() + " -> " + t.str() + " is illegal: a partial cannot change its reduce op";
+  return {};
+}
+
+bool touches(const Spec& a, const Spec& b, size_t axis, int64_t dim) {
+  return (a[axis].is_shard() && a[axis].dim == dim) || (b[axis].is_shard() && b[axis].dim == dim);
+}
+
+struct Planner {
+  const Mesh& mesh;
+  const Spec& from;
+  const Spec& to;
+  const PlanOptions& options;
+  Spec cur;
+  std::vector<RedistStep> steps;
+
+  void emit(RedistStep s) {
+    s.from = cur[s.axis];
+    if (mesh.axis_size(s.axis) == 1) s.kind = StepKind::Relabel;
+    cur[s.axis] = s.to;
+    steps.push_back(s);
+  }
+
+  // An axis keeps its placement when it does not change and, if it shards dim d, no outer axis
+  // that shards d changes (the nesting order of chunks stays valid).
+  std::vector<bool> kept() const {
+    std::vector<bool> keep(from.size(), false);
+    for (size_t a = 0; a < from.size(); ++a) {
+      if (from[a] != to[a]) continue;
+      bool ok = true;
+      if (from[a].is_shard())
+        for (size_t b = 0; b < a; ++b)
+          if (touches(from, to, b, from[a].dim) && !keep[b]) ok = false;
+      keep[a] = ok;
+    }
+    return keep;
+  }
+
+  bool all_to_all_allowed(size_t a, int64_t i, int64_t j) const {
+    for (size_t b = 0; b < from.size(); ++b)
+      if (b != a && (touches(from, to, b, i) || touches(from, to, b, j))) return false;
+    return true;
+  }
+
+  bool reduce_scatter_allowed(size_t a, int64_t d) const {
+    for (size_t b = 0; b < a; ++b)
+      if (to[b].is_shard() && to[b].dim == d && cur[b] != to[b]) return false;
+    for (size_t b = a + 1; b < cur.size(); ++b)
+      if (cur[b].is_shard() && cur[b].dim == d) return false;
+    return true;
+  }
+
+  void run() {
+    cur = from;
+    const auto keep = kept();
+    const int n = static_cast<int>(from.size());
+    // Phase A: unshard, innermost axis first.
+    for (int a = n - 1; a >= 0; --a) {
+      if (keep[a] || !cur[a].is_shard()) continue;
+      const Placement& t = to[a];
+      const int64_t d = cur[a].dim;
+      RedistStep s;
+      s.axis = a;
+      if (t.is_shard() && all_to_all_allowed(a, d, t.dim)) {
+        s.kind = StepKind::AllToAll;
+        s.split_dim = t.dim;
+        s.concat_dim = d;
+        s.to = t;
+      } else if (t.is_partial()) {  // gradients only: legality was checked
+        s.kind = StepKind::PadToPartial;
+        s.dim = d;
+        s.to = t;
+      } else {
+        s.kind = StepKind::AllGather;
+        s.dim = d;
+        s.to = t.is_reduced() ? Placement::reduced() : Placement::replicate();
+      }
+      emit(s);
+    }
+    // Phase B: reduce partials.
+    for (int a = 0; a < n; ++a) {
+      if (keep[a] || !cur[a].is_partial() || cur[a] == to[a]) continue;
+      const Placement& t = to[a];
+      RedistStep s;
+      s.axis = a;
+      s.op = cur[a].op;
+      if (t.is_shard() && reduce_scatter_allowed(a, t.dim)) {
+        s.kind = StepKind::ReduceScatter;
+        s.dim = t.dim;
+        s.to = t;
+      } else {
+        s.kind = StepKind::AllReduce;
+        s.to = t.is_reduced() ? Placement::reduced() : Placement::replicate();
+      }
+      emit(s);
+    }
+    // Phase C: shard, relabel and make partials, outermost axis first.
+    for (int a = 0; a < n; ++a) {
+      if (keep[a] || cur[a] == to[a]) continue;
+      const Placement& t = to[a];
+      RedistStep s;
+      s.axis = a;
+      s.to = t;
+      if (t.is_shard()) {
+        s.kind = StepKind::LocalChunk;
+        s.dim = t.dim;
+      } else if (t.is_partial()) {
+        s.kind = StepKind::PartialFromReplicate;
+        s.op = t.op;
+        s.convention = options.partial_from_replicate;
+      } else {
+        s.kind = StepKind::Relabel;
+      }
+      emit(s);
+    }
+  }
+};
+
+}  // namespace
+
+std::string redistribute_illegal_reason(const Spec& from, const Spec& to, bool gradient) {
+  if (from.size() != to.size()) return "specs differ in length";
+  for (size_t a = 0; a < from.size(); ++a) {
+    std::string why = axis_illegal(from[a], to[a], gradient);
+    if (!why.empty()) return "mesh axis " + std::to_string(a) + ": " + why;
+  }
+  return {};
+}
+
+std::vector<RedistStep> plan_redistribute(const Mesh& mesh, const Spec& from, const Spec& to,
+                                          const PlanOptions& options) {
+  std::string why = redistribute_illegal_reason(from, to, options.gradient);
+  if (!why.empty())
+    throw SemanticError(ErrorKind::IllegalRedistribute,
+                        "redistribute " + spec_str(from) + " -> " + spec_str(to) + ": " + why);
+  Planner p{mesh, from, to, options, {}, {}};
+  p.run();
+  return p.steps;
+}
+
+}  // namespace meshsim

@@ -1,0 +1,1 @@
+// Placeholder removed by the scenario work; see core/scenario.h.

@@ -1,0 +1,83 @@
+// The scenario file (DESIGN.md, contract 2), read and checked. Every error names the file and the
+// JSON path (InputError, exit 2). Shapes of op results are checked when the scenario runs.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/layout.h"
+#include "core/mesh.h"
+#include "core/placement.h"
+#include "core/redistribute.h"
+
+namespace meshsim {
+
+enum class RedistributeMode { AboveAutograd, BelowAutograd };
+enum class ReducedPropagation { Intersection, Union, Strict };
+enum class DType { Float64, Float32 };
+
+const char* redistribute_mode_name(RedistributeMode m);
+const char* reduced_propagation_name(ReducedPropagation r);
+const char* dtype_name(DType d);
+
+// The options of a run (contract 2, "options"). Planted bugs are switched on by name.
+struct RunOptions {
+  RedistributeMode redistribute = RedistributeMode::AboveAutograd;
+  ReducedPropagation reduced_propagation = ReducedPropagation::Intersection;
+  PartialFromReplicate partial_from_replicate = PartialFromReplicate::Divide;
+  uint64_t seed = 0;
+  DType dtype = DType::Float64;
+  std::string mutant;  // empty: none
+
+  nlohmann::json to_json() const;
+};
+
+// Applies one "key=value" (from --option or the options object); throws std::invalid_argument.
+void set_option(RunOptions& options, const std::string& key, const nlohmann::json& value);
+
+struct InputDecl {
+  std::string name;
+  Shape shape;  // global shape, or each rank's local shape when from_local
+  Spec placements;
+  std::string init = "int";  // int | ones | arange | randn
+  bool from_local = false;
+  bool requires_grad = false;
+  std::string path;  // JSON path, for messages: "/inputs/1"
+};
+
+struct OpDecl {
+  std::string out;
+  std::string op;
+  std::vector<std::string> args;
+  nlohmann::json attrs;  // the whole op object, for op-specific fields
+  std::string path;      // "/program/2"
+};
+
+struct Scenario {
+  std::string file;  // where it was read from, for messages
+  std::string name;
+  Mesh mesh;
+  RunOptions options;
+  std::vector<InputDecl> inputs;
+  std::vector<OpDecl> program;
+  std::string backward;  // empty: forward only
+  nlohmann::json source;  // the document as read
+
+  const InputDecl* find_input(const std::string& name) const;
+};
+
+// The DTensor-level ops this version runs, in alphabetical order.
+const std::vector<std::string>& known_ops();
+
+// Checks the document and builds the scenario; throws InputError naming `file` and the JSON path.
+Scenario parse_scenario(const nlohmann::json& doc, const std::string& file);
+// Reads and parses a file; unreadable files and invalid JSON throw InputError too.
+Scenario load_scenario(const std::string& path);
+// Parses JSON text, naming `file` (and the line and column) on a syntax error.
+nlohmann::json parse_json_text(const std::string& text, const std::string& file);
+nlohmann::json read_json_file(const std::string& path);
+
+}  // namespace meshsim
