@@ -1,6 +1,7 @@
 #include "core/cotangent.h"
 
 #include "core/error.h"
+#include "core/mutants.h"
 
 namespace meshsim {
 
@@ -12,7 +13,8 @@ Cotangent cotangent(const Placement& primal) {
     case Placement::Kind::Reduced:
       return {Placement::partial(ReduceOp::Sum), false};
     case Placement::Kind::Partial:
-      if (primal.op == ReduceOp::Sum) return {Placement::reduced(), false};
+      if (primal.op == ReduceOp::Sum)
+        return {mutant_on(Mutant::CotangentPsumAsR) ? Placement::replicate() : Placement::reduced(), false};
       if (primal.op == ReduceOp::Avg) return {Placement::reduced(), true};
       throw SemanticError(ErrorKind::NotDifferentiable,
                           primal.str() + " is not differentiable: redistribute it to R first");

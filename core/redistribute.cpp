@@ -74,7 +74,9 @@ struct Planner {
   }
 
   // An axis keeps its placement when it does not change and, if it shards dim d, no outer axis
-  // that shards d changes (the nesting order of chunks stays valid).
+  // that shards d changes (the nesting order of chunks stays valid); if it is Partial, no inner
+  // axis with a Partial that does not commute with it is reduced (the global value reduces the
+  // outer Partial axes first, so the outer one is reduced too and made Partial again after).
   std::vector<bool> kept() const {
     std::vector<bool> keep(from.size(), false);
     for (size_t a = 0; a < from.size(); ++a) {
@@ -85,7 +87,19 @@ struct Planner {
           if (touches(from, to, b, from[a].dim) && !keep[b]) ok = false;
       keep[a] = ok;
     }
+    for (size_t a = from.size(); a-- > 0;) {
+      if (!from[a].is_partial()) continue;
+      for (size_t b = a + 1; b < from.size(); ++b)
+        if (from[b].is_partial() && !keep[b] && mesh.axis_size(static_cast<int>(b)) > 1 &&
+            !commute(from[a].op, from[b].op))
+          keep[a] = false;
+    }
     return keep;
+  }
+
+  static bool commute(ReduceOp x, ReduceOp y) {
+    auto linear = [](ReduceOp op) { return op == ReduceOp::Sum || op == ReduceOp::Avg; };
+    return x == y || (linear(x) && linear(y));
   }
 
   bool all_to_all_allowed(size_t a, int64_t i, int64_t j) const {
@@ -131,7 +145,8 @@ struct Planner {
     }
     // Phase B: reduce partials.
     for (int a = 0; a < n; ++a) {
-      if (keep[a] || !cur[a].is_partial() || cur[a] == to[a]) continue;
+      // A Partial that is already the target is reduced only when kept() refused to keep it.
+      if (keep[a] || !cur[a].is_partial() || (cur[a] == to[a] && !from[a].is_partial())) continue;
       const Placement& t = to[a];
       RedistStep s;
       s.axis = a;

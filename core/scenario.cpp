@@ -1,1 +1,550 @@
-// Placeholder removed by the scenario work; see core/scenario.h.
+#include "core/scenario.h"
+
+#include "core/mutants.h"
+
+#include <algorithm>
+#include <charconv>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <map>
+#include <sstream>
+#include <stdexcept>
+#include <string_view>
+
+#include "core/error.h"
+
+namespace meshsim {
+
+using json = nlohmann::json;
+
+namespace {
+
+constexpr const char* kFormat = "meshsim.scenario/1";
+
+// ---- option spellings: one table per enum serves both parsing and naming ----
+
+template <class E>
+struct Choice {
+  const char* name;
+  E value;
+};
+
+constexpr Choice<RedistributeMode> kRedistributeModes[] = {
+    {"above_autograd", RedistributeMode::AboveAutograd},
+    {"below_autograd", RedistributeMode::BelowAutograd}};
+constexpr Choice<ReducedPropagation> kReducedPropagations[] = {
+    {"intersection", ReducedPropagation::Intersection},
+    {"union", ReducedPropagation::Union},
+    {"strict", ReducedPropagation::Strict}};
+constexpr Choice<PartialFromReplicate> kPartialFromReplicate[] = {
+    {"divide", PartialFromReplicate::Divide}, {"rank0", PartialFromReplicate::Rank0}};
+constexpr Choice<DType> kDTypes[] = {{"float64", DType::Float64}, {"float32", DType::Float32}};
+
+constexpr const char* kOptionKeys =
+    "redistribute, reduced_propagation, partial_from_replicate, seed, dtype, mutant";
+
+template <class E, size_t N>
+const char* name_of(E value, const Choice<E> (&choices)[N]) {
+  for (const auto& c : choices)
+    if (c.value == value) return c.name;
+  return choices[0].name;
+}
+
+template <class E, size_t N>
+std::string choice_list(const Choice<E> (&choices)[N]) {
+  std::string out;
+  for (size_t i = 0; i < N; ++i)
+    out += (i ? (i + 1 == N ? " or " : ", ") : "") + std::string(choices[i].name);
+  return out;
+}
+
+// A short rendering of any JSON value for messages (never throws on bad UTF-8).
+std::string brief(const json& v) {
+  std::string text = v.dump(-1, ' ', false, json::error_handler_t::replace);
+  return text.size() > 40 ? text.substr(0, 37) + "..." : text;
+}
+
+template <class E, size_t N>
+E pick(const std::string& key, const json& value, const Choice<E> (&choices)[N]) {
+  if (value.is_string())
+    for (const auto& c : choices)
+      if (value.get_ref<const std::string&>() == c.name) return c.value;
+  throw std::invalid_argument("option " + key + ": expected " + choice_list(choices) + ", got " +
+                              brief(value));
+}
+
+uint64_t parse_seed(const json& value) {
+  if (value.is_number_unsigned()) return value.get<uint64_t>();
+  if (value.is_number_integer() && value.get<int64_t>() >= 0) return value.get<uint64_t>();
+  if (value.is_string()) {
+    const auto& s = value.get_ref<const std::string&>();
+    uint64_t seed = 0;
+    auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), seed);
+    if (!s.empty() && ec == std::errc() && end == s.data() + s.size()) return seed;
+  }
+  throw std::invalid_argument("option seed: expected a non-negative integer, got " + brief(value));
+}
+
+std::string mutant_option(const json& value) {
+  if (value.is_null()) return {};
+  if (value.is_string()) {
+    try {
+      parse_mutant(value.get<std::string>());
+    } catch (const std::invalid_argument& e) {
+      throw std::invalid_argument(std::string("option mutant: ") + e.what());
+    }
+    return value.get<std::string>();
+  }
+  throw std::invalid_argument("option mutant: expected a mutant name (string) or null, got " +
+                              brief(value));
+}
+
+// ---- the op table: arity and attributes of every contract-2 op ----
+
+enum class AttrType { Int, Number, Bool, Spec, Any };
+
+struct AttrRule {
+  const char* key;
+  AttrType type;
+  bool required;
+};
+
+struct OpRule {
+  const char* name;
+  int arity;  // -1: any number of args
+  std::vector<AttrRule> attrs;
+  bool implemented;
+};
+
+const std::vector<OpRule>& op_rules() {
+  static const std::vector<AttrRule> reduction = {{"dim", AttrType::Int, false},
+                                                  {"keepdim", AttrType::Bool, false}};
+  static const std::vector<OpRule> rules = {
+      {"add", 2, {}, true},
+      {"div", 2, {}, false},
+      {"exp", 1, {}, false},
+      {"local_map",
+       -1,
+       {{"in_placements", AttrType::Any, false},
+        {"out_placements", AttrType::Any, true},
+        {"body", AttrType::Any, true},
+        {"returns", AttrType::Any, true},
+        {"reference", AttrType::Any, false}},
+       false},
+      {"mean", 1, reduction, false},
+      {"mm", 2, {}, true},
+      {"mul", 2, {}, true},
+      {"neg", 1, {}, false},
+      {"redistribute", 1, {{"placements", AttrType::Spec, true}}, true},
+      {"relu", 1, {}, false},
+      {"scale", 1, {{"value", AttrType::Number, true}}, false},
+      {"sin", 1, {}, false},
+      {"softmax", 1, {{"dim", AttrType::Int, true}}, false},
+      {"sub", 2, {}, true},
+      {"sum", 1, reduction, true},
+      {"tanh", 1, {}, false},
+      {"transpose", 1, {{"dim0", AttrType::Int, true}, {"dim1", AttrType::Int, true}}, false},
+  };
+  return rules;
+}
+
+const OpRule* find_op_rule(const std::string& name) {
+  for (const auto& r : op_rules())
+    if (name == r.name) return &r;
+  return nullptr;
+}
+
+std::string join(const std::vector<std::string>& items) {
+  std::string out;
+  for (const auto& s : items) out += (out.empty() ? "" : ", ") + s;
+  return out;
+}
+
+// ---- checked access to the document: every failure is an InputError at a JSON path ----
+
+// JSON pointer escaping of one key (RFC 6901).
+std::string pointer_token(const std::string& key) {
+  std::string out;
+  for (char c : key) out += c == '~' ? "~0" : c == '/' ? "~1" : std::string(1, c);
+  return out;
+}
+
+std::string child(const std::string& path, const std::string& key) {
+  return path + "/" + pointer_token(key);
+}
+std::string child(const std::string& path, size_t index) {
+  return path + "/" + std::to_string(index);
+}
+
+std::string in_quotes(const std::string& s) { return "\"" + s + "\""; }
+
+class Reader {
+ public:
+  explicit Reader(std::string file) : file_(std::move(file)) {}
+
+  [[noreturn]] void fail(const std::string& path, const std::string& message,
+                         ErrorKind kind = ErrorKind::InvalidScenario) const {
+    throw InputError(file_, path.empty() ? "/" : path, message, kind);
+  }
+
+  const json& object(const json& v, const std::string& path) const {
+    if (!v.is_object()) fail(path, "expected an object, got " + brief(v));
+    return v;
+  }
+  const json& array(const json& v, const std::string& path) const {
+    if (!v.is_array()) fail(path, "expected an array, got " + brief(v));
+    return v;
+  }
+  std::string string(const json& v, const std::string& path) const {
+    if (!v.is_string()) fail(path, "expected a string, got " + brief(v));
+    return v.get<std::string>();
+  }
+  std::string name(const json& v, const std::string& path) const {
+    std::string s = string(v, path);
+    if (s.empty()) fail(path, "expected a non-empty name");
+    return s;
+  }
+  bool boolean(const json& v, const std::string& path) const {
+    if (!v.is_boolean()) fail(path, "expected true or false, got " + brief(v));
+    return v.get<bool>();
+  }
+  int64_t integer(const json& v, const std::string& path,
+                  int64_t min = std::numeric_limits<int64_t>::min()) const {
+    bool fits = v.is_number_integer() &&
+                (!v.is_number_unsigned() ||
+                 v.get<uint64_t>() <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max()));
+    if (!fits) fail(path, "expected an integer, got " + brief(v));
+    int64_t i = v.get<int64_t>();
+    if (i < min) fail(path, "expected an integer >= " + std::to_string(min) + ", got " + brief(v));
+    return i;
+  }
+  void number(const json& v, const std::string& path) const {
+    if (!v.is_number()) fail(path, "expected a number, got " + brief(v));
+  }
+
+  // The field `key` of an object already checked with object(); missing fields fail.
+  const json& field(const json& obj, const std::string& path, const std::string& key) const {
+    auto it = obj.find(key);
+    if (it == obj.end()) fail(child(path, key), "missing required field " + in_quotes(key));
+    return *it;
+  }
+  // Every key of `obj` must be one of `allowed`.
+  void only_keys(const json& obj, const std::string& path,
+                 const std::vector<std::string>& allowed) const {
+    for (const auto& item : obj.items())
+      if (std::find(allowed.begin(), allowed.end(), item.key()) == allowed.end())
+        fail(child(path, item.key()),
+             "unknown field " + in_quotes(item.key()) + " (expected " + join(allowed) + ")");
+  }
+
+  Shape shape(const json& v, const std::string& path, int64_t min_extent) const {
+    Shape out;
+    int64_t count = 1;
+    array(v, path);
+    for (size_t k = 0; k < v.size(); ++k) {
+      int64_t extent = integer(v[k], child(path, k), min_extent);
+      if (extent != 0 && count > std::numeric_limits<int64_t>::max() / extent)
+        fail(path, "too many elements");
+      count *= extent == 0 ? 1 : extent;
+      out.push_back(extent);
+    }
+    return out;
+  }
+
+  // One placement per mesh axis; each parsed by parse_placement.
+  Spec spec(const json& v, const std::string& path, const Mesh& mesh) const {
+    if (array(v, path).size() != static_cast<size_t>(mesh.ndim()))
+      fail(path, "expected " + std::to_string(mesh.ndim()) + " placements (one per mesh axis " +
+                     join(mesh.axes()) + "), got " + std::to_string(v.size()));
+    Spec out;
+    for (size_t k = 0; k < v.size(); ++k) {
+      std::string text = string(v[k], child(path, k));
+      try {
+        out.push_back(parse_placement(text));
+      } catch (const std::invalid_argument& e) {
+        fail(child(path, k), e.what());
+      }
+    }
+    return out;
+  }
+
+  void check_shape(const Mesh& mesh, const Spec& spec, size_t ndim, const std::string& path) const {
+    std::string why = check_spec(mesh, spec, static_cast<int64_t>(ndim));
+    if (!why.empty()) fail(path, why, ErrorKind::ShapeMismatch);
+  }
+
+ private:
+  std::string file_;
+};
+
+// ---- the parts of a scenario ----
+
+class ScenarioParser {
+ public:
+  ScenarioParser(const json& doc, const std::string& file) : doc_(doc), r_(file) {
+    s_.file = file;
+    s_.source = doc;
+  }
+
+  Scenario parse() {
+    r_.object(doc_, "");
+    r_.only_keys(doc_, "", {"format", "name", "mesh", "options", "inputs", "program", "backward"});
+    parse_format();
+    s_.name = doc_.contains("name") ? r_.string(doc_["name"], "/name")
+                                    : std::filesystem::path(s_.file).stem().string();
+    parse_mesh(r_.field(doc_, "", "mesh"));
+    if (doc_.contains("options")) parse_options(doc_["options"]);
+    const json& inputs = r_.array(r_.field(doc_, "", "inputs"), "/inputs");
+    for (size_t i = 0; i < inputs.size(); ++i) parse_input(inputs[i], child("/inputs", i));
+    const json& program = r_.array(r_.field(doc_, "", "program"), "/program");
+    for (size_t i = 0; i < program.size(); ++i) parse_op(program[i], child("/program", i));
+    if (doc_.contains("backward")) s_.backward = value_name(doc_["backward"], "/backward");
+    return std::move(s_);
+  }
+
+ private:
+  void parse_format() {
+    std::string format = r_.string(r_.field(doc_, "", "format"), "/format");
+    if (format != kFormat)
+      r_.fail("/format",
+              "unsupported format " + in_quotes(format) + " (expected " + in_quotes(kFormat) + ")");
+  }
+
+  void parse_mesh(const json& mesh) {
+    r_.only_keys(r_.object(mesh, "/mesh"), "/mesh", {"axes", "shape"});
+    const json& axes_json = r_.array(r_.field(mesh, "/mesh", "axes"), "/mesh/axes");
+    if (axes_json.empty()) r_.fail("/mesh/axes", "a mesh needs at least one axis");
+    std::vector<std::string> axes;
+    for (size_t k = 0; k < axes_json.size(); ++k) {
+      std::string axis = r_.name(axes_json[k], child("/mesh/axes", k));
+      if (std::find(axes.begin(), axes.end(), axis) != axes.end())
+        r_.fail(child("/mesh/axes", k), "duplicate mesh axis " + in_quotes(axis));
+      axes.push_back(axis);
+    }
+    Shape shape = r_.shape(r_.field(mesh, "/mesh", "shape"), "/mesh/shape", 1);
+    if (shape.size() != axes.size())
+      r_.fail("/mesh/shape", "expected " + std::to_string(axes.size()) +
+                                 " sizes (one per axis), got " + std::to_string(shape.size()));
+    s_.mesh = Mesh(std::move(axes), std::move(shape));
+  }
+
+  void parse_options(const json& options) {
+    for (const auto& item : r_.object(options, "/options").items()) {
+      try {
+        set_option(s_.options, item.key(), item.value());
+      } catch (const std::invalid_argument& e) {
+        r_.fail(child("/options", item.key()), e.what());
+      }
+    }
+  }
+
+  void parse_input(const json& in, const std::string& path) {
+    r_.only_keys(r_.object(in, path), path,
+                 {"name", "shape", "placements", "init", "from_local", "requires_grad"});
+    InputDecl decl;
+    decl.path = path;
+    decl.name = new_value(r_.field(in, path, "name"), child(path, "name"));
+    decl.shape = r_.shape(r_.field(in, path, "shape"), child(path, "shape"), 0);
+    std::string placements = child(path, "placements");
+    decl.placements = r_.spec(r_.field(in, path, "placements"), placements, s_.mesh);
+    r_.check_shape(s_.mesh, decl.placements, decl.shape.size(), placements);
+    if (in.contains("init")) decl.init = parse_init(in["init"], child(path, "init"));
+    if (in.contains("from_local"))
+      decl.from_local = r_.boolean(in["from_local"], child(path, "from_local"));
+    if (in.contains("requires_grad"))
+      decl.requires_grad = r_.boolean(in["requires_grad"], child(path, "requires_grad"));
+    s_.inputs.push_back(std::move(decl));
+  }
+
+  std::string parse_init(const json& v, const std::string& path) const {
+    std::string init = r_.string(v, path);
+    for (const char* known : {"int", "ones", "arange", "randn"})
+      if (init == known) return init;
+    r_.fail(path, "unknown init " + in_quotes(init) + " (expected int, ones, arange or randn)");
+  }
+
+  void parse_op(const json& op, const std::string& path) {
+    r_.object(op, path);
+    OpDecl decl;
+    decl.path = path;
+    decl.op = r_.string(r_.field(op, path, "op"), child(path, "op"));
+    const OpRule& rule = op_rule(decl.op, child(path, "op"));
+    std::vector<std::string> allowed = {"out", "op", "args"};
+    for (const auto& a : rule.attrs) allowed.push_back(a.key);
+    r_.only_keys(op, path, allowed);
+    const json& args = r_.array(r_.field(op, path, "args"), child(path, "args"));
+    for (size_t k = 0; k < args.size(); ++k)
+      decl.args.push_back(value_name(args[k], child(child(path, "args"), k)));
+    if (rule.arity >= 0 && args.size() != static_cast<size_t>(rule.arity))
+      r_.fail(child(path, "args"), decl.op + " takes " + std::to_string(rule.arity) + " argument" +
+                                       (rule.arity == 1 ? "" : "s") + ", got " +
+                                       std::to_string(args.size()));
+    for (const auto& attr : rule.attrs) check_attr(op, path, attr, decl);
+    decl.out = new_value(r_.field(op, path, "out"), child(path, "out"));
+    decl.attrs = op;
+    s_.program.push_back(std::move(decl));
+  }
+
+  const OpRule& op_rule(const std::string& name, const std::string& path) const {
+    const OpRule* rule = find_op_rule(name);
+    if (!rule)
+      r_.fail(path, "unknown op " + in_quotes(name) + " (known: " + join(known_ops()) + ")",
+              ErrorKind::UnsupportedOp);
+    if (!rule->implemented)
+      r_.fail(path,
+              "op " + in_quotes(name) + " is not implemented in this version (implemented: " +
+                  join(implemented_ops()) + ")",
+              ErrorKind::UnsupportedOp);
+    return *rule;
+  }
+
+  void check_attr(const json& op, const std::string& op_path, const AttrRule& attr,
+                  const OpDecl& decl) const {
+    std::string path = child(op_path, attr.key);
+    if (!op.contains(attr.key)) {
+      if (attr.required) r_.fail(path, "missing required field " + in_quotes(attr.key));
+      return;
+    }
+    const json& v = op[attr.key];
+    switch (attr.type) {
+      case AttrType::Int: r_.integer(v, path); break;
+      case AttrType::Number: r_.number(v, path); break;
+      case AttrType::Bool: r_.boolean(v, path); break;
+      case AttrType::Any: break;
+      case AttrType::Spec: {
+        Spec spec = r_.spec(v, path, s_.mesh);
+        // Only inputs have a rank known before the run; op results are checked when it runs.
+        if (const InputDecl* in = decl.args.empty() ? nullptr : s_.find_input(decl.args[0]))
+          r_.check_shape(s_.mesh, spec, in->shape.size(), path);
+        break;
+      }
+    }
+  }
+
+  // A name that refers to an existing value (an input or an earlier op's out).
+  std::string value_name(const json& v, const std::string& path) const {
+    std::string name = r_.string(v, path);
+    if (!defined_.count(name)) r_.fail(path, "unknown value " + in_quotes(name));
+    return name;
+  }
+
+  // A name that defines a new value.
+  std::string new_value(const json& v, const std::string& path) {
+    std::string name = r_.name(v, path);
+    auto [it, inserted] = defined_.emplace(name, path);
+    if (!inserted)
+      r_.fail(path, "value " + in_quotes(name) + " is already defined at " + it->second);
+    return name;
+  }
+
+  const json& doc_;
+  Reader r_;
+  Scenario s_;
+  std::map<std::string, std::string> defined_;  // value name -> JSON path of its definition
+};
+
+}  // namespace
+
+const char* redistribute_mode_name(RedistributeMode m) { return name_of(m, kRedistributeModes); }
+const char* reduced_propagation_name(ReducedPropagation r) {
+  return name_of(r, kReducedPropagations);
+}
+const char* dtype_name(DType d) { return name_of(d, kDTypes); }
+
+json RunOptions::to_json() const {
+  return {{"redistribute", redistribute_mode_name(redistribute)},
+          {"reduced_propagation", reduced_propagation_name(reduced_propagation)},
+          {"partial_from_replicate", partial_from_replicate_name(partial_from_replicate)},
+          {"seed", seed},
+          {"dtype", dtype_name(dtype)},
+          {"mutant", mutant.empty() ? json(nullptr) : json(mutant)}};
+}
+
+void set_option(RunOptions& options, const std::string& key, const json& value) {
+  if (key == "redistribute")
+    options.redistribute = pick(key, value, kRedistributeModes);
+  else if (key == "reduced_propagation")
+    options.reduced_propagation = pick(key, value, kReducedPropagations);
+  else if (key == "partial_from_replicate")
+    options.partial_from_replicate = pick(key, value, kPartialFromReplicate);
+  else if (key == "seed")
+    options.seed = parse_seed(value);
+  else if (key == "dtype")
+    options.dtype = pick(key, value, kDTypes);
+  else if (key == "mutant")
+    options.mutant = mutant_option(value);
+  else
+    throw std::invalid_argument("unknown option " + in_quotes(key) + " (known: " + kOptionKeys +
+                                ")");
+}
+
+const InputDecl* Scenario::find_input(const std::string& input_name) const {
+  for (const auto& in : inputs)
+    if (in.name == input_name) return &in;
+  return nullptr;
+}
+
+const std::vector<std::string>& known_ops() {
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> out;
+    for (const auto& r : op_rules()) out.push_back(r.name);
+    return out;
+  }();
+  return names;
+}
+
+const std::vector<std::string>& implemented_ops() {
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> out;
+    for (const auto& r : op_rules())
+      if (r.implemented) out.push_back(r.name);
+    return out;
+  }();
+  return names;
+}
+
+Scenario parse_scenario(const json& doc, const std::string& file) {
+  return ScenarioParser(doc, file).parse();
+}
+
+Scenario load_scenario(const std::string& path) {
+  return parse_scenario(read_json_file(path), path);
+}
+
+json parse_json_text(const std::string& text, const std::string& file) {
+  try {
+    return json::parse(text);
+  } catch (const json::parse_error& e) {
+    size_t end = std::min(e.byte, text.size());
+    size_t line = 1, column = 1;
+    for (size_t i = 0; i + 1 < end; ++i) {
+      if (text[i] == '\n')
+        ++line, column = 1;
+      else
+        ++column;
+    }
+    // nlohmann's message: "[json.exception.parse_error.101] parse error at line 1, column 2: why".
+    std::string why = e.what();
+    auto colon = why.find(": ");
+    why = colon == std::string::npos ? why : why.substr(colon + 2);
+    throw InputError(file, "/",
+                     "invalid JSON at line " + std::to_string(line) + ", column " +
+                         std::to_string(column) + ": " + why);
+  } catch (const json::exception& e) {  // e.g. a number out of range
+    throw InputError(file, "/", std::string("invalid JSON: ") + e.what());
+  }
+}
+
+json read_json_file(const std::string& path) {
+  std::error_code ec;
+  std::ifstream in(path, std::ios::binary);
+  if (std::filesystem::is_directory(path, ec) || !in)
+    throw InputError(path, "/", "cannot read file");
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (in.bad()) throw InputError(path, "/", "cannot read file");
+  return parse_json_text(text.str(), path);
+}
+
+}  // namespace meshsim

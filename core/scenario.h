@@ -69,8 +69,11 @@ struct Scenario {
   const InputDecl* find_input(const std::string& name) const;
 };
 
-// The DTensor-level ops this version runs, in alphabetical order.
+// The DTensor-level ops of contract 2 (the file format), in alphabetical order.
 const std::vector<std::string>& known_ops();
+// The subset of known_ops() this version's runtime implements, in alphabetical order; a scenario
+// using any other known op is rejected with ErrorKind::UnsupportedOp.
+const std::vector<std::string>& implemented_ops();
 
 // Checks the document and builds the scenario; throws InputError naming `file` and the JSON path.
 Scenario parse_scenario(const nlohmann::json& doc, const std::string& file);

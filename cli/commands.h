@@ -1,0 +1,29 @@
+// The subcommands of `meshsim` (DESIGN.md, contract 1). Each returns the process exit code.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace meshsim::cli {
+
+struct RunArgs {
+  std::string file;
+  bool json = false;
+  std::string trace_out;
+  std::string render_out;
+  std::vector<std::string> options;  // key=value
+};
+int cmd_run(const RunArgs& args);
+
+struct ReplayArgs {
+  std::string trace;
+};
+int cmd_replay(const ReplayArgs& args);
+
+struct RenderArgs {
+  std::string file;
+  std::string out;
+};
+int cmd_render(const RenderArgs& args);
+
+}  // namespace meshsim::cli

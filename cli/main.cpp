@@ -1,0 +1,64 @@
+// meshsim: the command line (DESIGN.md, contract 1).
+#include <iostream>
+
+#include <CLI/CLI.hpp>
+
+#include "cli/commands.h"
+#include "core/error.h"
+#include "cli/check.h"
+
+int main(int argc, char** argv) {
+  using namespace meshsim;
+  CLI::App app{"meshsim: a deterministic simulator and testing harness for distributed tensor semantics"};
+  app.set_version_flag("--version", std::string(MESHSIM_VERSION));
+  app.require_subcommand(1);
+
+  cli::RunArgs run;
+  auto* run_cmd = app.add_subcommand("run", "Run a scenario on the fake mesh and check it against the single-device oracle");
+  run_cmd->add_option("file", run.file, "Scenario file (meshsim.scenario/1)")->required();
+  run_cmd->add_flag("--json", run.json, "Print the result as JSON (meshsim.result/1)");
+  run_cmd->add_option("--trace", run.trace_out, "Write the trace (meshsim.trace/1) to this file");
+  run_cmd->add_option("--render", run.render_out, "Write the dataflow diagram (.svg, .png or .dot)");
+  run_cmd->add_option("--option", run.options, "Override a scenario option, key=value (repeatable)");
+
+  cli::CheckArgs check;
+  auto* check_cmd = app.add_subcommand("check", "Run the property suite");
+  check_cmd->add_option("--cases", check.cases, "Cases per property")->check(CLI::PositiveNumber);
+  check_cmd->add_option("--seed", check.seed, "Seed (printed before the run starts)");
+  check_cmd->add_option("--property", check.properties, "Run only this property (repeatable)");
+  check_cmd->add_option("--mutant", check.mutant, "Switch on a planted bug; the run must then fail");
+  check_cmd->add_option("--out", check.out_dir, "Where counterexample traces are written");
+  check_cmd->add_flag("--list", check.list, "Print the property and mutant names");
+
+  cli::ReplayArgs replay;
+  auto* replay_cmd = app.add_subcommand("replay", "Re-run a trace and compare it event by event");
+  replay_cmd->add_option("trace", replay.trace, "Trace file (meshsim.trace/1)")->required();
+
+  cli::RenderArgs render;
+  auto* render_cmd = app.add_subcommand("render", "Draw a scenario or a trace as a dataflow diagram");
+  render_cmd->add_option("file", render.file, "Scenario or trace file")->required();
+  render_cmd->add_option("-o,--out", render.out, "Output file: .svg, .png or .dot")->required();
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    int code = app.exit(e);
+    return code == 0 ? 0 : 2;
+  }
+  try {
+    if (*run_cmd) return cli::cmd_run(run);
+    if (*check_cmd) {
+      check.seed_given = check_cmd->count("--seed") > 0;
+      return cli::cmd_check(check, std::cout);
+    }
+    if (*replay_cmd) return cli::cmd_replay(replay);
+    if (*render_cmd) return cli::cmd_render(render);
+  } catch (const InputError& e) {
+    std::cerr << "meshsim: " << e.what() << "\n";
+    return 2;
+  } catch (const SemanticError& e) {
+    std::cerr << "meshsim: " << error_kind_name(e.kind()) << ": " << e.what() << "\n";
+    return exit_code_for(e.kind());
+  }
+  return 2;
+}

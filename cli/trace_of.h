@@ -1,0 +1,20 @@
+// The trace of a checked run (DESIGN.md, contract 4).
+#pragma once
+
+#include "core/scenario.h"
+#include "oracles/check.h"
+#include "traces/trace.h"
+
+namespace meshsim::cli {
+
+inline Trace trace_of(const Scenario& sc, const RunOptions& options, const CheckedRun& run) {
+  Trace t;
+  t.version = MESHSIM_VERSION;
+  t.scenario = sc.source;
+  t.options = options.to_json();
+  t.events = run.events;
+  t.result = run.result;
+  return t;
+}
+
+}  // namespace meshsim::cli

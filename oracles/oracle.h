@@ -1,0 +1,21 @@
+// The single-device reference: the scenario on global tensors (a redistribution is the identity),
+// with libtorch autograd for the input gradients.
+#pragma once
+
+#include <map>
+#include <string>
+
+#include <ATen/ATen.h>
+
+#include "core/scenario.h"
+
+namespace meshsim {
+
+struct OracleRun {
+  std::map<std::string, at::Tensor> values;
+  std::map<std::string, at::Tensor> grads;  // inputs that require grad
+};
+
+OracleRun run_oracle(const Scenario& sc, const std::map<std::string, at::Tensor>& input_globals);
+
+}  // namespace meshsim

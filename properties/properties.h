@@ -1,0 +1,31 @@
+// The property suite: each property has a name (for `meshsim check --property`), what it checks,
+// and a body that RapidCheck runs. A property over scenarios leaves the scenario of its latest
+// failing case in `Failure`, so that the shrunk counterexample can be written as a trace.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace meshsim {
+
+struct Property {
+  const char* name;
+  const char* checks;
+  std::function<void()> body;  // draws with rc::gen and asserts with RC_ASSERT
+};
+
+// In alphabetical order.
+const std::vector<Property>& property_catalog();
+
+// The scenario (and run options) of the latest failing case of a scenario property; null when the
+// failing property has no scenario.
+struct Failure {
+  nlohmann::json scenario;
+  nlohmann::json options;
+};
+Failure& latest_failure();
+
+}  // namespace meshsim

@@ -1,0 +1,67 @@
+#include "properties/runner.h"
+
+#include <rapidcheck.h>
+
+namespace meshsim {
+
+namespace {
+
+class Listener : public rc::detail::TestListener {
+ public:
+  Listener(Progress& p, const std::function<void(const Progress&)>& cb) : progress_(p), cb_(cb) {}
+  void onTestCaseFinished(const rc::detail::CaseDescription& d) override {
+    if (d.result.type == rc::detail::CaseResult::Type::Discard) ++progress_.discards;
+    else ++progress_.cases;
+    if (cb_) cb_(progress_);
+  }
+  void onShrinkTried(const rc::detail::CaseDescription&, bool) override {
+    ++progress_.shrinks;
+    if (cb_) cb_(progress_);
+  }
+  void onTestFinished(const rc::detail::TestMetadata&, const rc::detail::TestResult&) override {}
+
+ private:
+  Progress& progress_;
+  const std::function<void(const Progress&)>& cb_;
+};
+
+}  // namespace
+
+uint64_t property_seed(uint64_t seed, const std::string& name) {
+  uint64_t h = 1469598103934665603ULL;
+  for (unsigned char c : name) {
+    h ^= c;
+    h *= 1099511628211ULL;
+  }
+  return seed ^ h;
+}
+
+PropertyOutcome run_property(const Property& property, uint64_t seed, int cases,
+                             const std::function<void(const Progress&)>& on_progress) {
+  PropertyOutcome out;
+  rc::detail::TestParams params;
+  params.seed = property_seed(seed, property.name);
+  params.maxSuccess = cases;
+  params.maxSize = 100;
+  params.maxDiscardRatio = 10;
+  rc::detail::TestMetadata metadata;
+  metadata.id = property.name;
+  metadata.description = property.checks;
+  Listener listener(out.progress, on_progress);
+  latest_failure() = {};
+  const auto result = rc::detail::checkProperty(rc::detail::toProperty(property.body), metadata, params, listener);
+  rc::detail::FailureResult failure;
+  rc::detail::GaveUpResult gave_up;
+  if (result.match(failure)) {
+    out.status = PropertyOutcome::Status::Failed;
+    out.description = failure.description;
+    out.counterexample = failure.counterExample;
+    out.failure = latest_failure();
+  } else if (result.match(gave_up)) {
+    out.status = PropertyOutcome::Status::GaveUp;
+    out.description = gave_up.description;
+  }
+  return out;
+}
+
+}  // namespace meshsim

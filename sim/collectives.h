@@ -1,0 +1,32 @@
+// The in-process collective engine: every collective acts on the locals of one group, in group
+// order, and reduces in rank order, so results are deterministic. A group's replicated result is
+// one tensor shared by every member (copy on write: nothing writes a local in place).
+#pragma once
+
+#include <vector>
+
+#include <ATen/ATen.h>
+
+#include "core/mesh.h"
+#include "core/placement.h"
+#include "core/redistribute.h"
+
+namespace meshsim {
+
+using Locals = std::vector<at::Tensor>;
+
+Locals all_gather(const Locals& group, int64_t dim);
+Locals all_reduce(const Locals& group, ReduceOp op);
+Locals reduce_scatter(const Locals& group, ReduceOp op, int64_t dim);
+Locals all_to_all(const Locals& group, int64_t split_dim, int64_t concat_dim);
+
+// The rank's torch.chunk piece of `t` along dim for coordinate `coord` of `n`.
+at::Tensor chunk_piece(const at::Tensor& t, int64_t dim, int64_t n, int64_t coord);
+
+// Applies one planned step to the locals of every rank of the mesh (rank order).
+Locals apply_step(const Mesh& mesh, const RedistStep& step, const Locals& locals);
+
+// Bytes one rank moves for a step (cost model, the largest over the step's groups).
+int64_t step_bytes(const Mesh& mesh, const RedistStep& step, const Locals& locals);
+
+}  // namespace meshsim

@@ -1,0 +1,34 @@
+// The scenario interpreter: runs a scenario on the fake mesh and keeps every value, the inputs'
+// global data (for the oracle) and the inputs' gradients.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/scenario.h"
+#include "sim/runtime.h"
+
+namespace meshsim {
+
+struct SimRun {
+  std::unique_ptr<Runtime> runtime;
+  std::vector<std::string> named;           // inputs then program values, in scenario order
+  std::map<std::string, DTensor> values;    // every value, the inserted redistributions included
+  std::map<std::string, at::Tensor> input_globals;
+  std::vector<std::string> grad_inputs;     // inputs that require grad, in scenario order
+  std::map<std::string, Locals> grads;
+  std::map<std::string, GradSpec> grad_specs;
+  bool ran_backward = false;
+};
+
+// Makes the inputs of a scenario: global data from the seed (one stream per input), then the
+// locals; a from_local input gives every rank the same local data.
+std::vector<DTensor> make_inputs(const Scenario& sc, const RunOptions& options,
+                                 std::map<std::string, at::Tensor>& globals);
+
+// Throws SemanticError when the scenario is illegal under the semantics.
+SimRun run_distributed(const Scenario& sc, const RunOptions& options);
+
+}  // namespace meshsim

@@ -1,0 +1,310 @@
+#include "sim/runtime.h"
+
+#include <functional>
+
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/grad_mode.h>
+
+#include "core/cotangent.h"
+#include "core/error.h"
+#include "core/reduced_policy.h"
+#include "sim/data.h"
+#include "sim/local_ops.h"
+
+namespace meshsim {
+
+namespace {
+
+using torch::autograd::variable_list;
+
+// One autograd node spanning the ranks: its inputs are the locals of every operand (operand
+// major, then rank), its outputs the locals of the result.
+class MeshNode : public torch::autograd::Node {
+ public:
+  using Fn = std::function<variable_list(variable_list&&)>;
+  MeshNode(std::string name, Fn fn) : name_(std::move(name)), fn_(std::move(fn)) {}
+  variable_list apply(variable_list&& grads) override { return fn_(std::move(grads)); }
+  std::string name() const override { return name_; }
+
+ private:
+  std::string name_;
+  Fn fn_;
+};
+
+void attach(const std::shared_ptr<MeshNode>& node, const std::vector<at::Tensor>& inputs, Locals& outputs) {
+  node->set_next_edges(torch::autograd::collect_next_edges(inputs));
+  for (auto& o : outputs) torch::autograd::create_gradient_edge(o, node);
+}
+
+// Gradients that did not flow (an unused output) are zeros of the output's shape.
+Locals defined_grads(variable_list&& grads, const std::vector<std::vector<int64_t>>& shapes,
+                     const at::TensorOptions& opts) {
+  Locals out(shapes.size());
+  for (size_t r = 0; r < shapes.size(); ++r)
+    out[r] = grads[r].defined() ? grads[r] : at::zeros(shapes[r], opts);
+  return out;
+}
+
+std::vector<std::vector<int64_t>> shapes_of(const Locals& locals) {
+  std::vector<std::vector<int64_t>> out;
+  for (const auto& t : locals) out.push_back(t.sizes().vec());
+  return out;
+}
+
+Locals detached(const Locals& locals) {
+  Locals out;
+  out.reserve(locals.size());
+  for (const auto& t : locals) out.push_back(t.detach());
+  return out;
+}
+
+}  // namespace
+
+void Recorder::add(Event e) {
+  e.seq = static_cast<int64_t>(events_.size());
+  events_.push_back(std::move(e));
+}
+
+Runtime::Runtime(Mesh mesh, RunOptions options) : mesh_(std::move(mesh)), options_(std::move(options)) {}
+
+Event Runtime::make_event(const std::string& kind, const std::string& name, const std::string& value,
+                          const Locals& locals) const {
+  Event e;
+  e.phase = phase_;
+  e.kind = kind;
+  e.name = name;
+  e.value = value;
+  for (const auto& t : locals) {
+    e.local_shapes.push_back(t.sizes().vec());
+    e.hashes.push_back(tensor_hash(t));
+  }
+  return e;
+}
+
+Locals Runtime::run_plan(const std::vector<RedistStep>& plan, const Spec& from, Locals locals,
+                         const std::string& value, const std::string& note) {
+  Spec cur = from;
+  for (const auto& step : plan) {
+    Spec before = cur;
+    cur[step.axis] = step.to;
+    const int64_t bytes = step_bytes(mesh_, step, locals);
+    locals = apply_step(mesh_, step, locals);
+    Event e = make_event(step.communicates() ? "collective" : "local", step_kind_name(step.kind), value, locals);
+    e.axis = mesh_.axes()[step.axis];
+    e.bytes = bytes;
+    e.in_specs = {spec_str(before)};
+    e.out_spec = spec_str(cur);
+    e.note = note;
+    recorder_.add(std::move(e));
+  }
+  return locals;
+}
+
+void Runtime::record_grad_spec(const std::string& value, const GradSpec& spec) {
+  auto [it, inserted] = grad_specs_.emplace(value, spec);
+  if (!inserted && it->second != spec)
+    tracking_problems_.push_back("gradient contributions to \"" + value + "\" disagree: " +
+                                 spec_str(it->second.spec) + " and " + spec_str(spec.spec));
+}
+
+GradSpec Runtime::grad_spec(const std::string& value, const Spec& primal) const {
+  auto it = grad_specs_.find(value);
+  if (it != grad_specs_.end()) return it->second;
+  return {cotangent_spec(primal), cotangent_scale_divisor(mesh_, primal)};
+}
+
+Locals Runtime::to_cotangent(Locals grads, const GradSpec& from, const Spec& primal,
+                             const std::string& grad_of, const std::string& value, const std::string& note) {
+  const GradSpec target{cotangent_spec(primal), cotangent_scale_divisor(mesh_, primal)};
+  auto plan = plan_redistribute(mesh_, from.spec, target.spec, {options_.partial_from_replicate, true});
+  grads = run_plan(plan, from.spec, std::move(grads), value, note);
+  if (from.divisor != target.divisor) {
+    const double factor = static_cast<double>(from.divisor) / static_cast<double>(target.divisor);
+    for (auto& g : grads) g = g * factor;
+    Event e = make_event("local", "scale", value, grads);
+    e.out_spec = spec_str(target.spec);
+    e.note = note + ": local cotangent scaled by " + std::to_string(from.divisor) + "/" +
+             std::to_string(target.divisor);
+    recorder_.add(std::move(e));
+  }
+  record_grad_spec(grad_of, target);
+  return grads;
+}
+
+namespace {
+
+// A SemanticError raised inside the autograd engine is kept and raised again once the engine
+// returns, so that its kind survives; the node returns no gradients.
+template <class F>
+variable_list guarded(Runtime* rt, size_t n_inputs, F&& body) {
+  try {
+    return body();
+  } catch (const SemanticError& e) {
+    if (!rt->pending_error_) rt->pending_error_ = std::make_shared<SemanticError>(e);
+    return variable_list(n_inputs);
+  }
+}
+
+}  // namespace
+
+DTensor Runtime::redistribute(const DTensor& x, const Spec& to, const std::string& out_name) {
+  auto plan = plan_redistribute(mesh_, x.spec, to, {options_.partial_from_replicate, false});
+  DTensor y{out_name, x.shape, to, detached(run_plan(plan, x.spec, detached(x.locals), out_name, ""))};
+  if (x.requires_grad() && at::GradMode::is_enabled()) {
+    Runtime* rt = this;
+    const Spec from = x.spec;
+    const std::string in_name = x.name;
+    const auto shapes = shapes_of(y.locals);
+    const auto opts = y.locals.at(0).options();
+    const size_t n_inputs = x.locals.size();
+    auto node = std::shared_ptr<MeshNode>(
+        new MeshNode("Redistribute", [=](variable_list&& g) -> variable_list {
+          return guarded(rt, n_inputs, [&] {
+            Locals grads = defined_grads(std::move(g), shapes, opts);
+            return rt->to_cotangent(std::move(grads), rt->grad_spec(out_name, to), from, in_name, out_name,
+                                    "backward of redistribute " + spec_str(from) + " -> " + spec_str(to));
+          });
+        }),
+        torch::autograd::deleteNode);
+    attach(node, x.locals, y.locals);
+  }
+  Event e = make_event("op", "redistribute", out_name, y.locals);
+  e.args = {x.name};
+  e.in_specs = {spec_str(x.spec)};
+  e.out_spec = spec_str(to);
+  recorder_.add(std::move(e));
+  return y;
+}
+
+DTensor Runtime::apply_op(const std::string& op, const OpAttrs& attrs, const std::vector<DTensor>& args,
+                          const std::string& out_name) {
+  std::vector<Spec> given;
+  std::vector<Shape> shapes;
+  for (const auto& a : args) {
+    if (a.spec.size() != static_cast<size_t>(mesh_.ndim()))
+      throw SemanticError(ErrorKind::MeshMismatch, op + ": operand \"" + a.name + "\" is on another mesh");
+    given.push_back(a.spec);
+    shapes.push_back(a.shape);
+  }
+  const ShardingDecision d = propagate(op, mesh_, given, shapes, attrs);
+  std::vector<DTensor> ready;
+  for (size_t i = 0; i < args.size(); ++i)
+    ready.push_back(d.in_specs[i] == args[i].spec
+                        ? args[i]
+                        : redistribute(args[i], d.in_specs[i], out_name + ".arg" + std::to_string(i)));
+  const Spec out_spec = restore_reduced(op, mesh_, given, d.out_spec, options_.reduced_propagation);
+
+  const bool track = at::GradMode::is_enabled();
+  std::vector<bool> needs(ready.size());
+  bool any = false;
+  for (size_t i = 0; i < ready.size(); ++i) any |= (needs[i] = track && ready[i].requires_grad());
+
+  const size_t R = static_cast<size_t>(mesh_.size());
+  // Per rank: the operands as local leaves and the result with its local graph, for the VJP.
+  auto leaves = std::make_shared<std::vector<std::vector<at::Tensor>>>(R);
+  auto results = std::make_shared<Locals>(R);
+  Locals outs(R);
+  for (size_t r = 0; r < R; ++r) {
+    std::vector<at::Tensor> xs;
+    for (size_t i = 0; i < ready.size(); ++i) xs.push_back(ready[i].locals[r].detach().requires_grad_(needs[i]));
+    at::AutoGradMode mode(any);
+    (*results)[r] = local_op(op, attrs, xs);
+    outs[r] = (*results)[r].detach();
+    (*leaves)[r] = std::move(xs);
+  }
+  DTensor y{out_name, d.out_shape, out_spec, outs};
+
+  if (any) {
+    Runtime* rt = this;
+    std::vector<Spec> in_specs;
+    std::vector<std::string> names;
+    std::vector<at::Tensor> inputs;
+    for (const auto& t : ready) {
+      in_specs.push_back(t.spec);
+      names.push_back(t.name);
+      inputs.insert(inputs.end(), t.locals.begin(), t.locals.end());
+    }
+    const auto out_shapes = shapes_of(y.locals);
+    const auto opts = y.locals.at(0).options();
+    const size_t n_inputs = inputs.size();
+    auto backward = [=](variable_list&& g) -> variable_list {
+      return guarded(rt, n_inputs, [&] {
+        Locals grads = defined_grads(std::move(g), out_shapes, opts);
+        const GradSpec gin = rt->grad_spec(out_name, out_spec);
+        variable_list result(n_inputs);
+        for (size_t i = 0; i < in_specs.size(); ++i) {
+          if (!needs[i]) continue;
+          BackwardDecision bd = backward_rule(op, rt->mesh(), in_specs, out_spec, shapes, attrs, gin.spec, i);
+          Locals gi = grads;
+          if (bd.grad_in != gin.spec)
+            gi = rt->run_plan(plan_redistribute(rt->mesh(), gin.spec, bd.grad_in,
+                                                {rt->options().partial_from_replicate, true}),
+                              gin.spec, gi, out_name, "backward of " + op + ": incoming gradient");
+          Locals contrib(R);
+          for (size_t r = 0; r < R; ++r) {
+            auto vjp = torch::autograd::grad({(*results)[r]}, {(*leaves)[r][i]}, {gi[r]},
+                                             /*retain_graph=*/true, /*create_graph=*/false,
+                                             /*allow_unused=*/true);
+            contrib[r] = vjp[0].defined() ? vjp[0] : at::zeros_like((*leaves)[r][i]);
+          }
+          Event e = rt->make_event("grad", op, names[i], contrib);
+          e.args = {out_name};
+          e.in_specs = {spec_str(bd.grad_in)};
+          e.out_spec = spec_str(bd.grad_out);
+          rt->recorder().add(std::move(e));
+          contrib = rt->to_cotangent(std::move(contrib), {bd.grad_out, gin.divisor}, in_specs[i], names[i],
+                                     names[i], "grad hook: " + spec_str(bd.grad_out) + " -> cotangent of " +
+                                         spec_str(in_specs[i]));
+          for (size_t r = 0; r < R; ++r) result[i * R + r] = contrib[r];
+        }
+        return result;
+      });
+    };
+    auto node = std::shared_ptr<MeshNode>(new MeshNode("DTensor::" + op, backward), torch::autograd::deleteNode);
+    attach(node, inputs, y.locals);
+  }
+
+  Event e = make_event("op", op, out_name, y.locals);
+  for (const auto& t : ready) {
+    e.args.push_back(t.name);
+    e.in_specs.push_back(spec_str(t.spec));
+  }
+  e.out_spec = spec_str(out_spec);
+  for (const auto& row : d.rows) e.note += (e.note.empty() ? "" : "; ") + row;
+  recorder_.add(std::move(e));
+  return y;
+}
+
+std::vector<Locals> Runtime::backward(const DTensor& loss, const std::vector<DTensor>& inputs) {
+  phase_ = "backward";
+  const GradSpec seed{cotangent_spec(loss.spec), cotangent_scale_divisor(mesh_, loss.spec)};
+  at::Tensor ones = at::ones(loss.shape, loss.locals.at(0).options());
+  Locals seeds = distribute(mesh_, seed.spec, ones / static_cast<double>(seed.divisor), nullptr);
+  record_grad_spec(loss.name, seed);
+  Event e = make_event("seed", "ones", loss.name, seeds);
+  e.out_spec = spec_str(seed.spec);
+  recorder_.add(std::move(e));
+
+  std::vector<at::Tensor> leaves;
+  for (const auto& in : inputs) leaves.insert(leaves.end(), in.locals.begin(), in.locals.end());
+  std::vector<Locals> grads(inputs.size());
+  variable_list flat(leaves.size());
+  if (loss.requires_grad() && !leaves.empty())
+    flat = torch::autograd::grad(loss.locals, leaves, seeds, /*retain_graph=*/false,
+                                 /*create_graph=*/false, /*allow_unused=*/true);
+  if (pending_error_) throw *pending_error_;
+  size_t k = 0;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    for (size_t r = 0; r < inputs[i].locals.size(); ++r, ++k)
+      grads[i].push_back(flat[k].defined() ? flat[k] : at::zeros_like(inputs[i].locals[r]));
+    Event g = make_event("input_grad", "grad", inputs[i].name, grads[i]);
+    GradSpec gs = grad_spec(inputs[i].name, inputs[i].spec);
+    g.out_spec = spec_str(gs.spec);
+    g.note = "cotangent " + spec_str(cotangent_spec(inputs[i].spec));
+    recorder_.add(std::move(g));
+  }
+  return grads;
+}
+
+}  // namespace meshsim

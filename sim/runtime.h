@@ -1,0 +1,86 @@
+// The DTensor runtime of the fake mesh. All ranks live in one process and one libtorch autograd
+// graph: a redistribution or an op is one autograd node whose inputs and outputs are the locals
+// of every rank. Gradient placements are tracked through the backward by the same rules as the
+// forward, and every gradient contribution is redistributed to the cotangent of its primal (the
+// gradient placement hook) before libtorch adds contributions together.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "core/event.h"
+#include "core/mesh.h"
+#include "core/propagation.h"
+#include "core/scenario.h"
+#include "sim/collectives.h"
+#include "sim/dtensor.h"
+
+namespace meshsim {
+
+// What the runtime records as it goes, in order.
+class Recorder {
+ public:
+  void add(Event e);
+  const std::vector<Event>& events() const { return events_; }
+
+ private:
+  std::vector<Event> events_;
+};
+
+class Runtime {
+ public:
+  Runtime(Mesh mesh, RunOptions options);
+
+  const Mesh& mesh() const { return mesh_; }
+  const RunOptions& options() const { return options_; }
+  Recorder& recorder() { return recorder_; }
+  const std::vector<Event>& events() const { return recorder_.events(); }
+
+  // Forward, above autograd: one node; its backward redistributes the incoming gradient from its
+  // tracked placement to the cotangent of `x`'s spec.
+  DTensor redistribute(const DTensor& x, const Spec& to, const std::string& out_name);
+
+  // Forward of a DTensor op: propagation picks the rule; operands that do not fit it are
+  // redistributed first; the Rd label is restored by the run's policy.
+  DTensor apply_op(const std::string& op, const OpAttrs& attrs, const std::vector<DTensor>& args,
+                   const std::string& out_name);
+
+  // Backward from `loss`: seeds the all-ones global cotangent laid out as the cotangent of the
+  // loss's spec (a Partial cotangent holds it on the coordinate-0 rank of each group, zeros
+  // elsewhere) and returns, per input, its per-rank gradient (zeros where none flowed).
+  std::vector<Locals> backward(const DTensor& loss, const std::vector<DTensor>& inputs);
+
+  // The tracked layout of the gradient of a value (its cotangent unless a contribution said
+  // otherwise); problems found while tracking (two contributions with different layouts).
+  GradSpec grad_spec(const std::string& value, const Spec& primal) const;
+  const std::vector<std::string>& tracking_problems() const { return tracking_problems_; }
+
+  // Used by the autograd nodes.
+  Locals run_plan(const std::vector<RedistStep>& plan, const Spec& from, Locals locals,
+                  const std::string& value, const std::string& note);
+  // Redistributes a gradient of `grad_of` to the cotangent of `primal` (events name `value`: the
+  // gradient's own value for a hook, the redistribution's output for Redistribute.backward).
+  Locals to_cotangent(Locals grads, const GradSpec& from, const Spec& primal, const std::string& grad_of,
+                      const std::string& value, const std::string& note);
+  void record_grad_spec(const std::string& value, const GradSpec& spec);
+  std::string phase() const { return phase_; }
+  Event make_event(const std::string& kind, const std::string& name, const std::string& value,
+                   const Locals& locals) const;
+
+ private:
+  Mesh mesh_;
+  RunOptions options_;
+  Recorder recorder_;
+  std::string phase_ = "forward";
+  std::map<std::string, GradSpec> grad_specs_;
+  std::vector<std::string> tracking_problems_;
+
+ public:
+  // A SemanticError raised inside a backward node, raised again after the engine returns.
+  std::shared_ptr<SemanticError> pending_error_;
+};
+
+}  // namespace meshsim

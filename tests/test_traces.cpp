@@ -1,0 +1,415 @@
+// traces/: JSON round trips, reading errors, replay comparison, trace hashes, and the diagram
+// (golden DOT files under tests/golden/traces/; MESHSIM_UPDATE_GOLDEN=1 rewrites them).
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "core/error.h"
+#include "traces/render.h"
+#include "traces/trace.h"
+
+namespace meshsim {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+// A stand-in for the hash of one rank's local tensor: 16 hex digits.
+std::string fake_hash(int64_t seq, int rank) {
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx",
+                static_cast<unsigned long long>(seq * 1000003 + rank * 7919));
+  return buf;
+}
+
+std::vector<std::vector<int64_t>> on_all_ranks(std::vector<int64_t> shape) { return {4, shape}; }
+
+Event event(int64_t seq, std::string phase, std::string kind, std::string name, std::string value,
+            std::vector<std::string> args, std::vector<std::string> in_specs, std::string out_spec,
+            std::vector<int64_t> local_shape = {}, std::string axis = "", int64_t bytes = 0,
+            std::string note = "") {
+  Event e;
+  e.seq = seq;
+  e.phase = std::move(phase);
+  e.kind = std::move(kind);
+  e.name = std::move(name);
+  e.value = std::move(value);
+  e.args = std::move(args);
+  e.in_specs = std::move(in_specs);
+  e.out_spec = std::move(out_spec);
+  e.axis = std::move(axis);
+  e.bytes = bytes;
+  e.note = std::move(note);
+  e.local_shapes = on_all_ranks(local_shape);
+  for (int r = 0; r < 4; ++r) e.hashes.push_back(fake_hash(seq, r));
+  return e;
+}
+
+// FSDP with Reduced on a 4-rank mesh: wf = redistribute(w, [Rd]); y = x @ wf; loss = sum(y).
+Trace fsdp_trace() {
+  Trace t;
+  t.version = "0.1.0";
+  t.scenario = json::parse(R"js({
+    "format": "meshsim.scenario/1", "name": "fsdp_reduced_linear",
+    "mesh": {"axes": ["dp"], "shape": [4]},
+    "options": {"redistribute": "above_autograd", "reduced_propagation": "intersection", "seed": 0},
+    "inputs": [{"name": "x", "shape": [8, 16], "placements": ["S(0)"]},
+               {"name": "w", "shape": [16, 4], "placements": ["S(0)"], "requires_grad": true}],
+    "program": [{"out": "wf", "op": "redistribute", "args": ["w"], "placements": ["Rd"]},
+                {"out": "y", "op": "mm", "args": ["x", "wf"]},
+                {"out": "loss", "op": "sum", "args": ["y"]}],
+    "backward": "loss"})js");
+  t.options = {{"redistribute", "above_autograd"},
+               {"reduced_propagation", "intersection"},
+               {"partial_from_replicate", "divide"},
+               {"seed", 0},
+               {"dtype", "float64"},
+               {"mutant", ""}};
+  t.events = {
+      event(0, "forward", "input", "x", "x", {}, {}, "[S(0)]", {2, 16}),
+      event(1, "forward", "input", "w", "w", {}, {}, "[S(0)]", {4, 4}),
+      event(2, "forward", "collective", "all_gather", "wf", {"w"}, {"[S(0)]"}, "[R]", {16, 4}, "dp",
+            384),
+      event(3, "forward", "local", "relabel", "wf", {"w"}, {"[R]"}, "[Rd]", {16, 4}, "dp"),
+      event(4, "forward", "op", "redistribute", "wf", {"w"}, {"[S(0)]"}, "[Rd]", {16, 4}),
+      event(5, "forward", "op", "mm", "y", {"x", "wf"}, {"[S(0)]", "[Rd]"}, "[S(0)]", {2, 4}),
+      event(6, "forward", "op", "sum", "loss", {"y"}, {"[S(0)]"}, "[P(sum)]", {}),
+      event(7, "backward", "seed", "", "loss", {}, {}, "[Rd]", {}),
+      event(8, "backward", "grad", "sum", "y", {"loss"}, {"[Rd]"}, "[S(0)]", {2, 4}),
+      event(9, "backward", "grad", "mm", "wf", {"y"}, {"[S(0)]"}, "[P(sum)]", {16, 4}),
+      event(10, "backward", "collective", "reduce_scatter", "wf", {}, {"[P(sum)]"}, "[S(0)]",
+            {4, 4}, "dp", 384, "backward of redistribute"),
+      event(11, "backward", "grad", "redistribute", "w", {"wf"}, {"[S(0)]"}, "[S(0)]", {4, 4}),
+      event(12, "backward", "input_grad", "", "w", {}, {}, "[S(0)]", {4, 4}, "", 0,
+            "cotangent [S(0)]"),
+  };
+  t.result = json::parse(R"js({
+    "format": "meshsim.result/1", "name": "fsdp_reduced_linear", "status": "pass",
+    "grads": {"w": {"placements": ["S(0)"], "cotangent": ["S(0)"]}},
+    "checks": {"forward_equivalence": true, "gradient_equivalence": true, "duality": true,
+               "exclusivity": true},
+    "max_abs_error": 0.0, "error": null})js");
+  return t;
+}
+
+Trace failing_trace() {
+  Trace t = fsdp_trace();
+  t.options["mutant"] = "reduced_grad_all_reduce";
+  t.result["status"] = "fail";
+  t.result["checks"]["duality"] = false;
+  t.result["checks"]["gradient_equivalence"] = false;
+  return t;
+}
+
+// A fresh directory under the system temp dir, removed at the end of the test.
+class TempDir {
+ public:
+  TempDir() {
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    path_ = fs::temp_directory_path() / ("meshsim_traces_" + std::string(info->name()));
+    fs::remove_all(path_);
+    fs::create_directories(path_);
+  }
+  ~TempDir() { fs::remove_all(path_); }
+  std::string file(const std::string& name) const { return (path_ / name).string(); }
+  std::string write(const std::string& name, const std::string& text) const {
+    std::ofstream(file(name), std::ios::binary) << text;
+    return file(name);
+  }
+
+ private:
+  fs::path path_;
+};
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// Compares with tests/golden/traces/NAME, or rewrites it when MESHSIM_UPDATE_GOLDEN=1.
+void expect_golden(const std::string& name, const std::string& actual) {
+  const std::string path = std::string(MESHSIM_SOURCE_DIR) + "/tests/golden/traces/" + name;
+  const char* update = std::getenv("MESHSIM_UPDATE_GOLDEN");
+  if (update && std::string(update) == "1") {
+    fs::create_directories(fs::path(path).parent_path());
+    std::ofstream(path, std::ios::binary) << actual;
+    return;
+  }
+  ASSERT_TRUE(fs::exists(path)) << path << " is missing; run with MESHSIM_UPDATE_GOLDEN=1";
+  EXPECT_EQ(slurp(path), actual) << "golden " << path
+                                 << " differs; MESHSIM_UPDATE_GOLDEN=1 rewrites it";
+}
+
+// Reading `doc` as a trace fails with an InputError naming the file and `json_path`.
+void expect_input_error(const std::string& text, const std::string& json_path,
+                        const std::string& detail) {
+  TempDir dir;
+  const std::string path = dir.write("bad.json", text);
+  try {
+    read_trace(path);
+    FAIL() << "no error for " << text;
+  } catch (const InputError& e) {
+    EXPECT_EQ(e.file(), path);
+    EXPECT_EQ(e.json_path(), json_path);
+    EXPECT_NE(std::string(e.what()).find(path), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(detail), std::string::npos) << e.what();
+  }
+}
+
+// The example trace's JSON with one event field replaced.
+std::string with_event_field(size_t index, const std::string& key, const json& value) {
+  json doc = trace_to_json(fsdp_trace());
+  doc["events"][index][key] = value;
+  return doc.dump();
+}
+
+// ---- JSON round trip ----
+
+TEST(TraceJson, EventRoundTripIsExact) {
+  for (const Event& e : fsdp_trace().events) {
+    EXPECT_EQ(event_from_json(event_to_json(e), "mem", "/e"), e) << event_to_json(e).dump();
+  }
+  const Event empty;
+  EXPECT_EQ(event_from_json(event_to_json(empty), "mem", "/e"), empty);
+}
+
+TEST(TraceJson, EventWritesEveryKey) {
+  const json doc = event_to_json(Event{});
+  for (const char* key : {"seq", "phase", "kind", "name", "value", "args", "in_specs", "out_spec",
+                          "axis", "bytes", "local_shapes", "hashes", "note"}) {
+    EXPECT_TRUE(doc.contains(key)) << key;
+  }
+  EXPECT_EQ(doc.size(), 13u);
+}
+
+TEST(TraceJson, TraceRoundTripIsExact) {
+  const Trace t = fsdp_trace();
+  const json doc = trace_to_json(t);
+  EXPECT_EQ(doc["format"], "meshsim.trace/1");
+  EXPECT_TRUE(is_trace_document(doc));
+  EXPECT_EQ(trace_from_json(doc, "mem"), t);
+  Trace null_result = t;
+  null_result.result = nullptr;
+  EXPECT_EQ(trace_from_json(trace_to_json(null_result), "mem"), null_result);
+}
+
+TEST(TraceJson, FileRoundTripIsExactAndDeterministic) {
+  TempDir dir;
+  const Trace t = fsdp_trace();
+  write_trace(t, dir.file("a.json"));
+  write_trace(read_trace(dir.file("a.json")), dir.file("b.json"));
+  EXPECT_EQ(read_trace(dir.file("a.json")), t);
+  const std::string text = slurp(dir.file("a.json"));
+  EXPECT_EQ(text, slurp(dir.file("b.json")));
+  EXPECT_EQ(text.back(), '\n');
+  EXPECT_EQ(text.rfind("{\n  \"events\"", 0), 0u) << text.substr(0, 40);
+}
+
+TEST(TraceJson, IsTraceDocument) {
+  EXPECT_TRUE(is_trace_document(json{{"format", "meshsim.trace/1"}}));
+  EXPECT_FALSE(is_trace_document(json{{"format", "meshsim.scenario/1"}}));
+  EXPECT_FALSE(is_trace_document(json{{"name", "x"}}));
+  EXPECT_FALSE(is_trace_document(json::array()));
+}
+
+// ---- reading errors ----
+
+TEST(TraceRead, MissingFile) {
+  EXPECT_THROW(read_trace("/nonexistent/dir/trace.json"), InputError);
+}
+
+TEST(TraceRead, NotJson) { expect_input_error("{\"format\": ", "", "invalid JSON"); }
+
+TEST(TraceRead, NotAnObject) { expect_input_error("[1, 2]", "", "expected an object"); }
+
+TEST(TraceRead, WrongFormat) {
+  json doc = trace_to_json(fsdp_trace());
+  doc["format"] = "meshsim.scenario/1";
+  expect_input_error(doc.dump(), "/format", "meshsim.trace/1");
+  doc["format"] = 1;
+  expect_input_error(doc.dump(), "/format", "expected a string");
+}
+
+TEST(TraceRead, WrongTopLevelFields) {
+  json doc = trace_to_json(fsdp_trace());
+  doc["events"] = json::object();
+  expect_input_error(doc.dump(), "/events", "expected an array");
+  doc = trace_to_json(fsdp_trace());
+  doc["scenario"] = "fsdp";
+  expect_input_error(doc.dump(), "/scenario", "expected an object");
+  doc = trace_to_json(fsdp_trace());
+  doc.erase("version");
+  expect_input_error(doc.dump(), "/version", "missing key");
+  doc = trace_to_json(fsdp_trace());
+  doc["extra"] = 1;
+  expect_input_error(doc.dump(), "/extra", "unknown key");
+}
+
+TEST(TraceRead, WrongEventFieldTypes) {
+  expect_input_error(with_event_field(1, "bytes", "384"), "/events/1/bytes", "expected an integer");
+  expect_input_error(with_event_field(2, "seq", 2.5), "/events/2/seq", "expected an integer");
+  expect_input_error(with_event_field(3, "args", "w"), "/events/3/args", "expected an array");
+  expect_input_error(with_event_field(0, "hashes", json::array({"a", "b", 3})),
+                     "/events/0/hashes/2", "expected a string");
+  expect_input_error(with_event_field(4, "local_shapes", json::array({json::array({16, "4"})})),
+                     "/events/4/local_shapes/0/1", "expected an integer");
+  expect_input_error(with_event_field(5, "speed", 1), "/events/5/speed", "unknown key");
+  json doc = trace_to_json(fsdp_trace());
+  doc["events"][6].erase("note");
+  expect_input_error(doc.dump(), "/events/6/note", "missing key");
+}
+
+// ---- replay comparison ----
+
+TEST(TraceCompare, IdenticalListsDoNotDiverge) {
+  const auto events = fsdp_trace().events;
+  const Divergence d = compare_events(events, events);
+  EXPECT_FALSE(d.diverged);
+  EXPECT_EQ(d.index, -1);
+  EXPECT_TRUE(compare_events({}, {}).message.empty());
+}
+
+TEST(TraceCompare, FirstDifferingHash) {
+  const auto recorded = fsdp_trace().events;
+  auto replayed = recorded;
+  replayed[10].hashes[2] = "9a00000000000000";
+  replayed[11].hashes.clear();  // a later difference is not the first
+  const Divergence d = compare_events(recorded, replayed);
+  EXPECT_TRUE(d.diverged);
+  EXPECT_EQ(d.index, 10);
+  EXPECT_EQ(d.message,
+            "event 10 (backward collective reduce_scatter of wf): hashes[2] differs: recorded " +
+                recorded[10].hashes[2] + " replayed 9a00000000000000");
+}
+
+TEST(TraceCompare, FirstDifferingField) {
+  const auto recorded = fsdp_trace().events;
+  auto replayed = recorded;
+  replayed[4].out_spec = "[R]";
+  replayed[4].bytes = 7;  // later in field order
+  Divergence d = compare_events(recorded, replayed);
+  EXPECT_EQ(d.index, 4);
+  EXPECT_EQ(
+      d.message,
+      "event 4 (forward op redistribute of wf): out_spec differs: recorded [Rd] replayed [R]");
+  replayed = recorded;
+  replayed[2].bytes = 512;
+  d = compare_events(recorded, replayed);
+  EXPECT_EQ(
+      d.message,
+      "event 2 (forward collective all_gather of wf): bytes differs: recorded 384 replayed 512");
+  replayed = recorded;
+  replayed[0].local_shapes[3] = {3, 16};
+  d = compare_events(recorded, replayed);
+  EXPECT_EQ(d.message,
+            "event 0 (forward input x): local_shapes[3] differs: recorded [2,16] replayed [3,16]");
+  replayed = recorded;
+  replayed[5].args.pop_back();
+  d = compare_events(recorded, replayed);
+  EXPECT_EQ(d.message, "event 5 (forward op mm of y): args has 2 entries recorded, 1 replayed");
+}
+
+TEST(TraceCompare, LengthDifference) {
+  const auto recorded = fsdp_trace().events;
+  auto shorter = recorded;
+  shorter.pop_back();
+  Divergence d = compare_events(recorded, shorter);
+  EXPECT_TRUE(d.diverged);
+  EXPECT_EQ(d.index, 12);
+  EXPECT_EQ(d.message,
+            "event 12 (backward input_grad of w): missing from the replay (recorded 13 events, "
+            "replayed 12)");
+  d = compare_events(shorter, recorded);
+  EXPECT_EQ(d.index, 12);
+  EXPECT_EQ(
+      d.message,
+      "event 12 (backward input_grad of w): extra in the replay (recorded 12 events, replayed 13)");
+}
+
+// ---- trace hash ----
+
+TEST(TraceHash, StableAndSensitiveToOneByte) {
+  const Trace t = fsdp_trace();
+  const uint64_t h = trace_hash(t);
+  EXPECT_EQ(trace_hash(fsdp_trace()), h);
+  EXPECT_EQ(trace_hash(trace_from_json(trace_to_json(t), "mem")), h);
+  Trace changed = t;
+  changed.events[9].hashes[1].back() ^= 1;
+  EXPECT_NE(trace_hash(changed), h);
+  Trace other_result = t;  // the hash covers the events only
+  other_result.result = nullptr;
+  EXPECT_EQ(trace_hash(other_result), h);
+}
+
+// ---- diagram ----
+
+TEST(TraceRender, GoldenFsdp) {
+  expect_golden("fsdp_reduced_linear.dot", render_dot(fsdp_trace()));
+}
+
+TEST(TraceRender, GoldenFailingRun) {
+  const std::string dot = render_dot(failing_trace());
+  EXPECT_NE(dot.find("failed: duality"), std::string::npos);
+  expect_golden("fsdp_reduced_linear_fail.dot", dot);
+}
+
+TEST(TraceRender, ErrorNote) {
+  Trace t = fsdp_trace();
+  t.result["status"] = "error";
+  t.result["error"] = {{"kind", "illegal_redistribute"}, {"message", "S(0) -> P(sum)"}};
+  EXPECT_NE(render_dot(t).find(
+                R"dot("status: error\nillegal_redistribute: S(0) -> P(sum)", shape="note")dot"),
+            std::string::npos);
+  EXPECT_EQ(render_dot(fsdp_trace()).find("shape=\"note\""), std::string::npos);
+}
+
+TEST(TraceRender, EscapesLabels) {
+  Trace t;
+  t.events = {event(0, "forward", "input", "a\"b\\c", "a\"b\\c", {}, {}, "[R]", {2})};
+  const std::string dot = render_dot(t);
+  EXPECT_NE(dot.find(R"dot("v:a\"b\\c" [label="a\"b\\c\n[R]\nlocal [2]")dot"), std::string::npos)
+      << dot;
+}
+
+TEST(TraceRender, IsAPureFunction) {
+  EXPECT_EQ(render_dot(fsdp_trace()), render_dot(fsdp_trace()));
+}
+
+TEST(TraceRender, WritesDotSvgAndPng) {
+  TempDir dir;
+  const Trace t = fsdp_trace();
+  render_to_file(t, dir.file("g.dot"));
+  render_to_file(t, dir.file("g.svg"));
+  render_to_file(t, dir.file("g.png"));
+  EXPECT_EQ(slurp(dir.file("g.dot")), render_dot(t));
+  const std::string svg = slurp(dir.file("g.svg"));
+  EXPECT_TRUE(svg.rfind("<?xml", 0) == 0 || svg.find("<svg") != std::string::npos)
+      << svg.substr(0, 80);
+  const std::string png = slurp(dir.file("g.png"));
+  ASSERT_GT(png.size(), 8u);
+  EXPECT_EQ(png.substr(0, 8), std::string("\x89PNG\r\n\x1a\n", 8));
+}
+
+TEST(TraceRender, UnknownExtensionThrows) {
+  TempDir dir;
+  for (const char* name : {"g.pdf", "g", "dir.svg/g"}) {
+    try {
+      render_to_file(fsdp_trace(), dir.file(name));
+      FAIL() << name;
+    } catch (const InputError& e) {
+      EXPECT_EQ(e.file(), dir.file(name));
+      EXPECT_NE(std::string(e.what()).find("use .svg, .png or .dot"), std::string::npos)
+          << e.what();
+    }
+  }
+  EXPECT_FALSE(fs::exists(dir.file("g.pdf")));
+}
+
+}  // namespace
+}  // namespace meshsim
