@@ -83,7 +83,7 @@ Event Runtime::make_event(const std::string& kind, const std::string& name, cons
 }
 
 Locals Runtime::run_plan(const std::vector<RedistStep>& plan, const Spec& from, Locals locals,
-                         const std::string& value, const std::string& note) {
+                         const std::string& value, const std::string& note, const std::string& grad_of) {
   Spec cur = from;
   for (const auto& step : plan) {
     Spec before = cur;
@@ -96,6 +96,7 @@ Locals Runtime::run_plan(const std::vector<RedistStep>& plan, const Spec& from, 
     e.in_specs = {spec_str(before)};
     e.out_spec = spec_str(cur);
     e.note = note;
+    if (!grad_of.empty()) e.args = {grad_of};
     recorder_.add(std::move(e));
   }
   return locals;
@@ -118,11 +119,12 @@ Locals Runtime::to_cotangent(Locals grads, const GradSpec& from, const Spec& pri
                              const std::string& grad_of, const std::string& value, const std::string& note) {
   const GradSpec target{cotangent_spec(primal), cotangent_scale_divisor(mesh_, primal)};
   auto plan = plan_redistribute(mesh_, from.spec, target.spec, {options_.partial_from_replicate, true});
-  grads = run_plan(plan, from.spec, std::move(grads), value, note);
+  grads = run_plan(plan, from.spec, std::move(grads), value, note, grad_of);
   if (from.divisor != target.divisor) {
     const double factor = static_cast<double>(from.divisor) / static_cast<double>(target.divisor);
     for (auto& g : grads) g = g * factor;
     Event e = make_event("local", "scale", value, grads);
+    e.args = {grad_of};
     e.out_spec = spec_str(target.spec);
     e.note = note + ": local cotangent scaled by " + std::to_string(from.divisor) + "/" +
              std::to_string(target.divisor);

@@ -59,8 +59,10 @@ class Runtime {
   const std::vector<std::string>& tracking_problems() const { return tracking_problems_; }
 
   // Used by the autograd nodes.
+  // Runs a plan step by step, recording each step; in the backward, `grad_of` names the value
+  // whose gradient the steps produce (the event's args).
   Locals run_plan(const std::vector<RedistStep>& plan, const Spec& from, Locals locals,
-                  const std::string& value, const std::string& note);
+                  const std::string& value, const std::string& note, const std::string& grad_of = "");
   // Redistributes a gradient of `grad_of` to the cotangent of `primal` (events name `value`: the
   // gradient's own value for a hook, the redistribution's output for Redistribute.backward).
   Locals to_cotangent(Locals grads, const GradSpec& from, const Spec& primal, const std::string& grad_of,

@@ -1,5 +1,7 @@
 #include "traces/render.h"
 
+#include <algorithm>
+
 #include <graphviz/gvc.h>
 
 #include <fstream>
@@ -218,12 +220,30 @@ class Diagram {
     node(backward_, event_id(e), styled("grad", label, with_note(e)));
     if (!e.args.empty()) consume(e.args.front(), event_id(e));
     grad_heads_[e.value].push_back(event_id(e));
+    remember(e, e.value);
   }
+  // A step moves the gradient of args[0] (of its value when it has no args). It continues the
+  // event just before it when that one produced the same gradient (a chain of steps, or a hook
+  // after its contribution); otherwise it starts from the nodes holding its value's gradient.
   void backward_step(const Event& e) {
-    node(backward_, event_id(e),
-         styled("step", step_label(e), with_note(e, {{"fillcolor", step_fill(e.name)}})));
-    consume(e.value, event_id(e));
-    grad_heads_[e.value] = {event_id(e)};
+    const std::string id = event_id(e);
+    node(backward_, id, styled("step", step_label(e), with_note(e, {{"fillcolor", step_fill(e.name)}})));
+    const std::string grad_of = e.args.empty() ? e.value : e.args.front();
+    auto& heads = grad_heads_[grad_of];
+    if (!last_grad_id_.empty() && last_grad_of_ == grad_of && last_seq_ + 1 == e.seq) {
+      edge(last_grad_id_, id, {{"style", "dashed"}});
+      heads.erase(std::remove(heads.begin(), heads.end(), last_grad_id_), heads.end());
+    } else {
+      consume(e.value, id);
+      if (grad_of == e.value) heads.clear();
+    }
+    heads.push_back(id);
+    remember(e, grad_of);
+  }
+  void remember(const Event& e, const std::string& grad_of) {
+    last_grad_id_ = event_id(e);
+    last_grad_of_ = grad_of;
+    last_seq_ = e.seq;
   }
   void input_grad(const Event& e) {
     std::string label =
@@ -256,6 +276,9 @@ class Diagram {
   std::map<std::string, std::string> spec_of_;
   // Value -> the backward nodes holding its gradient (several while contributions accumulate).
   std::map<std::string, std::vector<std::string>> grad_heads_;
+  // The last backward node that produced a gradient, for chains of steps.
+  std::string last_grad_id_, last_grad_of_;
+  int64_t last_seq_ = -2;
 };
 
 std::string cluster(const std::string& name, const Attrs& attrs, const std::string& body) {
