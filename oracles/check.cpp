@@ -152,6 +152,10 @@ CheckedRun check_scenario(const Scenario& sc, const RunOptions& options) {
     r["failures"] = failures;
   }
   r["options"] = options.to_json();
+  const auto& st = run.runtime->stats();
+  r["stats"] = {{"propagation_requests", st.propagation_requests},
+                {"propagations", st.propagations},
+                {"cache_hits", st.cache_hits}};
   out.exit_code = pass ? 0 : 1;
   return out;
 }

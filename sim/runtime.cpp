@@ -37,6 +37,10 @@ void attach(const std::shared_ptr<MeshNode>& node, const std::vector<at::Tensor>
   for (auto& o : outputs) torch::autograd::create_gradient_edge(o, node);
 }
 
+std::string attrs_key(const OpAttrs& a) {
+  return (a.dim ? std::to_string(*a.dim) : "-") + (a.keepdim ? "k" : "");
+}
+
 // Gradients that did not flow (an unused output) are zeros of the output's shape.
 Locals defined_grads(variable_list&& grads, const std::vector<std::vector<int64_t>>& shapes,
                      const at::TensorOptions& opts) {
@@ -179,6 +183,26 @@ DTensor Runtime::redistribute(const DTensor& x, const Spec& to, const std::strin
   return y;
 }
 
+DTensor Runtime::redistribute_locals(const DTensor& x, const Spec& to, const std::string& out_name) {
+  auto plan = plan_redistribute(mesh_, x.spec, to, {options_.partial_from_replicate, false});
+  Locals locals = run_plan(plan, x.spec, detached(x.locals), out_name, "below autograd: inside the op");
+  return DTensor{out_name, x.shape, to, detached(locals)};
+}
+
+ShardingDecision Runtime::decide(const std::string& op, const OpAttrs& attrs, const std::vector<Spec>& specs,
+                                 const std::vector<Shape>& shapes) {
+  std::string key = op + "|" + attrs_key(attrs);
+  for (size_t i = 0; i < specs.size(); ++i) key += "|" + spec_str(specs[i]) + shape_str(shapes[i]);
+  ++stats_.propagation_requests;
+  auto it = decisions_.find(key);
+  if (it != decisions_.end()) {
+    ++stats_.cache_hits;
+    return it->second;
+  }
+  ++stats_.propagations;
+  return decisions_.emplace(key, propagate(op, mesh_, specs, shapes, attrs)).first->second;
+}
+
 DTensor Runtime::apply_op(const std::string& op, const OpAttrs& attrs, const std::vector<DTensor>& args,
                           const std::string& out_name) {
   std::vector<Spec> given;
@@ -189,18 +213,26 @@ DTensor Runtime::apply_op(const std::string& op, const OpAttrs& attrs, const std
     given.push_back(a.spec);
     shapes.push_back(a.shape);
   }
-  const ShardingDecision d = propagate(op, mesh_, given, shapes, attrs);
+  const ShardingDecision d = decide(op, attrs, given, shapes);
+  // Above autograd, an operand that does not fit the rule goes through a Redistribute node, whose
+  // backward is Redistribute.backward. Below autograd (PyTorch today), the op's own node
+  // redistributes the locals: autograd never sees it, and the op's backward sends its gradient
+  // straight to the original operand (the hook moves it to that operand's cotangent).
+  const bool below = options_.redistribute == RedistributeMode::BelowAutograd;
   std::vector<DTensor> ready;
-  for (size_t i = 0; i < args.size(); ++i)
-    ready.push_back(d.in_specs[i] == args[i].spec
-                        ? args[i]
-                        : redistribute(args[i], d.in_specs[i], out_name + ".arg" + std::to_string(i)));
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string name = out_name + ".arg" + std::to_string(i);
+    if (d.in_specs[i] == args[i].spec) ready.push_back(args[i]);
+    else if (below) ready.push_back(redistribute_locals(args[i], d.in_specs[i], name));
+    else ready.push_back(redistribute(args[i], d.in_specs[i], name));
+  }
+  const std::vector<DTensor>& sources = below ? args : ready;  // where gradients go
   const Spec out_spec = restore_reduced(op, mesh_, given, d.out_spec, options_.reduced_propagation);
 
   const bool track = at::GradMode::is_enabled();
   std::vector<bool> needs(ready.size());
   bool any = false;
-  for (size_t i = 0; i < ready.size(); ++i) any |= (needs[i] = track && ready[i].requires_grad());
+  for (size_t i = 0; i < ready.size(); ++i) any |= (needs[i] = track && sources[i].requires_grad());
 
   const size_t R = static_cast<size_t>(mesh_.size());
   // Per rank: the operands as local leaves and the result with its local graph, for the VJP.
@@ -219,13 +251,14 @@ DTensor Runtime::apply_op(const std::string& op, const OpAttrs& attrs, const std
 
   if (any) {
     Runtime* rt = this;
-    std::vector<Spec> in_specs;
+    std::vector<Spec> in_specs, source_specs;
     std::vector<std::string> names;
     std::vector<at::Tensor> inputs;
-    for (const auto& t : ready) {
-      in_specs.push_back(t.spec);
-      names.push_back(t.name);
-      inputs.insert(inputs.end(), t.locals.begin(), t.locals.end());
+    for (size_t i = 0; i < ready.size(); ++i) {
+      in_specs.push_back(ready[i].spec);
+      source_specs.push_back(sources[i].spec);
+      names.push_back(sources[i].name);
+      inputs.insert(inputs.end(), sources[i].locals.begin(), sources[i].locals.end());
     }
     const auto out_shapes = shapes_of(y.locals);
     const auto opts = y.locals.at(0).options();
@@ -255,9 +288,9 @@ DTensor Runtime::apply_op(const std::string& op, const OpAttrs& attrs, const std
           e.in_specs = {spec_str(bd.grad_in)};
           e.out_spec = spec_str(bd.grad_out);
           rt->recorder().add(std::move(e));
-          contrib = rt->to_cotangent(std::move(contrib), {bd.grad_out, gin.divisor}, in_specs[i], names[i],
+          contrib = rt->to_cotangent(std::move(contrib), {bd.grad_out, gin.divisor}, source_specs[i], names[i],
                                      names[i], "grad hook: " + spec_str(bd.grad_out) + " -> cotangent of " +
-                                         spec_str(in_specs[i]));
+                                         spec_str(source_specs[i]));
           for (size_t r = 0; r < R; ++r) result[i * R + r] = contrib[r];
         }
         return result;

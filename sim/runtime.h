@@ -44,7 +44,8 @@ class Runtime {
   DTensor redistribute(const DTensor& x, const Spec& to, const std::string& out_name);
 
   // Forward of a DTensor op: propagation picks the rule; operands that do not fit it are
-  // redistributed first; the Rd label is restored by the run's policy.
+  // redistributed first (above or below autograd, by the run's option); the Rd label is restored
+  // by the run's policy.
   DTensor apply_op(const std::string& op, const OpAttrs& attrs, const std::vector<DTensor>& args,
                    const std::string& out_name);
 
@@ -57,6 +58,14 @@ class Runtime {
   // otherwise); problems found while tracking (two contributions with different layouts).
   GradSpec grad_spec(const std::string& value, const Spec& primal) const;
   const std::vector<std::string>& tracking_problems() const { return tracking_problems_; }
+
+  // Sharding decisions are cached by op, attributes, operand specs and shapes.
+  struct Stats {
+    int64_t propagation_requests = 0;
+    int64_t propagations = 0;
+    int64_t cache_hits = 0;
+  };
+  const Stats& stats() const { return stats_; }
 
   // Used by the autograd nodes.
   // Runs a plan step by step, recording each step; in the backward, `grad_of` names the value
@@ -78,6 +87,13 @@ class Runtime {
   Recorder recorder_;
   std::string phase_ = "forward";
   std::map<std::string, GradSpec> grad_specs_;
+  std::map<std::string, ShardingDecision> decisions_;
+  Stats stats_;
+
+  ShardingDecision decide(const std::string& op, const OpAttrs& attrs, const std::vector<Spec>& specs,
+                          const std::vector<Shape>& shapes);
+  // A redistribution of the locals with no autograd node (below autograd).
+  DTensor redistribute_locals(const DTensor& x, const Spec& to, const std::string& out_name);
   std::vector<std::string> tracking_problems_;
 
  public:

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# One command to install what is missing, build, and run meshsim on Debian bookworm.
+#   scripts/setup.sh examples   run every bundled example, print its result, write its diagram
+#   scripts/setup.sh test       run the whole test suite through ctest
+# Dependencies come from Debian packages only; apt-get runs only when one is missing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+job=${1:-}
+case "$job" in
+  examples | test) ;;
+  *) echo "usage: scripts/setup.sh examples|test" >&2; exit 2 ;;
+esac
+
+packages=(
+  g++ cmake ninja-build pkg-config
+  libtorch-dev librapidcheck-dev libgtest-dev libbenchmark-dev
+  libgraphviz-dev nlohmann-json3-dev libcli11-dev
+)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  echo "installing: ${missing[*]}"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+build=${MESHSIM_BUILD_DIR:-build}
+cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release ${MESHSIM_WERROR:+-DMESHSIM_WERROR=ON} >/dev/null
+if [ "$job" = test ]; then
+  cmake --build "$build" -j"$(nproc)"
+  ctest --test-dir "$build" --output-on-failure -j"$(nproc)"
+  exit
+fi
+
+# The main job: every example, its result and its diagram.
+cmake --build "$build" -j"$(nproc)" --target meshsim
+mkdir -p out/diagrams
+status=0
+for f in examples/*.json; do
+  name=$(basename "$f" .json)
+  "$build/cli/meshsim" run "$f" --render "out/diagrams/$name.svg" --trace "out/$name.trace.json" || status=$?
+  echo "  diagram: out/diagrams/$name.svg"
+  echo
+done
+exit $status
