@@ -179,15 +179,18 @@ ShardingDecision propagate(const std::string& op, const Mesh& mesh, const std::v
   d.in_specs = specs;
   d.out_spec.assign(mesh.ndim(), Placement::replicate());
   for (int a = 0; a < mesh.ndim(); ++a) {
+    // Cheapest row by (bytes moved, operands changed); ties go to the earlier row. A row the
+    // operands fit as they are costs (0, 0) and always wins.
     const RuleRow* best = nullptr;
-    int64_t best_cost = std::numeric_limits<int64_t>::max();
+    std::pair<int64_t, int64_t> best_cost{std::numeric_limits<int64_t>::max(), 0};
     for (const auto& row : rows) {
-      int64_t cost = 0;
-      for (size_t i = 0; i < specs.size() && cost >= 0; ++i) {
+      std::pair<int64_t, int64_t> cost{0, 0};
+      for (size_t i = 0; i < specs.size() && cost.first >= 0; ++i) {
         int64_t c = axis_cost(specs[i][a], row.ins[i], mesh.axis_size(a), bytes_of(shapes[i]), false);
-        cost = c < 0 ? -1 : cost + c;
+        cost.first = c < 0 ? -1 : cost.first + c;
+        cost.second += same_for_rule(specs[i][a], row.ins[i]) ? 0 : 1;
       }
-      if (cost >= 0 && cost < best_cost) {
+      if (cost.first >= 0 && cost < best_cost) {
         best = &row;
         best_cost = cost;
       }

@@ -1,0 +1,93 @@
+// Every bundled example: its result matches its golden file, its diagram matches its golden DOT
+// text, and no option combination makes it fail. MESHSIM_UPDATE_GOLDEN=1 rewrites the golden files.
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <gtest/gtest.h>
+
+#include "cli/trace_of.h"
+#include "core/scenario.h"
+#include "oracles/check.h"
+#include "traces/render.h"
+
+namespace fs = std::filesystem;
+using namespace meshsim;
+
+namespace {
+
+std::vector<fs::path> example_files() {
+  std::vector<fs::path> out;
+  for (const auto& e : fs::directory_iterator(fs::path(MESHSIM_SOURCE_DIR) / "examples"))
+    if (e.path().extension() == ".json") out.push_back(e.path());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+bool updating() {
+  const char* v = std::getenv("MESHSIM_UPDATE_GOLDEN");
+  return v && std::string(v) == "1";
+}
+
+std::string read_text(const fs::path& p) {
+  std::ifstream in(p);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// Compares `actual` with the golden file, or rewrites it when updating.
+void expect_golden(const fs::path& golden, const std::string& actual) {
+  if (updating()) {
+    fs::create_directories(golden.parent_path());
+    std::ofstream(golden) << actual;
+    return;
+  }
+  ASSERT_TRUE(fs::exists(golden)) << golden << " is missing: run the test with MESHSIM_UPDATE_GOLDEN=1";
+  EXPECT_EQ(read_text(golden), actual) << "differs from " << golden
+                                       << " (MESHSIM_UPDATE_GOLDEN=1 rewrites it after review)";
+}
+
+fs::path golden_dir() { return fs::path(MESHSIM_SOURCE_DIR) / "tests" / "golden"; }
+
+}  // namespace
+
+TEST(Examples, ThereAreExamples) { EXPECT_GE(example_files().size(), 10u); }
+
+TEST(Examples, ResultsAndDiagramsMatchGolden) {
+  for (const auto& file : example_files()) {
+    SCOPED_TRACE(file.string());
+    Scenario sc = load_scenario(file.string());
+    CheckedRun run = check_scenario(sc, sc.options);
+    const std::string name = file.stem().string();
+    expect_golden(golden_dir() / "results" / (name + ".json"), run.result.dump(2) + "\n");
+    expect_golden(golden_dir() / "dot" / (name + ".dot"), render_dot(cli::trace_of(sc, sc.options, run)));
+  }
+}
+
+// Gradient equivalence holds for every legal example under every option combination; the only
+// error an option may cause is strict's reduced_mismatch.
+TEST(Examples, EveryOptionCombinationPasses) {
+  int runs = 0;
+  for (const auto& file : example_files()) {
+    Scenario sc = load_scenario(file.string());
+    for (const char* mode : {"above_autograd", "below_autograd"})
+      for (const char* policy : {"intersection", "union", "strict"})
+        for (const char* conv : {"divide", "rank0"}) {
+          RunOptions o = sc.options;
+          set_option(o, "redistribute", mode);
+          set_option(o, "reduced_propagation", policy);
+          set_option(o, "partial_from_replicate", conv);
+          CheckedRun run = check_scenario(sc, o);
+          ++runs;
+          SCOPED_TRACE(file.stem().string() + " " + o.to_json().dump());
+          EXPECT_NE(run.result["status"], "fail") << run.result.dump(2);
+          if (run.result["status"] == "error") {
+            EXPECT_EQ(std::string(policy), "strict");
+            EXPECT_EQ(run.result["error"]["kind"], "reduced_mismatch");
+          }
+        }
+  }
+  RecordProperty("runs", runs);
+}
