@@ -44,9 +44,13 @@ void print_summary(const Scenario& sc, const RunOptions& options, const nlohmann
               << r["error"]["message"].get<std::string>() << "\n";
     return;
   }
-  for (const auto& [name, v] : r["values"].items())
-    std::cout << "  value " << name << " " << join_specs(v["placements"]) << " shape "
-              << v["shape"].dump() << "\n";
+  for (const auto& [name, v] : r["values"].items()) {
+    if (v.contains("placements"))
+      std::cout << "  value " << name << " " << join_specs(v["placements"]) << " shape " << v["shape"].dump() << "\n";
+    else  // an LTensor of a local_map body
+      std::cout << "  value " << name << " (local_map body) variant " << join_specs(v["variant"]) << " reduced "
+                << join_specs(v["reduced"]) << (v.value("untracked", false) ? " UNTRACKED" : "") << "\n";
+  }
   for (const auto& c : r["collectives"])
     std::cout << "  " << c["phase"].get<std::string>() << " " << c["op"].get<std::string>() << " over "
               << c["axis"].get<std::string>() << ", " << c["bytes"].get<int64_t>() << " B per rank ("
@@ -85,7 +89,7 @@ int cmd_run(const RunArgs& args) {
   else print_summary(sc, options, run.result);
   Trace trace = trace_of(sc, options, run);
   if (!args.trace_out.empty()) write_trace(trace, args.trace_out);
-  if (!args.render_out.empty()) render_to_file(trace, args.render_out);
+  if (!args.render_out.empty()) render_to_file(trace, args.render_out, parse_render_view(args.render_view));
   return run.exit_code;
 }
 
@@ -122,7 +126,7 @@ int cmd_render(const RenderArgs& args) {
     Scenario sc = parse_scenario(doc, args.file);
     trace = trace_of(sc, sc.options, check_scenario(sc, sc.options));
   }
-  render_to_file(trace, args.out);
+  render_to_file(trace, args.out, parse_render_view(args.view));
   std::cout << "wrote " << args.out << "\n";
   return 0;
 }

@@ -12,6 +12,7 @@ const char* error_kind_name(ErrorKind kind) {
     case ErrorKind::MeshMismatch: return "mesh_mismatch";
     case ErrorKind::ShapeMismatch: return "shape_mismatch";
     case ErrorKind::UnsupportedOp: return "unsupported_op";
+    case ErrorKind::OutSpecMismatch: return "out_spec_mismatch";
   }
   return "invalid_scenario";
 }

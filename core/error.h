@@ -15,6 +15,7 @@ enum class ErrorKind {
   MeshMismatch,
   ShapeMismatch,
   UnsupportedOp,
+  OutSpecMismatch,  // a local_map returns a value whose variance contradicts its out placement
 };
 
 // The spelling used in result JSON: "illegal_redistribute", ...

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <limits>
 #include <map>
+#include <set>
 #include <sstream>
 #include <stdexcept>
 #include <string_view>
@@ -102,7 +103,7 @@ std::string mutant_option(const json& value) {
 
 // ---- the op table: arity and attributes of every contract-2 op ----
 
-enum class AttrType { Int, Number, Bool, Spec, Any };
+enum class AttrType { Int, Number, Bool, Spec, Axis, String, Any };
 
 struct AttrRule {
   const char* key;
@@ -122,8 +123,8 @@ const std::vector<OpRule>& op_rules() {
                                                   {"keepdim", AttrType::Bool, false}};
   static const std::vector<OpRule> rules = {
       {"add", 2, {}, true},
-      {"div", 2, {}, false},
-      {"exp", 1, {}, false},
+      {"div", 2, {}, true},
+      {"exp", 1, {}, true},
       {"local_map",
        -1,
        {{"in_placements", AttrType::Any, false},
@@ -131,25 +132,46 @@ const std::vector<OpRule>& op_rules() {
         {"body", AttrType::Any, true},
         {"returns", AttrType::Any, true},
         {"reference", AttrType::Any, false}},
-       false},
-      {"mean", 1, reduction, false},
+       true},
+      {"mean", 1, reduction, true},
       {"mm", 2, {}, true},
       {"mul", 2, {}, true},
-      {"neg", 1, {}, false},
+      {"neg", 1, {}, true},
       {"redistribute", 1, {{"placements", AttrType::Spec, true}}, true},
-      {"relu", 1, {}, false},
-      {"scale", 1, {{"value", AttrType::Number, true}}, false},
-      {"sin", 1, {}, false},
-      {"softmax", 1, {{"dim", AttrType::Int, true}}, false},
+      {"relu", 1, {}, true},
+      {"scale", 1, {{"value", AttrType::Number, true}}, true},
+      {"sin", 1, {}, true},
+      {"softmax", 1, {{"dim", AttrType::Int, true}}, true},
       {"sub", 2, {}, true},
       {"sum", 1, reduction, true},
-      {"tanh", 1, {}, false},
-      {"transpose", 1, {{"dim0", AttrType::Int, true}, {"dim1", AttrType::Int, true}}, false},
+      {"tanh", 1, {}, true},
+      {"transpose", 1, {{"dim0", AttrType::Int, true}, {"dim1", AttrType::Int, true}}, true},
   };
   return rules;
 }
 
-const OpRule* find_op_rule(const std::string& name) {
+// Ops only a local_map body runs (its values are LTensors), alphabetical.
+const std::vector<OpRule>& body_op_rules() {
+  static const std::vector<OpRule> rules = {
+      {"all_gather", 1, {{"axis", AttrType::Axis, true}, {"dim", AttrType::Int, true}, {"to", AttrType::String, false}}, true},
+      {"all_reduce", 1, {{"axis", AttrType::Axis, true}, {"reduce", AttrType::String, false}}, true},
+      {"all_to_all", 1, {{"axis", AttrType::Axis, true}, {"split_dim", AttrType::Int, true}, {"concat_dim", AttrType::Int, true}}, true},
+      {"call", -1, {{"function", AttrType::String, true}, {"axis", AttrType::Axis, false}}, true},
+      {"mark_varying", 1, {{"axis", AttrType::Axis, true}}, true},
+      {"reduce_scatter", 1, {{"axis", AttrType::Axis, true}, {"dim", AttrType::Int, true}}, true},
+  };
+  return rules;
+}
+
+// Where an op stands decides which ops it may be.
+enum class Region { Program, Body, Reference };
+
+const OpRule* find_op_rule(const std::string& name, Region region = Region::Program) {
+  if (region == Region::Body)
+    for (const auto& r : body_op_rules())
+      if (name == r.name) return &r;
+  if (region != Region::Program && name == "local_map") return nullptr;
+  if (region == Region::Body && name == "redistribute") return nullptr;
   for (const auto& r : op_rules())
     if (name == r.name) return &r;
   return nullptr;
@@ -364,12 +386,13 @@ class ScenarioParser {
     r_.fail(path, "unknown init " + in_quotes(init) + " (expected int, ones, arange or randn)");
   }
 
-  void parse_op(const json& op, const std::string& path) {
+  void parse_op(const json& op, const std::string& path, Region region = Region::Program,
+                std::vector<OpDecl>* into = nullptr) {
     r_.object(op, path);
     OpDecl decl;
     decl.path = path;
     decl.op = r_.string(r_.field(op, path, "op"), child(path, "op"));
-    const OpRule& rule = op_rule(decl.op, child(path, "op"));
+    const OpRule& rule = op_rule(decl.op, child(path, "op"), region);
     std::vector<std::string> allowed = {"out", "op", "args"};
     for (const auto& a : rule.attrs) allowed.push_back(a.key);
     r_.only_keys(op, path, allowed);
@@ -381,13 +404,79 @@ class ScenarioParser {
                                        (rule.arity == 1 ? "" : "s") + ", got " +
                                        std::to_string(args.size()));
     for (const auto& attr : rule.attrs) check_attr(op, path, attr, decl);
-    decl.out = new_value(r_.field(op, path, "out"), child(path, "out"));
     decl.attrs = op;
-    s_.program.push_back(std::move(decl));
+    if (decl.op == "local_map") {
+      parse_local_map(op, path, decl);
+    } else {
+      decl.out = new_value(r_.field(op, path, "out"), child(path, "out"));
+      decl.outs = {decl.out};
+    }
+    (into ? *into : s_.program).push_back(std::move(decl));
   }
 
-  const OpRule& op_rule(const std::string& name, const std::string& path) const {
-    const OpRule* rule = find_op_rule(name);
+  // local_map {args, in_placements?, out_placements, body, returns, reference?}: the body sees
+  // only the args and its own values; `out` is one name per return (a string for one).
+  void parse_local_map(const json& op, const std::string& path, OpDecl& decl) {
+    if (decl.args.empty()) r_.fail(child(path, "args"), "local_map takes at least one argument");
+    if (op.contains("in_placements")) {
+      const std::string ip = child(path, "in_placements");
+      if (r_.array(op["in_placements"], ip).size() != decl.args.size())
+        r_.fail(ip, "expected one spec per argument (" + std::to_string(decl.args.size()) + ")");
+      for (size_t k = 0; k < decl.args.size(); ++k) decl.in_placements.push_back(r_.spec(op["in_placements"][k], child(ip, k), s_.mesh));
+    }
+    const std::string op_path = child(path, "out_placements");
+    const json& outs = r_.array(op["out_placements"], op_path);
+    if (outs.empty()) r_.fail(op_path, "a local_map returns at least one value");
+    for (size_t k = 0; k < outs.size(); ++k) decl.out_placements.push_back(r_.spec(outs[k], child(op_path, k), s_.mesh));
+
+    auto outer = visible_;
+    const auto defined_before_body = defined_;
+    visible_ = std::set<std::string>(decl.args.begin(), decl.args.end());
+    const std::string bp = child(path, "body");
+    const json& body = r_.array(op["body"], bp);
+    for (size_t i = 0; i < body.size(); ++i) parse_op(body[i], child(bp, i), Region::Body, &decl.body);
+    decl.returns = returns(op, path, decl.out_placements.size());
+    if (op.contains("reference")) {
+      // The reference is a scope of its own: it may reuse the body's names, not the program's.
+      auto defined = defined_;
+      defined_ = defined_before_body;
+      visible_ = std::set<std::string>(decl.args.begin(), decl.args.end());
+      const std::string rp = child(path, "reference");
+      const json& ref = r_.array(op["reference"], rp);
+      for (size_t i = 0; i < ref.size(); ++i) parse_op(ref[i], child(rp, i), Region::Reference, &decl.reference);
+      returns(op, path, decl.out_placements.size());
+      defined_ = std::move(defined);
+    }
+    visible_ = std::move(outer);
+
+    const std::string out_path = child(path, "out");
+    const json& out = r_.field(op, path, "out");
+    if (out.is_string() && decl.returns.size() == 1) {
+      decl.outs = {new_value(out, out_path)};
+    } else {
+      if (r_.array(out, out_path).size() != decl.returns.size())
+        r_.fail(out_path, "expected one name per returned value (" + std::to_string(decl.returns.size()) + ")");
+      for (size_t k = 0; k < out.size(); ++k) decl.outs.push_back(new_value(out[k], child(out_path, k)));
+    }
+    decl.out = decl.outs.front();
+  }
+
+  std::vector<std::string> returns(const json& op, const std::string& path, size_t count) const {
+    const std::string rp = child(path, "returns");
+    const json& rets = r_.array(op["returns"], rp);
+    if (rets.size() != count)
+      r_.fail(rp, "expected one returned value per out placement (" + std::to_string(count) + ")");
+    std::vector<std::string> out;
+    for (size_t k = 0; k < rets.size(); ++k) out.push_back(value_name(rets[k], child(rp, k)));
+    return out;
+  }
+
+  const OpRule& op_rule(const std::string& name, const std::string& path, Region region) const {
+    const OpRule* rule = find_op_rule(name, region);
+    if (!rule && find_op_rule(name, Region::Body))
+      r_.fail(path, "op " + in_quotes(name) + " runs only inside a local_map body", ErrorKind::UnsupportedOp);
+    if (!rule && region == Region::Body && find_op_rule(name))
+      r_.fail(path, "op " + in_quotes(name) + " cannot run inside a local_map body", ErrorKind::UnsupportedOp);
     if (!rule)
       r_.fail(path, "unknown op " + in_quotes(name) + " (known: " + join(known_ops()) + ")",
               ErrorKind::UnsupportedOp);
@@ -412,6 +501,13 @@ class ScenarioParser {
       case AttrType::Number: r_.number(v, path); break;
       case AttrType::Bool: r_.boolean(v, path); break;
       case AttrType::Any: break;
+      case AttrType::String: r_.string(v, path); break;
+      case AttrType::Axis: {
+        std::string axis = r_.string(v, path);
+        if (s_.mesh.axis_index(axis) < 0)
+          r_.fail(path, "unknown mesh axis " + in_quotes(axis) + " (axes: " + join(s_.mesh.axes()) + ")");
+        break;
+      }
       case AttrType::Spec: {
         Spec spec = r_.spec(v, path, s_.mesh);
         // Only inputs have a rank known before the run; op results are checked when it runs.
@@ -422,19 +518,25 @@ class ScenarioParser {
     }
   }
 
-  // A name that refers to an existing value (an input or an earlier op's out).
+  // A name that refers to a value visible here (an input or an earlier op's out; inside a
+  // local_map body or reference, its args and the body's or reference's own values).
   std::string value_name(const json& v, const std::string& path) const {
     std::string name = r_.string(v, path);
-    if (!defined_.count(name)) r_.fail(path, "unknown value " + in_quotes(name));
+    if (!visible_.count(name)) {
+      if (defined_.count(name)) r_.fail(path, "value " + in_quotes(name) + " is not visible here (a local_map body sees only its args and its own values)");
+      r_.fail(path, "unknown value " + in_quotes(name));
+    }
     return name;
   }
 
-  // A name that defines a new value.
+  // A name that defines a new value; names are unique across the scenario, local_map bodies
+  // included (a reference's names are its own).
   std::string new_value(const json& v, const std::string& path) {
     std::string name = r_.name(v, path);
     auto [it, inserted] = defined_.emplace(name, path);
     if (!inserted)
       r_.fail(path, "value " + in_quotes(name) + " is already defined at " + it->second);
+    visible_.insert(name);
     return name;
   }
 
@@ -442,6 +544,7 @@ class ScenarioParser {
   Reader r_;
   Scenario s_;
   std::map<std::string, std::string> defined_;  // value name -> JSON path of its definition
+  std::set<std::string> visible_;                // the names an op here may use
 };
 
 }  // namespace

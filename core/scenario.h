@@ -49,11 +49,19 @@ struct InputDecl {
 };
 
 struct OpDecl {
-  std::string out;
+  std::string out;                // the first (usually only) result
+  std::vector<std::string> outs;  // every result: one per `returns` entry of a local_map
   std::string op;
   std::vector<std::string> args;
   nlohmann::json attrs;  // the whole op object, for op-specific fields
   std::string path;      // "/program/2"
+
+  // local_map only.
+  std::vector<Spec> in_placements;  // empty: the args as they are
+  std::vector<Spec> out_placements;
+  std::vector<OpDecl> body;         // LTensor ops
+  std::vector<OpDecl> reference;    // the same computation on global tensors, for the oracle
+  std::vector<std::string> returns;
 };
 
 struct Scenario {

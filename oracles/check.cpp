@@ -102,7 +102,8 @@ CheckedRun check_scenario(const Scenario& sc, const RunOptions& options) {
   const OracleRun oracle = run_oracle(sc, run.input_globals);
   const double tol = tolerance(sc, options);
 
-  Comparison forward, gradient, duality;
+  Comparison forward, gradient, duality, tracking;
+  std::vector<std::string> unchecked;  // values the oracle cannot know (a local_map without reference)
   r["values"] = nlohmann::json::object();
   for (const auto& name : run.named) {
     const DTensor& v = run.values.at(name);
@@ -112,6 +113,10 @@ CheckedRun check_scenario(const Scenario& sc, const RunOptions& options) {
     std::string problem = layout_problem(sc.mesh, v);
     at::Tensor global = assemble(sc.mesh, v.spec, v.locals, problem.empty() ? &problem : nullptr);
     const at::Tensor& ref = oracle.values.at(name);
+    if (!ref.defined()) {
+      unchecked.push_back(name);
+      continue;
+    }
     double err = max_abs_diff(global, ref);
     bool pass = problem.empty() && within(err, tol, ref);
     forward.add(name, err, pass, problem.empty() ? "differs from the oracle by " + format_error(err) : problem);
@@ -131,23 +136,40 @@ CheckedRun check_scenario(const Scenario& sc, const RunOptions& options) {
                 "gradient is " + spec_str(got.spec) + ", its cotangent is " + spec_str(want));
     std::string problem;
     at::Tensor global = assemble(sc.mesh, got.spec, run.grads.at(name), &problem) * static_cast<double>(got.divisor);
+    if (!oracle.grads.count(name)) {
+      unchecked.push_back("grad " + name);
+      continue;
+    }
     const at::Tensor& ref = oracle.grads.at(name);
     double err = max_abs_diff(global, ref);
     gradient.add("grad " + name, err, problem.empty() && within(err, tol, ref),
                  problem.empty() ? "differs from the oracle by " + format_error(err) : problem);
   }
   for (const auto& p : run.runtime->tracking_problems()) duality.add("tracking", 0.0, false, p);
+  for (const auto& name : run.runtime->body_order()) {
+    const auto& b = run.runtime->body_values().at(name);
+    r["values"][name] = {{"variant", b.variant}, {"reduced", b.reduced}, {"local_shapes", b.local_shapes}};
+    if (b.untracked) r["values"][name]["untracked"] = true;
+  }
+  for (const auto& u : run.runtime->untracked()) tracking.add("untracked", 0.0, false, u);
+  if (!unchecked.empty()) r["unchecked"] = unchecked;
 
   r["collectives"] = collectives_json(out.events);
   r["checks"] = {{"forward_equivalence", forward.ok}, {"duality", duality.ok}};
   if (run.ran_backward) r["checks"]["gradient_equivalence"] = gradient.ok;
+  if (run.has_local_map) {
+    // Every LTensor passed the exclusivity check after every op and strategy (a violation is an
+    // exclusivity_violation error); every value that left a region had tracked sets.
+    r["checks"]["exclusivity"] = true;
+    r["checks"]["variance_tracking"] = tracking.ok;
+  }
   r["max_abs_error"] = std::max(forward.max_error, gradient.max_error);
-  const bool pass = forward.ok && gradient.ok && duality.ok;
+  const bool pass = forward.ok && gradient.ok && duality.ok && tracking.ok;
   r["status"] = pass ? "pass" : "fail";
   r["error"] = nullptr;
   if (!pass) {
     nlohmann::json failures = nlohmann::json::array();
-    for (const auto* c : {&forward, &gradient, &duality})
+    for (const auto* c : {&forward, &gradient, &duality, &tracking})
       for (const auto& p : c->problems) failures.push_back(p);
     r["failures"] = failures;
   }

@@ -6,6 +6,39 @@
 
 namespace meshsim {
 
+namespace {
+
+// A local_map's `reference`: the same computation on global tensors. Without one, its results
+// are unknown (undefined tensors), and so is everything computed from them.
+std::vector<at::Tensor> reference(const OpDecl& op, const std::vector<at::Tensor>& args) {
+  std::map<std::string, at::Tensor> env;
+  bool known = !op.reference.empty() || !op.returns.empty();
+  for (size_t i = 0; i < args.size(); ++i) {
+    env[op.args[i]] = args[i];
+    known &= args[i].defined();
+  }
+  if (op.reference.empty()) {
+    // Returns may name arguments directly; anything else is unknown without a reference.
+    std::vector<at::Tensor> out;
+    for (const auto& r : op.returns) out.push_back(env.count(r) && known ? env[r] : at::Tensor());
+    return out;
+  }
+  for (const auto& r : op.reference) {
+    std::vector<at::Tensor> xs;
+    bool defined = true;
+    for (const auto& a : r.args) {
+      xs.push_back(env.at(a));
+      defined &= env.at(a).defined();
+    }
+    env[r.out] = !defined ? at::Tensor() : r.op == "redistribute" ? xs.at(0) : local_op(r.op, op_attrs(r), xs);
+  }
+  std::vector<at::Tensor> out;
+  for (const auto& r : op.returns) out.push_back(env.at(r));
+  return out;
+}
+
+}  // namespace
+
 OracleRun run_oracle(const Scenario& sc, const std::map<std::string, at::Tensor>& input_globals) {
   OracleRun run;
   std::vector<at::Tensor> leaves;
@@ -21,11 +54,20 @@ OracleRun run_oracle(const Scenario& sc, const std::map<std::string, at::Tensor>
   for (const auto& op : sc.program) {
     std::vector<at::Tensor> xs;
     for (const auto& a : op.args) xs.push_back(run.values.at(a));
-    run.values[op.out] = op.op == "redistribute" ? xs.at(0) : local_op(op.op, op_attrs(op), xs);
+    if (op.op == "local_map") {
+      std::vector<at::Tensor> outs = reference(op, xs);
+      for (size_t k = 0; k < outs.size(); ++k) run.values[op.outs[k]] = outs[k];
+      continue;
+    }
+    bool known = true;
+    for (const auto& x : xs) known &= x.defined();
+    run.values[op.out] = !known ? at::Tensor() : op.op == "redistribute" ? xs.at(0) : local_op(op.op, op_attrs(op), xs);
   }
   if (!sc.backward.empty() && !leaves.empty()) {
     const at::Tensor& loss = run.values.at(sc.backward);
-    if (loss.requires_grad()) {
+    if (!loss.defined()) {
+      // Unknown without a local_map reference: no oracle gradients.
+    } else if (loss.requires_grad()) {
       auto grads = torch::autograd::grad({loss}, leaves, {at::ones_like(loss)}, false, false, true);
       for (size_t i = 0; i < leaves.size(); ++i)
         run.grads[leaf_names[i]] = grads[i].defined() ? grads[i] : at::zeros_like(leaves[i]);
@@ -33,7 +75,8 @@ OracleRun run_oracle(const Scenario& sc, const std::map<std::string, at::Tensor>
       for (size_t i = 0; i < leaves.size(); ++i) run.grads[leaf_names[i]] = at::zeros_like(leaves[i]);
     }
   }
-  for (auto& [name, t] : run.values) t = t.detach();
+  for (auto& [name, t] : run.values)
+    if (t.defined()) t = t.detach();
   return run;
 }
 

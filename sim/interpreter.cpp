@@ -2,6 +2,7 @@
 
 #include "core/error.h"
 #include "sim/data.h"
+#include "sim/local_map.h"
 #include "sim/local_ops.h"
 
 namespace meshsim {
@@ -30,6 +31,20 @@ std::vector<DTensor> make_inputs(const Scenario& sc, const RunOptions& options,
   return out;
 }
 
+std::vector<DTensor> run_local_map(Runtime& rt, const OpDecl& op, const std::vector<DTensor>& args) {
+  BodyContext ctx(rt);
+  std::map<std::string, LTensor> env;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const DTensor& a = args[i];
+    const bool move = !op.in_placements.empty() && op.in_placements[i] != a.spec;
+    env[op.args[i]] = ctx.enter(move ? rt.redistribute(a, op.in_placements[i], op.out + ".in" + std::to_string(i)) : a);
+  }
+  for (const auto& b : op.body) env[b.out] = ctx.run(b, env);
+  std::vector<DTensor> outs;
+  for (size_t k = 0; k < op.returns.size(); ++k) outs.push_back(ctx.leave(env.at(op.returns[k]), op.out_placements[k], op.outs[k]));
+  return outs;
+}
+
 SimRun run_distributed(const Scenario& sc, const RunOptions& options) {
   SimRun run;
   run.runtime = std::make_unique<Runtime>(sc.mesh, options);
@@ -50,6 +65,15 @@ SimRun run_distributed(const Scenario& sc, const RunOptions& options) {
   for (const auto& op : sc.program) {
     std::vector<DTensor> args;
     for (const auto& a : op.args) args.push_back(run.values.at(a));
+    if (op.op == "local_map") {
+      std::vector<DTensor> outs = run_local_map(rt, op, args);
+      for (size_t k = 0; k < outs.size(); ++k) {
+        run.named.push_back(op.outs[k]);
+        run.values[op.outs[k]] = std::move(outs[k]);
+      }
+      run.has_local_map = true;
+      continue;
+    }
     DTensor out;
     if (op.op == "redistribute") {
       Spec to;

@@ -15,13 +15,18 @@ namespace meshsim {
 struct SimRun {
   std::unique_ptr<Runtime> runtime;
   std::vector<std::string> named;           // inputs then program values, in scenario order
-  std::map<std::string, DTensor> values;    // every value, the inserted redistributions included
+  std::map<std::string, DTensor> values;    // the named DTensor values
   std::map<std::string, at::Tensor> input_globals;
   std::vector<std::string> grad_inputs;     // inputs that require grad, in scenario order
   std::map<std::string, Locals> grads;
   std::map<std::string, GradSpec> grad_specs;
   bool ran_backward = false;
+  bool has_local_map = false;
 };
+
+// Runs one local_map op: its args enter as LTensors (after redistribution to in_placements), the
+// body runs, the returns leave as DTensors with out_placements.
+std::vector<DTensor> run_local_map(Runtime& rt, const OpDecl& op, const std::vector<DTensor>& args);
 
 // Makes the inputs of a scenario: global data from the seed (one stream per input), then the
 // locals; a from_local input gives every rank the same local data.

@@ -11,6 +11,7 @@
 #include "core/reduced_policy.h"
 #include "sim/data.h"
 #include "sim/local_ops.h"
+#include "sim/mesh_node.h"
 
 namespace meshsim {
 
@@ -18,50 +19,12 @@ namespace {
 
 using torch::autograd::variable_list;
 
-// One autograd node spanning the ranks: its inputs are the locals of every operand (operand
-// major, then rank), its outputs the locals of the result.
-class MeshNode : public torch::autograd::Node {
- public:
-  using Fn = std::function<variable_list(variable_list&&)>;
-  MeshNode(std::string name, Fn fn) : name_(std::move(name)), fn_(std::move(fn)) {}
-  variable_list apply(variable_list&& grads) override { return fn_(std::move(grads)); }
-  std::string name() const override { return name_; }
-
- private:
-  std::string name_;
-  Fn fn_;
-};
-
-void attach(const std::shared_ptr<MeshNode>& node, const std::vector<at::Tensor>& inputs, Locals& outputs) {
-  node->set_next_edges(torch::autograd::collect_next_edges(inputs));
-  for (auto& o : outputs) torch::autograd::create_gradient_edge(o, node);
-}
+using torch::autograd::variable_list;
 
 std::string attrs_key(const OpAttrs& a) {
   return (a.dim ? std::to_string(*a.dim) : "-") + (a.keepdim ? "k" : "");
 }
 
-// Gradients that did not flow (an unused output) are zeros of the output's shape.
-Locals defined_grads(variable_list&& grads, const std::vector<std::vector<int64_t>>& shapes,
-                     const at::TensorOptions& opts) {
-  Locals out(shapes.size());
-  for (size_t r = 0; r < shapes.size(); ++r)
-    out[r] = grads[r].defined() ? grads[r] : at::zeros(shapes[r], opts);
-  return out;
-}
-
-std::vector<std::vector<int64_t>> shapes_of(const Locals& locals) {
-  std::vector<std::vector<int64_t>> out;
-  for (const auto& t : locals) out.push_back(t.sizes().vec());
-  return out;
-}
-
-Locals detached(const Locals& locals) {
-  Locals out;
-  out.reserve(locals.size());
-  for (const auto& t : locals) out.push_back(t.detach());
-  return out;
-}
 
 }  // namespace
 
@@ -138,22 +101,6 @@ Locals Runtime::to_cotangent(Locals grads, const GradSpec& from, const Spec& pri
   return grads;
 }
 
-namespace {
-
-// A SemanticError raised inside the autograd engine is kept and raised again once the engine
-// returns, so that its kind survives; the node returns no gradients.
-template <class F>
-variable_list guarded(Runtime* rt, size_t n_inputs, F&& body) {
-  try {
-    return body();
-  } catch (const SemanticError& e) {
-    if (!rt->pending_error_) rt->pending_error_ = std::make_shared<SemanticError>(e);
-    return variable_list(n_inputs);
-  }
-}
-
-}  // namespace
-
 DTensor Runtime::redistribute(const DTensor& x, const Spec& to, const std::string& out_name) {
   auto plan = plan_redistribute(mesh_, x.spec, to, {options_.partial_from_replicate, false});
   DTensor y{out_name, x.shape, to, detached(run_plan(plan, x.spec, detached(x.locals), out_name, ""))};
@@ -161,19 +108,15 @@ DTensor Runtime::redistribute(const DTensor& x, const Spec& to, const std::strin
     Runtime* rt = this;
     const Spec from = x.spec;
     const std::string in_name = x.name;
-    const auto shapes = shapes_of(y.locals);
-    const auto opts = y.locals.at(0).options();
+    const Locals like = detached(y.locals);  // shapes for missing gradients; no cycle
     const size_t n_inputs = x.locals.size();
-    auto node = std::shared_ptr<MeshNode>(
-        new MeshNode("Redistribute", [=](variable_list&& g) -> variable_list {
-          return guarded(rt, n_inputs, [&] {
-            Locals grads = defined_grads(std::move(g), shapes, opts);
-            return rt->to_cotangent(std::move(grads), rt->grad_spec(out_name, to), from, in_name, out_name,
-                                    "backward of redistribute " + spec_str(from) + " -> " + spec_str(to));
-          });
-        }),
-        torch::autograd::deleteNode);
-    attach(node, x.locals, y.locals);
+    connect("Redistribute", x.locals, y.locals, [=](variable_list&& g) -> variable_list {
+      return rt->guarded(n_inputs, [&] {
+        Locals grads = defined_grads(std::move(g), like);
+        return rt->to_cotangent(std::move(grads), rt->grad_spec(out_name, to), from, in_name, out_name,
+                                "backward of redistribute " + spec_str(from) + " -> " + spec_str(to));
+      });
+    });
   }
   Event e = make_event("op", "redistribute", out_name, y.locals);
   e.args = {x.name};
@@ -260,12 +203,11 @@ DTensor Runtime::apply_op(const std::string& op, const OpAttrs& attrs, const std
       names.push_back(sources[i].name);
       inputs.insert(inputs.end(), sources[i].locals.begin(), sources[i].locals.end());
     }
-    const auto out_shapes = shapes_of(y.locals);
-    const auto opts = y.locals.at(0).options();
+    const Locals like = detached(y.locals);
     const size_t n_inputs = inputs.size();
     auto backward = [=](variable_list&& g) -> variable_list {
-      return guarded(rt, n_inputs, [&] {
-        Locals grads = defined_grads(std::move(g), out_shapes, opts);
+      return rt->guarded(n_inputs, [&] {
+        Locals grads = defined_grads(std::move(g), like);
         const GradSpec gin = rt->grad_spec(out_name, out_spec);
         variable_list result(n_inputs);
         for (size_t i = 0; i < in_specs.size(); ++i) {
@@ -296,8 +238,7 @@ DTensor Runtime::apply_op(const std::string& op, const OpAttrs& attrs, const std
         return result;
       });
     };
-    auto node = std::shared_ptr<MeshNode>(new MeshNode("DTensor::" + op, backward), torch::autograd::deleteNode);
-    attach(node, inputs, y.locals);
+    connect("DTensor::" + op, inputs, y.locals, backward);
   }
 
   Event e = make_event("op", op, out_name, y.locals);

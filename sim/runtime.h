@@ -59,6 +59,29 @@ class Runtime {
   GradSpec grad_spec(const std::string& value, const Spec& primal) const;
   const std::vector<std::string>& tracking_problems() const { return tracking_problems_; }
 
+  // LTensors of local_map bodies, for the result: their sets and local shapes.
+  struct BodyValue {
+    std::vector<std::string> variant, reduced;
+    std::vector<std::vector<int64_t>> local_shapes;
+    bool untracked = false;
+  };
+  template <class L>
+  void record_body_value(const L& t) {
+    BodyValue v;
+    for (int a : t.variant) v.variant.push_back(mesh_.axes()[a]);
+    for (int a : t.reduced) v.reduced.push_back(mesh_.axes()[a]);
+    for (const auto& l : t.locals) v.local_shapes.push_back(l.sizes().vec());
+    v.untracked = t.untracked;
+    if (!body_values_.count(t.name)) body_order_.push_back(t.name);
+    body_values_[t.name] = v;
+  }
+  const std::map<std::string, BodyValue>& body_values() const { return body_values_; }
+  const std::vector<std::string>& body_order() const { return body_order_; }
+  // A value whose variance is unknown (a communicating Function without a strategy) left a
+  // local_map: the result fails, naming it.
+  void flag_untracked(const std::string& value, const std::string& why) { untracked_.push_back(value + ": " + why); }
+  const std::vector<std::string>& untracked() const { return untracked_; }
+
   // Sharding decisions are cached by op, attributes, operand specs and shapes.
   struct Stats {
     int64_t propagation_requests = 0;
@@ -88,6 +111,9 @@ class Runtime {
   std::string phase_ = "forward";
   std::map<std::string, GradSpec> grad_specs_;
   std::map<std::string, ShardingDecision> decisions_;
+  std::map<std::string, BodyValue> body_values_;
+  std::vector<std::string> body_order_;
+  std::vector<std::string> untracked_;
   Stats stats_;
 
   ShardingDecision decide(const std::string& op, const OpAttrs& attrs, const std::vector<Spec>& specs,
@@ -99,6 +125,18 @@ class Runtime {
  public:
   // A SemanticError raised inside a backward node, raised again after the engine returns.
   std::shared_ptr<SemanticError> pending_error_;
+
+  // Runs a node's backward; a SemanticError is kept (its kind survives the engine) and the node
+  // returns no gradients.
+  template <class F>
+  std::vector<at::Tensor> guarded(size_t n_inputs, F&& body) {
+    try {
+      return body();
+    } catch (const SemanticError& e) {
+      if (!pending_error_) pending_error_ = std::make_shared<SemanticError>(e);
+      return std::vector<at::Tensor>(n_inputs);
+    }
+  }
 };
 
 }  // namespace meshsim

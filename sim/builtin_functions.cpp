@@ -1,0 +1,110 @@
+// The custom autograd Functions a scenario can `call` by name: a rank-local one, for which the
+// default variance metadata is right; an opaque all_reduce kernel with a registered strategy; and
+// the same kernel unregistered, whose output meshsim flags as untracked.
+#include <torch/csrc/autograd/custom_function.h>
+
+#include "core/error.h"
+#include "sim/local_map.h"
+
+namespace meshsim {
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// x * x on one rank's local: rank-local math, the default (union / intersection) is right.
+struct LocalSquare : public torch::autograd::Function<LocalSquare> {
+  static variable_list forward(AutogradContext* ctx, at::TensorList xs) {
+    ctx->save_for_backward({xs[0]});
+    return {xs[0] * xs[0]};
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list g) {
+    return {2 * ctx->get_saved_variables()[0] * g[0]};
+  }
+};
+
+// An opaque all_reduce(sum) kernel over one group: it sees every member's local and returns the
+// sum to each, in rank order. Its backward is the identity (the cotangent of its invariant
+// output is invariant, Megatron's g). Variance tracking cannot see inside it.
+struct OpaqueAllReduce : public torch::autograd::Function<OpaqueAllReduce> {
+  static variable_list forward(AutogradContext* ctx, at::TensorList group) {
+    at::Tensor sum = group[0].clone();
+    for (size_t k = 1; k < group.size(); ++k) sum.add_(group[k]);
+    variable_list out;
+    for (size_t k = 0; k < group.size(); ++k) out.push_back(sum.clone());
+    return out;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list g) { return g; }
+};
+
+// The same kernel, a distinct type that nobody registered a strategy for.
+struct OpaqueAllReduceUnregistered : public torch::autograd::Function<OpaqueAllReduceUnregistered> {
+  static variable_list forward(AutogradContext* ctx, at::TensorList group) {
+    return OpaqueAllReduce::forward(ctx, group);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list g) { return g; }
+};
+
+int axis_of(const BodyContext& ctx, const OpDecl& op, const std::string& fn) {
+  if (!op.attrs.contains("axis"))
+    throw SemanticError(ErrorKind::InvalidScenario, op.path + ": call " + fn + " needs \"axis\"");
+  return const_cast<BodyContext&>(ctx).runtime().mesh().axis_index(op.attrs["axis"].get<std::string>());
+}
+
+void register_builtins() {
+  // Decorator style: the strategy registered for the Function type. The output is invariant
+  // over the kernel's axis.
+  register_variance_tracking_strategy<OpaqueAllReduce>([](const StrategyInput& in) {
+    StrategyResult r;
+    r.variant = in.variant.at(0);
+    r.variant.erase(in.mesh.axis_index(in.args.at("axis").get<std::string>()));
+    return r;
+  });
+  register_scenario_function("local_square", [](BodyContext& ctx, const std::vector<LTensor>& xs, const OpDecl& op) {
+    if (xs.size() != 1) throw SemanticError(ErrorKind::InvalidScenario, op.path + ": local_square takes 1 argument");
+    return ctx.call<LocalSquare>(xs, op.attrs, op.out);
+  });
+  register_scenario_function("opaque_all_reduce", [](BodyContext& ctx, const std::vector<LTensor>& xs, const OpDecl& op) {
+    return ctx.call_group<OpaqueAllReduce>(xs.at(0), axis_of(ctx, op, "opaque_all_reduce"), op.attrs, op.out);
+  });
+  register_scenario_function("opaque_all_reduce_unregistered",
+                             [](BodyContext& ctx, const std::vector<LTensor>& xs, const OpDecl& op) {
+                               return ctx.call_group<OpaqueAllReduceUnregistered>(
+                                   xs.at(0), axis_of(ctx, op, "opaque_all_reduce_unregistered"), op.attrs, op.out);
+                             });
+}
+
+std::map<std::string, FunctionInvoker>& functions() {
+  static std::map<std::string, FunctionInvoker> f;
+  return f;
+}
+
+void ensure_builtins() {
+  static bool done = [] {
+    register_builtins();
+    return true;
+  }();
+  (void)done;
+}
+
+}  // namespace
+
+void register_scenario_function(const std::string& name, FunctionInvoker invoker) {
+  functions()[name] = std::move(invoker);
+}
+
+const FunctionInvoker* find_scenario_function(const std::string& name) {
+  ensure_builtins();
+  auto it = functions().find(name);
+  return it == functions().end() ? nullptr : &it->second;
+}
+
+std::vector<std::string> scenario_function_names() {
+  ensure_builtins();
+  std::vector<std::string> out;
+  for (const auto& [name, f] : functions()) out.push_back(name);
+  return out;
+}
+
+}  // namespace meshsim

@@ -1,0 +1,394 @@
+#include "sim/local_map.h"
+
+#include <torch/csrc/autograd/grad_mode.h>
+
+#include "core/error.h"
+#include "sim/data.h"
+#include "sim/local_ops.h"
+#include "sim/mesh_node.h"
+
+namespace meshsim {
+
+using torch::autograd::variable_list;
+
+// ---------------------------------------------------------------------------------------------
+// Sets and the strategy registry
+
+std::string axes_str(const Mesh& mesh, const AxisSet& axes) {
+  std::string out = "[";
+  for (int a : axes) out += (out.size() > 1 ? ", " : "") + mesh.axes().at(a);
+  return out + "]";
+}
+
+std::string meta_str(const Mesh& mesh, const LTensor& t) {
+  if (t.untracked) return "untracked";
+  return "variant=" + axes_str(mesh, t.variant) + " reduced=" + axes_str(mesh, t.reduced);
+}
+
+namespace {
+
+std::map<std::string, Strategy>& strategy_registry() {
+  static std::map<std::string, Strategy> r;
+  return r;
+}
+
+AxisSet set_union(const std::vector<LTensor>& xs) {
+  AxisSet out;
+  for (const auto& x : xs) out.insert(x.variant.begin(), x.variant.end());
+  return out;
+}
+
+AxisSet set_intersection(const std::vector<LTensor>& xs) {
+  if (xs.empty()) return {};
+  AxisSet out = xs[0].reduced;
+  for (const auto& x : xs)
+    for (auto it = out.begin(); it != out.end();) it = x.reduced.count(*it) ? std::next(it) : out.erase(it);
+  return out;
+}
+
+AxisSet with(AxisSet s, int a) {
+  s.insert(a);
+  return s;
+}
+AxisSet without(AxisSet s, int a) {
+  s.erase(a);
+  return s;
+}
+
+RedistStep step(StepKind kind, int axis, int64_t dim = 0, ReduceOp op = ReduceOp::Sum) {
+  RedistStep s;
+  s.kind = kind;
+  s.axis = axis;
+  s.dim = dim;
+  s.op = op;
+  return s;
+}
+
+}  // namespace
+
+void register_variance_tracking_strategy(const std::string& key, Strategy strategy) {
+  strategy_registry()[key] = std::move(strategy);
+}
+void unregister_variance_tracking_strategy(const std::string& key) { strategy_registry().erase(key); }
+const Strategy* find_variance_tracking_strategy(const std::string& key) {
+  auto it = strategy_registry().find(key);
+  return it == strategy_registry().end() ? nullptr : &it->second;
+}
+
+void check_exclusive(const Mesh& mesh, const LTensor& t, const std::string& what) {
+  for (int a : t.variant)
+    if (t.reduced.count(a))
+      throw SemanticError(ErrorKind::ExclusivityViolation,
+                          what + ": \"" + t.name + "\" is both variant and reduced over mesh axis \"" +
+                              mesh.axes()[a] + "\" (" + meta_str(mesh, t) + ")");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Entering and leaving
+
+LTensor BodyContext::enter(const DTensor& x) {
+  const Mesh& mesh = rt_.mesh();
+  LTensor t{x.name, &mesh, x.locals, {}, {}, false, {}};
+  for (int a = 0; a < mesh.ndim(); ++a) {
+    const Placement& p = x.spec[a];
+    if (p.is_partial() && p.op != ReduceOp::Sum)
+      throw SemanticError(ErrorKind::InvalidScenario,
+                          "local_map: \"" + x.name + "\" is " + p.str() + " over \"" + mesh.axes()[a] +
+                              "\": a tracked local_map supports P(sum) only among the Partials");
+    if (p.is_reduced()) t.reduced.insert(a);
+    else if (p.is_shard() || p.is_partial()) t.variant.insert(a);
+  }
+  Event e = rt_.make_event("op", "enter_local_map", x.name, t.locals);
+  e.args = {x.name};
+  e.in_specs = {spec_str(x.spec)};
+  e.out_spec = meta_str(mesh, t);
+  rt_.recorder().add(std::move(e));
+  return t;
+}
+
+DTensor BodyContext::leave(const LTensor& t, const Spec& out, const std::string& name) {
+  const Mesh& mesh = rt_.mesh();
+  if (t.untracked) {
+    rt_.flag_untracked(name, t.untracked_why);
+  } else {
+    for (int a = 0; a < mesh.ndim(); ++a) {
+      const Placement& p = out[a];
+      const bool v = t.variant.count(a) > 0, r = t.reduced.count(a) > 0;
+      std::string want;
+      if ((p.is_shard() || (p.is_partial() && p.op == ReduceOp::Sum)) && !v) want = "variant";
+      else if (p.is_plain_replicate() && (v || r)) want = "neither variant nor reduced";
+      else if (p.is_reduced() && !r) want = "reduced";
+      else if (p.is_partial() && p.op != ReduceOp::Sum) want = "P(sum) among the Partials";
+      if (!want.empty())
+        throw SemanticError(ErrorKind::OutSpecMismatch,
+                            "local_map returns \"" + t.name + "\" (" + meta_str(mesh, t) + ") as " +
+                                p.str() + " over \"" + mesh.axes()[a] + "\", which needs it " + want);
+    }
+  }
+  DTensor d{name, {}, out, t.locals};
+  try {
+    d.shape = assemble(mesh, out, detached(t.locals)).sizes().vec();
+  } catch (const c10::Error&) {
+    throw SemanticError(ErrorKind::ShapeMismatch,
+                        "local_map: the locals of \"" + t.name + "\" do not form a tensor laid out as " + spec_str(out));
+  }
+  Event e = rt_.make_event("op", "leave_local_map", name, d.locals);
+  e.args = {t.name};
+  e.in_specs = {meta_str(mesh, t)};
+  e.out_spec = spec_str(out);
+  rt_.recorder().add(std::move(e));
+  return d;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Ops, casts and collectives
+
+void BodyContext::check_mesh(const std::vector<LTensor>& xs, const std::string& what) const {
+  for (const auto& x : xs)
+    if (!x.mesh || *x.mesh != rt_.mesh())
+      throw SemanticError(ErrorKind::MeshMismatch, what + ": \"" + x.name + "\" lives on another mesh");
+}
+
+LTensor BodyContext::wrap(const std::string& kind, const std::string& name, const std::string& out, Locals locals,
+                          AxisSet variant, AxisSet reduced, const std::vector<LTensor>& inputs) {
+  LTensor t{out, &rt_.mesh(), std::move(locals), std::move(variant), std::move(reduced), false, {}};
+  for (const auto& x : inputs)
+    if (x.untracked) {
+      t.untracked = true;
+      t.untracked_why = x.untracked_why;
+    }
+  check_exclusive(rt_.mesh(), t, name);
+  Event e = rt_.make_event(kind, name, out, t.locals);
+  for (const auto& x : inputs) {
+    e.args.push_back(x.name);
+    e.in_specs.push_back(meta_str(rt_.mesh(), x));
+  }
+  e.out_spec = meta_str(rt_.mesh(), t);
+  rt_.recorder().add(std::move(e));
+  rt_.record_body_value(t);
+  return t;
+}
+
+AxisSet BodyContext::make_inputs_varying(std::vector<LTensor>& xs, const AxisSet& variant, const std::string& out) {
+  for (size_t i = 0; i < xs.size(); ++i)
+    for (int a : variant)
+      if (!xs[i].variant.count(a)) {
+        const std::string name = out + ".in" + std::to_string(i) + "." + rt_.mesh().axes()[a];
+        xs[i] = xs[i].reduced.count(a) ? reduced_to_varying(xs[i], a, name) : mark_varying(xs[i], a, name);
+      }
+  return set_intersection(xs);
+}
+
+LTensor BodyContext::op(const std::string& op, const nlohmann::json& attrs, std::vector<LTensor> xs,
+                        const std::string& out) {
+  check_mesh(xs, op);
+  AxisSet variant = set_union(xs);
+  std::optional<AxisSet> reduced;
+  if (const Strategy* s = find_variance_tracking_strategy(op)) {
+    std::vector<AxisSet> vs, rs;
+    for (const auto& x : xs) {
+      vs.push_back(x.variant);
+      rs.push_back(x.reduced);
+    }
+    StrategyResult r = (*s)({vs, rs, rt_.mesh(), attrs});
+    variant = r.variant;
+    reduced = r.reduced;
+  }
+  AxisSet after = make_inputs_varying(xs, variant, out);
+  OpDecl decl;
+  decl.attrs = attrs;
+  const OpAttrs a = op_attrs(decl);
+  Locals locals(xs.at(0).locals.size());
+  for (size_t r = 0; r < locals.size(); ++r) {
+    std::vector<at::Tensor> in;
+    for (const auto& x : xs) in.push_back(x.locals[r]);
+    locals[r] = local_op(op, a, in);
+  }
+  return wrap("op", op, out, std::move(locals), variant, reduced ? *reduced : after, xs);
+}
+
+Locals BodyContext::collective_node(const std::string& name, const LTensor& x, const std::string& out,
+                                    const std::optional<RedistStep>& fwd, const Backward& bwd) {
+  const Mesh& mesh = rt_.mesh();
+  Locals in = detached(x.locals);
+  Locals outs = in;
+  if (fwd) {
+    outs = apply_step(mesh, *fwd, in);
+    record_step(*fwd, in, outs, out, "");
+  }
+  outs = detached(outs);
+  if (at::GradMode::is_enabled() && any_requires_grad(x.locals)) {
+    BodyContext* self = this;
+    Runtime* rt = &rt_;
+    const Locals like = detached(outs);
+    const size_t n = x.locals.size();
+    const std::string grad_of = x.name;
+    connect("LTensor::" + name, x.locals, outs, [=](variable_list&& g) -> variable_list {
+      return rt->guarded(n, [&] {
+        Locals grads = defined_grads(std::move(g), like);
+        if (!bwd.differentiable)
+          throw SemanticError(ErrorKind::NotDifferentiable, name + " is not differentiable");
+        if (!bwd.step) return grads;  // the identity: nothing moves
+        Locals moved = apply_step(rt->mesh(), *bwd.step, grads);
+        self->record_step(*bwd.step, grads, moved, out, "backward of " + name, grad_of);
+        return moved;
+      });
+    });
+  }
+  return outs;
+}
+
+void BodyContext::record_step(const RedistStep& s, const Locals& in, const Locals& out, const std::string& value,
+                              const std::string& note, const std::string& grad_of) {
+  Event e = rt_.make_event(s.communicates() ? "collective" : "local", step_kind_name(s.kind), value, out);
+  e.axis = rt_.mesh().axes()[s.axis];
+  e.bytes = step_bytes(rt_.mesh(), s, in);
+  e.note = note;
+  if (!grad_of.empty()) e.args = {grad_of};
+  rt_.recorder().add(std::move(e));
+}
+
+LTensor BodyContext::varying_on(const LTensor& x, int axis, const std::string& out) {
+  if (x.variant.count(axis)) return x;
+  const std::string name = out + ".varying." + rt_.mesh().axes()[axis];
+  return x.reduced.count(axis) ? reduced_to_varying(x, axis, name) : mark_varying(x, axis, name);
+}
+
+LTensor BodyContext::mark_varying(const LTensor& x, int axis, const std::string& out) {
+  Locals locals = collective_node("mark_varying", x, out, std::nullopt, {true, step(StepKind::AllReduce, axis)});
+  return wrap("op", "mark_varying", out, std::move(locals), with(x.variant, axis), without(x.reduced, axis), {x});
+}
+
+LTensor BodyContext::reduced_to_varying(const LTensor& x, int axis, const std::string& out) {
+  // Free both ways: the cotangent is cast varying -> unreduced (JAX's reduced_vary_cast).
+  Locals locals = collective_node("reduced_vary_cast", x, out, std::nullopt, {true, std::nullopt});
+  return wrap("op", "reduced_vary_cast", out, std::move(locals), with(x.variant, axis), without(x.reduced, axis), {x});
+}
+
+LTensor BodyContext::all_reduce(const LTensor& in, int axis, ReduceOp op, const std::string& out) {
+  LTensor x = varying_on(in, axis, out);
+  // sum: the backward is the identity (Megatron's g); avg: the gradient divided by n; max, min:
+  // not differentiable.
+  Backward bwd{op == ReduceOp::Sum || op == ReduceOp::Avg, std::nullopt};
+  if (op == ReduceOp::Avg) bwd.step = step(StepKind::PartialFromReplicate, axis);
+  Locals locals = collective_node("all_reduce", x, out, step(StepKind::AllReduce, axis, 0, op), bwd);
+  return wrap("op", std::string("all_reduce_") + reduce_op_name(op), out, std::move(locals),
+              without(x.variant, axis), x.reduced, {x});
+}
+
+LTensor BodyContext::all_gather(const LTensor& in, int axis, int64_t dim, bool to_reduced, const std::string& out) {
+  LTensor x = varying_on(in, axis, out);
+  Locals locals = collective_node("all_gather", x, out, step(StepKind::AllGather, axis, dim),
+                                  {true, step(StepKind::ReduceScatter, axis, dim)});
+  if (to_reduced)
+    return wrap("op", "all_gather_to_reduced", out, std::move(locals), without(x.variant, axis), with(x.reduced, axis), {x});
+  return wrap("op", "all_gather_to_varying", out, std::move(locals), x.variant, x.reduced, {x});
+}
+
+LTensor BodyContext::reduce_scatter(const LTensor& in, int axis, int64_t dim, const std::string& out) {
+  LTensor x = varying_on(in, axis, out);
+  Locals locals = collective_node("reduce_scatter", x, out, step(StepKind::ReduceScatter, axis, dim),
+                                  {true, step(StepKind::AllGather, axis, dim)});
+  return wrap("op", "reduce_scatter", out, std::move(locals), with(x.variant, axis), without(x.reduced, axis), {x});
+}
+
+LTensor BodyContext::all_to_all(const LTensor& in, int axis, int64_t split_dim, int64_t concat_dim, const std::string& out) {
+  LTensor x = varying_on(in, axis, out);
+  RedistStep fwd = step(StepKind::AllToAll, axis);
+  fwd.split_dim = split_dim;
+  fwd.concat_dim = concat_dim;
+  RedistStep back = fwd;  // the backward swaps split and concat
+  std::swap(back.split_dim, back.concat_dim);
+  Locals locals = collective_node("all_to_all", x, out, fwd, {true, back});
+  return wrap("op", "all_to_all", out, std::move(locals), x.variant, x.reduced, {x});
+}
+
+// ---------------------------------------------------------------------------------------------
+// Custom autograd Functions
+
+LTensor BodyContext::call_rank_local(const std::string& key, const std::optional<Strategy>& strategy,
+                                     std::vector<LTensor> xs, const nlohmann::json& args, const std::string& out,
+                                     const RankFn& f) {
+  check_mesh(xs, key);
+  AxisSet variant = set_union(xs);
+  std::optional<AxisSet> reduced;
+  if (strategy) {
+    std::vector<AxisSet> vs, rs;
+    for (const auto& x : xs) {
+      vs.push_back(x.variant);
+      rs.push_back(x.reduced);
+    }
+    StrategyResult r = (*strategy)({vs, rs, rt_.mesh(), args});
+    variant = r.variant;
+    reduced = r.reduced;
+  }
+  AxisSet after = make_inputs_varying(xs, variant, out);
+  Locals locals(xs.at(0).locals.size());
+  for (size_t r = 0; r < locals.size(); ++r) {
+    std::vector<at::Tensor> in;
+    for (const auto& x : xs) in.push_back(x.locals[r]);
+    locals[r] = f(in);
+  }
+  return wrap("op", "call " + args.value("function", key), out, std::move(locals), variant,
+              reduced ? *reduced : after, xs);
+}
+
+LTensor BodyContext::call_on_groups(const std::string& key, const std::optional<Strategy>& strategy, LTensor x,
+                                    int axis, const nlohmann::json& args, const std::string& out, const GroupFn& f) {
+  check_mesh({x}, key);
+  const Mesh& mesh = rt_.mesh();
+  Locals locals(x.locals.size());
+  for (const auto& ranks : mesh.groups(axis)) {
+    Locals group;
+    for (auto r : ranks) group.push_back(x.locals[r]);
+    Locals result = f(group);
+    for (size_t k = 0; k < ranks.size(); ++k) locals[ranks[k]] = result.at(k);
+  }
+  const std::string name = "call " + args.value("function", key);
+  if (!strategy) {
+    LTensor t = wrap("op", name, out, std::move(locals), x.variant, x.reduced, {x});
+    t.untracked = true;
+    t.untracked_why = "\"" + out + "\" comes from " + name + ", a Function that communicates over \"" +
+                      mesh.axes()[axis] + "\" and has no variance-tracking strategy: its variant and reduced sets are unknown";
+    rt_.record_body_value(t);
+    return t;
+  }
+  StrategyResult r = (*strategy)({{x.variant}, {x.reduced}, mesh, args});
+  return wrap("op", name, out, std::move(locals), r.variant, r.reduced ? *r.reduced : x.reduced, {x});
+}
+
+// ---------------------------------------------------------------------------------------------
+// A body op of a scenario
+
+LTensor BodyContext::run(const OpDecl& op, const std::map<std::string, LTensor>& env) {
+  std::vector<LTensor> args;
+  for (const auto& a : op.args) args.push_back(env.at(a));
+  const nlohmann::json& at = op.attrs;
+  auto axis = [&] { return rt_.mesh().axis_index(at.at("axis").get<std::string>()); };
+  if (op.op == "all_reduce")
+    return all_reduce(args[0], axis(), parse_reduce_op(at.value("reduce", "sum")), op.out);
+  if (op.op == "all_gather") {
+    const std::string to = at.value("to", "varying");
+    if (to != "varying" && to != "reduced")
+      throw SemanticError(ErrorKind::InvalidScenario,
+                          op.path + "/to: expected \"varying\" or \"reduced\", got \"" + to + "\"");
+    return all_gather(args[0], axis(), at.at("dim").get<int64_t>(), to == "reduced", op.out);
+  }
+  if (op.op == "reduce_scatter") return reduce_scatter(args[0], axis(), at.at("dim").get<int64_t>(), op.out);
+  if (op.op == "all_to_all")
+    return all_to_all(args[0], axis(), at.at("split_dim").get<int64_t>(), at.at("concat_dim").get<int64_t>(), op.out);
+  if (op.op == "mark_varying") return mark_varying(args[0], axis(), op.out);
+  if (op.op == "call") {
+    const std::string fn = at.at("function").get<std::string>();
+    const FunctionInvoker* invoke = find_scenario_function(fn);
+    if (!invoke) {
+      std::string known;
+      for (const auto& n : scenario_function_names()) known += (known.empty() ? "" : ", ") + n;
+      throw SemanticError(ErrorKind::UnsupportedOp, "call: unknown function \"" + fn + "\" (known: " + known + ")");
+    }
+    return (*invoke)(*this, args, op);
+  }
+  return this->op(op.op, at, args, op.out);
+}
+
+}  // namespace meshsim

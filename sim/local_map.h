@@ -1,0 +1,106 @@
+// The local_map region: DTensor arguments become LTensors, the body runs rank-local ops and
+// collectives with variance tracking, and the returned LTensors become DTensors again.
+// SEMANTICS.md sections 5 and 6.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/scenario.h"
+#include "sim/dtensor.h"
+#include "sim/ltensor.h"
+#include "sim/runtime.h"
+
+namespace meshsim {
+
+class BodyContext {
+ public:
+  explicit BodyContext(Runtime& rt) : rt_(rt) {}
+
+  // Rd -> reduced; S(d) or P(sum) -> variant; R -> neither. P(avg|max|min) are refused.
+  LTensor enter(const DTensor& x);
+  // Checks the LTensor's sets against the out placement (as JAX checks out_specs).
+  DTensor leave(const LTensor& t, const Spec& out, const std::string& name);
+
+  // A DTensor-level op on the locals: variant by union, reduced by intersection, then a
+  // registered strategy; inputs short of an output's variant axis get mark_varying (or a
+  // reduced -> varying cast where they are reduced); then the exclusivity check.
+  LTensor op(const std::string& op, const nlohmann::json& attrs, std::vector<LTensor> args,
+             const std::string& out);
+
+  // Collectives (an input invariant on the axis is made varying first).
+  LTensor all_reduce(const LTensor& x, int axis, ReduceOp op, const std::string& out);
+  LTensor all_gather(const LTensor& x, int axis, int64_t dim, bool to_reduced, const std::string& out);
+  LTensor reduce_scatter(const LTensor& x, int axis, int64_t dim, const std::string& out);
+  LTensor all_to_all(const LTensor& x, int axis, int64_t split_dim, int64_t concat_dim, const std::string& out);
+  LTensor mark_varying(const LTensor& x, int axis, const std::string& out);
+  LTensor reduced_to_varying(const LTensor& x, int axis, const std::string& out);
+
+  // The interception wrapper (ltensor_function_call): unwraps the LTensors, runs a custom
+  // autograd Function on the locals, computes the outputs' sets (the strategy in force, else the
+  // default union / intersection), checks exclusivity and wraps. `Fn` is a
+  // torch::autograd::Function whose forward takes (AutogradContext*, at::TensorList); it is called
+  // with an at::TensorList (libtorch 1.13 silently does not differentiate a std::vector argument).
+  // Rank-local: runs once per rank on that rank's inputs, returns its first output.
+  template <class Fn>
+  LTensor call(const std::vector<LTensor>& xs, const nlohmann::json& args, const std::string& out) {
+    return call_rank_local(function_key<Fn>(), strategy_for<Fn>(), xs, args, out,
+                           [](const std::vector<at::Tensor>& in) { return Fn::apply(at::TensorList(in))[0]; });
+  }
+  // Communicating (an opaque kernel): runs once per group of `axis` and sees every member's
+  // local of the input; without a strategy its output is flagged untracked.
+  template <class Fn>
+  LTensor call_group(const LTensor& x, int axis, const nlohmann::json& args, const std::string& out) {
+    return call_on_groups(function_key<Fn>(), strategy_for<Fn>(), x, axis, args, out,
+                          [](const Locals& group) { return Fn::apply(at::TensorList(group)); });
+  }
+
+  using RankFn = std::function<at::Tensor(const std::vector<at::Tensor>&)>;
+  using GroupFn = std::function<Locals(const Locals&)>;
+  LTensor call_rank_local(const std::string& key, const std::optional<Strategy>& strategy,
+                          std::vector<LTensor> xs, const nlohmann::json& args, const std::string& out,
+                          const RankFn& f);
+  LTensor call_on_groups(const std::string& key, const std::optional<Strategy>& strategy, LTensor x,
+                         int axis, const nlohmann::json& args, const std::string& out, const GroupFn& f);
+
+  // Runs one body op of a scenario.
+  LTensor run(const OpDecl& op, const std::map<std::string, LTensor>& env);
+
+  Runtime& runtime() { return rt_; }
+
+ private:
+  // Metadata of an op's output from its inputs and the strategy in force; inputs are then made
+  // varying where the output is; exclusivity is checked.
+  AxisSet make_inputs_varying(std::vector<LTensor>& xs, const AxisSet& variant, const std::string& out);
+  LTensor wrap(const std::string& kind, const std::string& name, const std::string& out, Locals locals,
+               AxisSet variant, AxisSet reduced, const std::vector<LTensor>& inputs);
+  LTensor varying_on(const LTensor& x, int axis, const std::string& out);
+  // A collective as one node over the mesh: the forward step (none: the identity) and the
+  // backward (none: the identity; not differentiable: an error if a gradient reaches it).
+  struct Backward {
+    bool differentiable = true;
+    std::optional<RedistStep> step;
+  };
+  Locals collective_node(const std::string& name, const LTensor& x, const std::string& out,
+                         const std::optional<RedistStep>& fwd, const Backward& bwd);
+  void record_step(const RedistStep& s, const Locals& in, const Locals& out, const std::string& value,
+                   const std::string& note, const std::string& grad_of = "");
+  void check_mesh(const std::vector<LTensor>& xs, const std::string& what) const;
+
+  Runtime& rt_;
+};
+
+void check_exclusive(const Mesh& mesh, const LTensor& t, const std::string& what);
+
+// Functions a scenario can `call` by name (the built-ins are registered on first use).
+using FunctionInvoker = std::function<LTensor(BodyContext&, const std::vector<LTensor>&, const OpDecl&)>;
+void register_scenario_function(const std::string& name, FunctionInvoker invoker);
+const FunctionInvoker* find_scenario_function(const std::string& name);
+std::vector<std::string> scenario_function_names();
+
+}  // namespace meshsim

@@ -1,0 +1,60 @@
+// One libtorch autograd node spanning the ranks: its inputs are the locals of every operand
+// (operand major, then rank), its outputs the locals of the result, its backward a function of
+// every rank's gradient at once (so collectives can run in the backward).
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <torch/csrc/autograd/function.h>
+
+#include "sim/collectives.h"
+
+namespace meshsim {
+
+class MeshNode : public torch::autograd::Node {
+ public:
+  using Fn = std::function<torch::autograd::variable_list(torch::autograd::variable_list&&)>;
+  MeshNode(std::string name, Fn fn) : name_(std::move(name)), fn_(std::move(fn)) {}
+  torch::autograd::variable_list apply(torch::autograd::variable_list&& grads) override {
+    return fn_(std::move(grads));
+  }
+  std::string name() const override { return name_; }
+
+ private:
+  std::string name_;
+  Fn fn_;
+};
+
+// Makes `outputs` the results of a new MeshNode whose next edges are `inputs`.
+inline void connect(const std::string& name, const std::vector<at::Tensor>& inputs, Locals& outputs,
+                    MeshNode::Fn backward) {
+  auto node = std::shared_ptr<MeshNode>(new MeshNode(name, std::move(backward)), torch::autograd::deleteNode);
+  node->set_next_edges(torch::autograd::collect_next_edges(inputs));
+  for (auto& o : outputs) torch::autograd::create_gradient_edge(o, node);
+}
+
+inline bool any_requires_grad(const std::vector<at::Tensor>& ts) {
+  for (const auto& t : ts)
+    if (t.requires_grad()) return true;
+  return false;
+}
+
+// The same tensors without autograd history (sharing storage).
+inline Locals detached(const Locals& locals) {
+  Locals out;
+  out.reserve(locals.size());
+  for (const auto& t : locals) out.push_back(t.detach());
+  return out;
+}
+
+// Gradients that did not flow (an unused output) are zeros of the output's shape.
+inline Locals defined_grads(torch::autograd::variable_list&& grads, const Locals& like) {
+  Locals out(like.size());
+  for (size_t r = 0; r < like.size(); ++r) out[r] = grads[r].defined() ? grads[r] : at::zeros_like(like[r]);
+  return out;
+}
+
+}  // namespace meshsim

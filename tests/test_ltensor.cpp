@@ -1,0 +1,197 @@
+// LTensor variance tracking inside local_map: propagation, collectives, exclusivity, meshes, and
+// custom Functions in both registration styles (the code of docs/cpp-api.md).
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <gtest/gtest.h>
+
+#include "core/error.h"
+#include "examples/cpp/user_functions.h"
+#include "oracles/check.h"
+#include "sim/interpreter.h"
+#include "sim/local_map.h"
+
+using namespace meshsim;
+namespace fs = std::filesystem;
+
+namespace {
+
+nlohmann::json scenario(const std::vector<std::string>& axes, const std::vector<int64_t>& shape,
+                        nlohmann::json inputs, nlohmann::json program, const std::string& backward = "loss") {
+  nlohmann::json d = {{"format", "meshsim.scenario/1"}, {"name", "t"}, {"mesh", {{"axes", axes}, {"shape", shape}}},
+                      {"inputs", inputs}, {"program", program}};
+  if (!backward.empty()) d["backward"] = backward;
+  return d;
+}
+
+nlohmann::json op(const std::string& out, const std::string& o, std::vector<std::string> args,
+                  nlohmann::json extra = nlohmann::json::object()) {
+  nlohmann::json d = {{"out", out}, {"op", o}, {"args", args}};
+  d.update(extra);
+  return d;
+}
+
+CheckedRun run(const nlohmann::json& doc) {
+  Scenario sc = parse_scenario(doc, "<test>");
+  return check_scenario(sc, sc.options);
+}
+
+// One local_map over `p: P(sum)` on tp=4 that calls `function` and returns it as R.
+nlohmann::json all_reduce_call(const std::string& function) {
+  return scenario({"tp"}, {4}, {{{"name", "p"}, {"shape", {3, 2}}, {"placements", {"P(sum)"}}, {"requires_grad", true}}},
+                  {op("total", "local_map", {"p"},
+                      {{"out_placements", {{"R"}}},
+                       {"body", {op("red", "call", {"p"}, {{"function", function}, {"axis", "tp"}})}},
+                       {"returns", {"red"}},
+                       {"reference", {op("red", "redistribute", {"p"}, {{"placements", {"R"}}})}}}),
+                   op("loss", "sum", {"total"})});
+}
+
+std::string read(const fs::path& p) {
+  std::ifstream in(p);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+}  // namespace
+
+TEST(LTensor, BodyValuesCarryVariantAndReducedSets) {
+  auto r = run(scenario({"dp"}, {4},
+                        {{{"name", "x"}, {"shape", {8, 6}}, {"placements", {"S(0)"}}},
+                         {{"name", "w"}, {"shape", {6, 3}}, {"placements", {"S(0)"}}, {"requires_grad", true}}},
+                        {op("loss", "local_map", {"x", "w"},
+                            {{"out_placements", {{"P(sum)"}}},
+                             {"body", {op("wf", "all_gather", {"w"}, {{"axis", "dp"}, {"dim", 0}, {"to", "reduced"}}),
+                                       op("y", "mm", {"x", "wf"}), op("s", "sum", {"y"})}},
+                             {"returns", {"s"}},
+                             {"reference", {op("y", "mm", {"x", "w"}), op("s", "sum", {"y"})}}})}));
+  ASSERT_EQ(r.result["status"], "pass") << r.result.dump(2);
+  EXPECT_EQ(r.result["values"]["wf"]["variant"], nlohmann::json::array());
+  EXPECT_EQ(r.result["values"]["wf"]["reduced"], nlohmann::json({"dp"}));
+  EXPECT_EQ(r.result["values"]["y"]["variant"], nlohmann::json({"dp"}));
+  EXPECT_EQ(r.result["values"]["y"]["reduced"], nlohmann::json::array());
+  EXPECT_TRUE(r.result["checks"]["exclusivity"]);
+  // The reduced weight is cast to varying for free: its backward is the all_gather's
+  // reduce_scatter, and no all_reduce runs.
+  int reduce_scatters = 0, all_reduces = 0;
+  for (const auto& e : r.events) {
+    if (e.phase != "backward") continue;
+    reduce_scatters += e.note == "backward of all_gather";
+    all_reduces += e.note == "backward of mark_varying";
+  }
+  EXPECT_EQ(reduce_scatters, 1);
+  EXPECT_EQ(all_reduces, 0);
+}
+
+TEST(LTensor, InvariantInputGetsMarkVaryingWithBackwardAllReduce) {
+  auto r = run(scenario({"dp"}, {4},
+                        {{{"name", "x"}, {"shape", {8, 6}}, {"placements", {"S(0)"}}},
+                         {{"name", "w"}, {"shape", {6, 3}}, {"placements", {"R"}}, {"requires_grad", true}}},
+                        {op("loss", "local_map", {"x", "w"},
+                            {{"out_placements", {{"P(sum)"}}},
+                             {"body", {op("y", "mm", {"x", "w"}), op("s", "sum", {"y"})}},
+                             {"returns", {"s"}},
+                             {"reference", {op("y", "mm", {"x", "w"}), op("s", "sum", {"y"})}}})}));
+  ASSERT_EQ(r.result["status"], "pass") << r.result.dump(2);
+  bool marked = false;
+  for (const auto& e : r.events) marked |= e.phase == "backward" && e.note == "backward of mark_varying";
+  EXPECT_TRUE(marked);
+}
+
+TEST(LTensor, VaryingReturnedAsReplicateIsAnOutSpecError) {
+  auto r = run(scenario({"dp"}, {2}, {{{"name", "x"}, {"shape", {4}}, {"placements", {"S(0)"}}}},
+                        {op("y", "local_map", {"x"},
+                            {{"out_placements", {{"R"}}}, {"body", {op("z", "mul", {"x", "x"})}}, {"returns", {"z"}}})},
+                        ""));
+  EXPECT_EQ(r.result["status"], "error");
+  EXPECT_EQ(r.result["error"]["kind"], "out_spec_mismatch");
+  EXPECT_EQ(r.exit_code, 3);
+}
+
+TEST(LTensor, PlantedOverlappingStrategyIsAnExclusivityViolation) {
+  register_variance_tracking_strategy("mul", [](const StrategyInput& in) {
+    return StrategyResult{{0}, AxisSet{0}};  // variant and reduced on the same axis
+  });
+  auto r = run(scenario({"dp"}, {2}, {{{"name", "x"}, {"shape", {4}}, {"placements", {"S(0)"}}}},
+                        {op("y", "local_map", {"x"},
+                            {{"out_placements", {{"S(0)"}}}, {"body", {op("z", "mul", {"x", "x"})}}, {"returns", {"z"}}})},
+                        ""));
+  unregister_variance_tracking_strategy("mul");
+  EXPECT_EQ(r.result["error"]["kind"], "exclusivity_violation");
+  EXPECT_EQ(r.exit_code, 3);
+}
+
+TEST(LTensor, MixedMeshesAreAMeshMismatch) {
+  Scenario sc = parse_scenario(scenario({"dp"}, {2}, {{{"name", "x"}, {"shape", {4}}, {"placements", {"S(0)"}}}},
+                                        nlohmann::json::array(), ""),
+                               "<test>");
+  Runtime rt(sc.mesh, sc.options);
+  BodyContext ctx(rt);
+  std::map<std::string, at::Tensor> globals;
+  LTensor x = ctx.enter(make_inputs(sc, sc.options, globals).at(0));
+  Mesh other({"tp"}, {2});
+  LTensor y = x;
+  y.mesh = &other;
+  try {
+    ctx.op("add", nlohmann::json::object(), {x, y}, "z");
+    FAIL() << "no error";
+  } catch (const SemanticError& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::MeshMismatch);
+  }
+}
+
+TEST(LTensor, CollectiveMetadataRules) {
+  Scenario sc = parse_scenario(scenario({"a"}, {4}, {{{"name", "x"}, {"shape", {8, 4}}, {"placements", {"S(0)"}}}},
+                                        nlohmann::json::array(), ""),
+                               "<test>");
+  Runtime rt(sc.mesh, sc.options);
+  BodyContext ctx(rt);
+  std::map<std::string, at::Tensor> globals;
+  LTensor x = ctx.enter(make_inputs(sc, sc.options, globals).at(0));
+  EXPECT_EQ(x.variant, AxisSet{0});
+  EXPECT_EQ(ctx.all_reduce(x, 0, ReduceOp::Sum, "ar").variant, AxisSet{});
+  EXPECT_EQ(ctx.all_gather(x, 0, 0, false, "agv").variant, AxisSet{0});
+  LTensor agr = ctx.all_gather(x, 0, 0, true, "agr");
+  EXPECT_EQ(agr.variant, AxisSet{});
+  EXPECT_EQ(agr.reduced, AxisSet{0});
+  LTensor rs = ctx.reduce_scatter(agr, 0, 0, "rs");  // reduced -> varying cast first
+  EXPECT_EQ(rs.variant, AxisSet{0});
+  EXPECT_EQ(rs.reduced, AxisSet{});
+  EXPECT_EQ(ctx.all_to_all(x, 0, 1, 0, "a2a").variant, AxisSet{0});
+  LTensor inv = ctx.all_reduce(x, 0, ReduceOp::Sum, "inv");
+  EXPECT_EQ(ctx.mark_varying(inv, 0, "mv").variant, AxisSet{0});
+  // all_reduce of an invariant value over n ranks is n times it (it is made varying first).
+  LTensor twice = ctx.all_reduce(inv, 0, ReduceOp::Sum, "n_times");
+  EXPECT_TRUE(at::equal(twice.locals[0], inv.locals[0] * 4));
+}
+
+TEST(CustomFunctions, BuiltInsPassAndTheUnregisteredKernelIsReported) {
+  EXPECT_EQ(run(all_reduce_call("opaque_all_reduce")).result["status"], "pass");
+  auto bad = run(all_reduce_call("opaque_all_reduce_unregistered"));
+  EXPECT_EQ(bad.result["status"], "fail") << bad.result.dump(2);
+  EXPECT_FALSE(bad.result["checks"]["variance_tracking"]);
+  EXPECT_EQ(bad.exit_code, 1);
+}
+
+TEST(CustomFunctions, BothRegistrationStylesOfTheDocs) {
+  user::register_user_functions();
+  for (const char* fn : {"fused_all_reduce", "fused_all_reduce_mixin"}) {
+    auto r = run(all_reduce_call(fn));
+    EXPECT_EQ(r.result["status"], "pass") << fn << "\n" << r.result.dump(2);
+    EXPECT_EQ(r.result["values"]["red"]["variant"], nlohmann::json::array()) << fn;
+  }
+  // Without its registry entry, the decorator-style Function is untracked; the mixin is not.
+  unregister_variance_tracking_strategy(function_key<user::FusedAllReduce>());
+  EXPECT_EQ(run(all_reduce_call("fused_all_reduce")).result["status"], "fail");
+  EXPECT_EQ(run(all_reduce_call("fused_all_reduce_mixin")).result["status"], "pass");
+  user::register_fused_all_reduce();
+}
+
+TEST(CustomFunctions, TheDocsQuoteTheExampleUnchanged) {
+  const fs::path root(MESHSIM_SOURCE_DIR);
+  const std::string code = read(root / "examples" / "cpp" / "user_functions.h");
+  EXPECT_NE(read(root / "docs" / "cpp-api.md").find(code), std::string::npos)
+      << "docs/cpp-api.md must quote examples/cpp/user_functions.h verbatim";
+}
