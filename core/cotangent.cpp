@@ -11,6 +11,7 @@ Cotangent cotangent(const Placement& primal) {
     case Placement::Kind::Replicate:
       return {primal, false};
     case Placement::Kind::Reduced:
+      if (mutant_on(Mutant::CotangentRdAsR)) return {Placement::replicate(), false};
       return {Placement::partial(ReduceOp::Sum), false};
     case Placement::Kind::Partial:
       if (primal.op == ReduceOp::Sum)

@@ -9,8 +9,23 @@ namespace meshsim {
 
 enum class Mutant {
   None,
-  CotangentPsumAsR,   // core: the cotangent of P(sum) taken as R
-  UnevenArraySplit,   // sim: collectives chunk uneven dims as numpy.array_split, not torch.chunk
+  AllGatherVaryingDropsAxis,       // local_map: all_gather to varying drops the axis from variant
+  AllReduceBackwardAllReduces,     // local_map: all_reduce(sum)'s backward all_reduces again
+  AllToAllBackwardUnswapped,       // local_map: all_to_all's backward does not swap the dims
+  BelowAutogradSkipsBackward,      // below autograd: the op's gradient is not moved to the cotangent
+  CotangentPsumAsR,                // the cotangent of P(sum) taken as R
+  CotangentRdAsR,                  // the cotangent of Rd taken as R
+  Float32RandomReductionOrder,     // collectives reduce float32 in a hidden random order
+  MarkVaryingForReduced,           // local_map: mark_varying instead of the reduced -> varying cast
+  MissingMarkVarying,              // local_map: an invariant input is not marked varying
+  MmS1S0LabelledR,                 // S(1) @ S(0) labelled R instead of P(sum)
+  PartialPlusReplicateUndivided,   // P + R without turning the R operand into P
+  PartialSeedOnEveryRank,          // a Partial-cotangent loss seeded with ones on every rank
+  PavgBackwardUnscaled,            // P(avg)'s local cotangent not scaled by 1/n
+  PsumFromReplicateNoDivide,       // R -> P(sum) without the divide
+  ReduceScatterBackwardWrongDim,   // local_map: reduce_scatter's backward gathers along another dim
+  StrategyRegistryIgnored,         // variance-tracking strategies are ignored
+  UnevenArraySplit,                // collectives chunk uneven dims as numpy.array_split
 };
 
 struct MutantInfo {

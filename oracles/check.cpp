@@ -124,12 +124,17 @@ CheckedRun check_scenario(const Scenario& sc, const RunOptions& options) {
   r["grads"] = nlohmann::json::object();
   for (const auto& name : run.grad_inputs) {
     const DTensor& v = run.values.at(name);
-    const Spec want = cotangent_spec(v.spec);
-    const int64_t want_divisor = cotangent_scale_divisor(sc.mesh, v.spec);
-    if (!run.ran_backward) {
-      r["grads"][name] = {{"placements", nullptr}, {"cotangent", placements_json(want)}};
+    if (!run.ran_backward) {  // P(max) and P(min) have no cotangent: null
+      nlohmann::json cot = nullptr;
+      try {
+        cot = placements_json(cotangent_spec(v.spec));
+      } catch (const SemanticError&) {
+      }
+      r["grads"][name] = {{"placements", nullptr}, {"cotangent", cot}};
       continue;
     }
+    const Spec want = cotangent_spec(v.spec);
+    const int64_t want_divisor = cotangent_scale_divisor(sc.mesh, v.spec);
     const GradSpec& got = run.grad_specs.at(name);
     r["grads"][name] = {{"placements", placements_json(got.spec)}, {"cotangent", placements_json(want)}};
     duality.add(name, 0.0, got.spec == want && got.divisor == want_divisor,

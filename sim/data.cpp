@@ -2,6 +2,9 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <unordered_map>
 
 namespace meshsim {
 
@@ -54,8 +57,11 @@ at::Tensor random_ints_like(const at::Tensor& t, Rng& rng, int64_t lo, int64_t h
 std::vector<at::Tensor> partial_parts(const Placement& p, const at::Tensor& value, int64_t n, Rng* rng) {
   std::vector<at::Tensor> parts(static_cast<size_t>(n));
   if (!rng) {
+    // The coordinate-0 rank holds the value; the others hold what leaves the reduction unchanged
+    // (zeros for sum and avg, the value itself for max and min).
+    const bool extremum = p.op == ReduceOp::Max || p.op == ReduceOp::Min;
     parts[0] = p.op == ReduceOp::Avg ? value * static_cast<double>(n) : value;
-    for (int64_t k = 1; k < n; ++k) parts[k] = at::zeros_like(value);
+    for (int64_t k = 1; k < n; ++k) parts[k] = extremum ? value : at::zeros_like(value);
     return parts;
   }
   if (p.op == ReduceOp::Max || p.op == ReduceOp::Min) {
@@ -89,8 +95,14 @@ Locals distribute(const Mesh& mesh, const Spec& spec, const at::Tensor& global, 
   Locals cur(static_cast<size_t>(mesh.size()), global);
   for (int a = mesh.ndim() - 1; a >= 0; --a) {
     if (!spec[a].is_partial()) continue;
+    // Groups that differ only on Replicate or Reduced axes are replicas: they draw the same parts.
+    const uint64_t axis_seed = rng ? rng->next() : 0;
     for_groups(mesh, a, [&](const std::vector<int64_t>& g) {
-      auto parts = partial_parts(spec[a], cur[g[0]], static_cast<int64_t>(g.size()), rng);
+      std::vector<int64_t> key = mesh.coords(g[0]);
+      for (int b = 0; b < mesh.ndim(); ++b)
+        if (spec[b].is_replicate()) key[b] = 0;
+      Rng replica_rng(axis_seed, static_cast<uint64_t>(mesh.rank_of(key)));
+      auto parts = partial_parts(spec[a], cur[g[0]], static_cast<int64_t>(g.size()), rng ? &replica_rng : nullptr);
       for (size_t k = 0; k < g.size(); ++k) cur[g[k]] = parts[k];
     });
   }
@@ -104,10 +116,19 @@ Locals distribute(const Mesh& mesh, const Spec& spec, const at::Tensor& global, 
   return cur;
 }
 
-// Shard axes are gathered innermost first (nested chunks), Partial axes reduced outermost first
-// (as a redistribution to Replicate plans them); then every rank holds the global value, and ranks
-// that differ only on a Replicate or Reduced axis must hold the same one.
+// Ranks that differ only on a Replicate or Reduced axis must hold equal locals (checked first, on
+// the locals themselves); then Shard axes are gathered innermost first (nested chunks) and Partial
+// axes reduced outermost first (as a redistribution to Replicate plans them).
 at::Tensor assemble(const Mesh& mesh, const Spec& spec, const Locals& locals, std::string* problem) {
+  for (int a = 0; a < mesh.ndim() && problem && problem->empty(); ++a) {
+    if (!spec[a].is_replicate()) continue;
+    for_groups(mesh, a, [&](const std::vector<int64_t>& g) {
+      for (auto r : g)
+        if (problem->empty() && (locals[r].sizes() != locals[g[0]].sizes() || !at::equal(locals[r], locals[g[0]])))
+          *problem = "ranks " + std::to_string(g[0]) + " and " + std::to_string(r) + " hold different locals across mesh axis \"" +
+                     mesh.axes()[a] + "\" where " + spec[a].str() + " says they are equal";
+    });
+  }
   Locals cur = locals;
   auto combine = [&](int a, auto&& op) {
     for_groups(mesh, a, [&](const std::vector<int64_t>& g) {
@@ -121,32 +142,131 @@ at::Tensor assemble(const Mesh& mesh, const Spec& spec, const Locals& locals, st
     if (spec[a].is_shard()) combine(a, [&](const Locals& g) { return at::cat(g, spec[a].dim); });
   for (int a = 0; a < mesh.ndim(); ++a)
     if (spec[a].is_partial()) combine(a, [&](const Locals& g) { return all_reduce(g, spec[a].op)[0]; });
-  for (int a = 0; a < mesh.ndim() && problem && problem->empty(); ++a) {
-    if (!spec[a].is_replicate()) continue;
-    for_groups(mesh, a, [&](const std::vector<int64_t>& g) {
-      for (auto r : g)
-        if (problem->empty() && (cur[r].sizes() != cur[g[0]].sizes() || !at::equal(cur[r], cur[g[0]])))
-          *problem = "locals differ across mesh axis \"" + mesh.axes()[a] + "\" where " + spec[a].str() +
-                     " says they are equal";
-    });
-  }
   return cur[0];
 }
 
-std::string tensor_hash(const at::Tensor& t) {
+namespace {
+
+uint64_t fnv1a(uint64_t h, const unsigned char* p, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    h ^= p[i];
+    h *= 1099511628211ULL;
+  }
+  return h;
+}
+
+// XXH64 (xxHash, 64-bit, as specified by its reference implementation), little-endian reads.
+constexpr uint64_t kP1 = 0x9E3779B185EBCA87ULL, kP2 = 0xC2B2AE3D27D4EB4FULL, kP3 = 0x165667B19E3779F9ULL,
+                   kP4 = 0x85EBCA77C2B2AE63ULL, kP5 = 0x27D4EB2F165667C5ULL;
+inline uint64_t rotl(uint64_t x, int r) { return (x << r) | (x >> (64 - r)); }
+inline uint64_t read64(const unsigned char* p) {
+  uint64_t v;
+  std::memcpy(&v, p, 8);
+  return v;
+}
+inline uint32_t read32(const unsigned char* p) {
+  uint32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+inline uint64_t xxh_round(uint64_t acc, uint64_t input) { return rotl(acc + input * kP2, 31) * kP1; }
+inline uint64_t xxh_merge(uint64_t acc, uint64_t val) { return (acc ^ xxh_round(0, val)) * kP1 + kP4; }
+
+uint64_t xxh64(const unsigned char* p, size_t len, uint64_t seed) {
+  const unsigned char* const end = p + len;
+  uint64_t h;
+  if (len >= 32) {
+    uint64_t v1 = seed + kP1 + kP2, v2 = seed + kP2, v3 = seed, v4 = seed - kP1;
+    const unsigned char* const limit = end - 32;
+    do {
+      v1 = xxh_round(v1, read64(p));
+      v2 = xxh_round(v2, read64(p + 8));
+      v3 = xxh_round(v3, read64(p + 16));
+      v4 = xxh_round(v4, read64(p + 24));
+      p += 32;
+    } while (p <= limit);
+    h = rotl(v1, 1) + rotl(v2, 7) + rotl(v3, 12) + rotl(v4, 18);
+    h = xxh_merge(h, v1);
+    h = xxh_merge(h, v2);
+    h = xxh_merge(h, v3);
+    h = xxh_merge(h, v4);
+  } else {
+    h = seed + kP5;
+  }
+  h += static_cast<uint64_t>(len);
+  for (; p + 8 <= end; p += 8) h = rotl(h ^ xxh_round(0, read64(p)), 27) * kP1 + kP4;
+  if (p + 4 <= end) {
+    h = rotl(h ^ (static_cast<uint64_t>(read32(p)) * kP1), 23) * kP2 + kP3;
+    p += 4;
+  }
+  for (; p < end; ++p) h = rotl(h ^ (*p * kP5), 11) * kP1;
+  h ^= h >> 33;
+  h *= kP2;
+  h ^= h >> 29;
+  h *= kP3;
+  h ^= h >> 32;
+  return h;
+}
+
+std::string hash_bytes(const at::Tensor& t) {
   uint64_t h = 1469598103934665603ULL;
-  auto mix = [&h](const unsigned char* p, size_t n) {
-    for (size_t i = 0; i < n; ++i) {
-      h ^= p[i];
-      h *= 1099511628211ULL;
-    }
-  };
-  for (auto s : t.sizes()) mix(reinterpret_cast<const unsigned char*>(&s), sizeof(s));
+  for (auto s : t.sizes()) h = fnv1a(h, reinterpret_cast<const unsigned char*>(&s), sizeof(s));
   at::Tensor c = t.detach().contiguous();
-  mix(static_cast<const unsigned char*>(c.data_ptr()), c.numel() * c.element_size());
+  const auto* data = static_cast<const unsigned char*>(c.data_ptr());
+  const size_t n = static_cast<size_t>(c.numel()) * c.element_size();
+  h = std::getenv("MESHSIM_HASH_FNV") ? fnv1a(h, data, n) : xxh64(data, n, h);
   char buf[17];
   std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h));
   return buf;
+}
+
+// Hashes already computed, by storage and view. Replicated locals share one storage across the
+// ranks of a group (collectives.h), so an event over n ranks hashes a shared result once, not n
+// times (at 4096 ranks, hashing an all_gather's result per rank would be quadratic). An entry is
+// valid while its storage lives (a weak reference: the StorageImpl cannot be freed and its
+// address reused while the entry exists) and the view's version counter, which every in-place
+// write bumps, is unchanged.
+struct HashMemo {
+  struct Entry {
+    c10::weak_intrusive_ptr<c10::StorageImpl> storage;
+    const void* data;
+    int64_t offset;
+    std::vector<int64_t> sizes, strides;
+    at::ScalarType dtype;
+    int64_t version;
+    std::string hash;
+
+    bool matches(const at::Tensor& t) const {
+      return !storage.expired() && data == t.data_ptr() && offset == t.storage_offset() &&
+             dtype == t.scalar_type() && version == t._version() && t.sizes().equals(sizes) &&
+             t.strides().equals(strides);
+    }
+  };
+  std::unordered_multimap<const c10::StorageImpl*, Entry> entries;
+
+  void sweep() {
+    for (auto it = entries.begin(); it != entries.end();) it = it->second.storage.expired() ? entries.erase(it) : std::next(it);
+    if (entries.size() > kMaxEntries / 2) entries.clear();
+  }
+  static constexpr size_t kMaxEntries = size_t{1} << 16;
+};
+
+}  // namespace
+
+// FNV-1a 64 of the shape seeds XXH64 of the bytes (row-major). A tensor's hash is kept with its
+// storage until the storage dies or is written.
+std::string tensor_hash(const at::Tensor& t) {
+  if (!t.defined() || !t.has_storage() || t.is_inference() || t.numel() == 0) return hash_bytes(t);
+  thread_local HashMemo memo;
+  const c10::StorageImpl* key = t.storage().unsafeGetStorageImpl();
+  auto range = memo.entries.equal_range(key);
+  for (auto it = range.first; it != range.second; ++it)
+    if (it->second.matches(t)) return it->second.hash;
+  if (memo.entries.size() >= HashMemo::kMaxEntries) memo.sweep();
+  std::string h = hash_bytes(t);
+  memo.entries.emplace(key, HashMemo::Entry{t.storage().getWeakStorageImpl(), t.data_ptr(), t.storage_offset(),
+                                            t.sizes().vec(), t.strides().vec(), t.scalar_type(), t._version(), h});
+  return h;
 }
 
 }  // namespace meshsim

@@ -3,6 +3,7 @@
 #include <torch/csrc/autograd/grad_mode.h>
 
 #include "core/error.h"
+#include "core/mutants.h"
 #include "sim/data.h"
 #include "sim/local_ops.h"
 #include "sim/mesh_node.h"
@@ -71,6 +72,7 @@ void register_variance_tracking_strategy(const std::string& key, Strategy strate
 }
 void unregister_variance_tracking_strategy(const std::string& key) { strategy_registry().erase(key); }
 const Strategy* find_variance_tracking_strategy(const std::string& key) {
+  if (mutant_on(Mutant::StrategyRegistryIgnored)) return nullptr;
   auto it = strategy_registry().find(key);
   return it == strategy_registry().end() ? nullptr : &it->second;
 }
@@ -174,7 +176,10 @@ AxisSet BodyContext::make_inputs_varying(std::vector<LTensor>& xs, const AxisSet
     for (int a : variant)
       if (!xs[i].variant.count(a)) {
         const std::string name = out + ".in" + std::to_string(i) + "." + rt_.mesh().axes()[a];
-        xs[i] = xs[i].reduced.count(a) ? reduced_to_varying(xs[i], a, name) : mark_varying(xs[i], a, name);
+        if (xs[i].reduced.count(a) && !mutant_on(Mutant::MarkVaryingForReduced))
+          xs[i] = reduced_to_varying(xs[i], a, name);
+        else if (!mutant_on(Mutant::MissingMarkVarying))
+          xs[i] = mark_varying(xs[i], a, name);
       }
   return set_intersection(xs);
 }
@@ -251,7 +256,8 @@ void BodyContext::record_step(const RedistStep& s, const Locals& in, const Local
 LTensor BodyContext::varying_on(const LTensor& x, int axis, const std::string& out) {
   if (x.variant.count(axis)) return x;
   const std::string name = out + ".varying." + rt_.mesh().axes()[axis];
-  return x.reduced.count(axis) ? reduced_to_varying(x, axis, name) : mark_varying(x, axis, name);
+  const bool cast = x.reduced.count(axis) && !mutant_on(Mutant::MarkVaryingForReduced);
+  return cast ? reduced_to_varying(x, axis, name) : mark_varying(x, axis, name);
 }
 
 LTensor BodyContext::mark_varying(const LTensor& x, int axis, const std::string& out) {
@@ -271,6 +277,7 @@ LTensor BodyContext::all_reduce(const LTensor& in, int axis, ReduceOp op, const 
   // not differentiable.
   Backward bwd{op == ReduceOp::Sum || op == ReduceOp::Avg, std::nullopt};
   if (op == ReduceOp::Avg) bwd.step = step(StepKind::PartialFromReplicate, axis);
+  if (op == ReduceOp::Sum && mutant_on(Mutant::AllReduceBackwardAllReduces)) bwd.step = step(StepKind::AllReduce, axis);
   Locals locals = collective_node("all_reduce", x, out, step(StepKind::AllReduce, axis, 0, op), bwd);
   return wrap("op", std::string("all_reduce_") + reduce_op_name(op), out, std::move(locals),
               without(x.variant, axis), x.reduced, {x});
@@ -282,13 +289,17 @@ LTensor BodyContext::all_gather(const LTensor& in, int axis, int64_t dim, bool t
                                   {true, step(StepKind::ReduceScatter, axis, dim)});
   if (to_reduced)
     return wrap("op", "all_gather_to_reduced", out, std::move(locals), without(x.variant, axis), with(x.reduced, axis), {x});
-  return wrap("op", "all_gather_to_varying", out, std::move(locals), x.variant, x.reduced, {x});
+  const AxisSet variant = mutant_on(Mutant::AllGatherVaryingDropsAxis) ? without(x.variant, axis) : x.variant;
+  return wrap("op", "all_gather_to_varying", out, std::move(locals), variant, x.reduced, {x});
 }
 
 LTensor BodyContext::reduce_scatter(const LTensor& in, int axis, int64_t dim, const std::string& out) {
   LTensor x = varying_on(in, axis, out);
+  int64_t back_dim = dim;
+  if (mutant_on(Mutant::ReduceScatterBackwardWrongDim) && x.locals.at(0).dim() > 1)
+    back_dim = (dim + 1) % x.locals.at(0).dim();  // planted bug
   Locals locals = collective_node("reduce_scatter", x, out, step(StepKind::ReduceScatter, axis, dim),
-                                  {true, step(StepKind::AllGather, axis, dim)});
+                                  {true, step(StepKind::AllGather, axis, back_dim)});
   return wrap("op", "reduce_scatter", out, std::move(locals), with(x.variant, axis), without(x.reduced, axis), {x});
 }
 
@@ -298,7 +309,7 @@ LTensor BodyContext::all_to_all(const LTensor& in, int axis, int64_t split_dim, 
   fwd.split_dim = split_dim;
   fwd.concat_dim = concat_dim;
   RedistStep back = fwd;  // the backward swaps split and concat
-  std::swap(back.split_dim, back.concat_dim);
+  if (!mutant_on(Mutant::AllToAllBackwardUnswapped)) std::swap(back.split_dim, back.concat_dim);
   Locals locals = collective_node("all_to_all", x, out, fwd, {true, back});
   return wrap("op", "all_to_all", out, std::move(locals), x.variant, x.reduced, {x});
 }

@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/mesh.h"
+#include "core/mutants.h"
 #include "sim/collectives.h"
 
 namespace meshsim {
@@ -82,7 +83,8 @@ struct has_variance_strategy<Fn, std::void_t<decltype(&Fn::variance_strategy)>> 
 template <class Fn>
 std::optional<Strategy> strategy_for() {
   if (const Strategy* s = find_variance_tracking_strategy(function_key<Fn>())) return *s;
-  if constexpr (has_variance_strategy<Fn>::value) return Strategy(&Fn::variance_strategy);
+  if constexpr (has_variance_strategy<Fn>::value)
+    if (!mutant_on(Mutant::StrategyRegistryIgnored)) return Strategy(&Fn::variance_strategy);
   return std::nullopt;
 }
 

@@ -8,6 +8,7 @@
 
 #include "core/cotangent.h"
 #include "core/error.h"
+#include "core/mutants.h"
 #include "core/reduced_policy.h"
 #include "sim/data.h"
 #include "sim/local_ops.h"
@@ -56,7 +57,10 @@ Locals Runtime::run_plan(const std::vector<RedistStep>& plan, const Spec& from, 
     Spec before = cur;
     cur[step.axis] = step.to;
     const int64_t bytes = step_bytes(mesh_, step, locals);
-    locals = apply_step(mesh_, step, locals);
+    RedistStep applied = step;
+    if (mutant_on(Mutant::PsumFromReplicateNoDivide) && step.kind == StepKind::PartialFromReplicate)
+      applied.kind = StepKind::Relabel;  // planted bug: the value stays whole on every rank
+    locals = apply_step(mesh_, applied, locals);
     Event e = make_event(step.communicates() ? "collective" : "local", step_kind_name(step.kind), value, locals);
     e.axis = mesh_.axes()[step.axis];
     e.bytes = bytes;
@@ -87,7 +91,7 @@ Locals Runtime::to_cotangent(Locals grads, const GradSpec& from, const Spec& pri
   const GradSpec target{cotangent_spec(primal), cotangent_scale_divisor(mesh_, primal)};
   auto plan = plan_redistribute(mesh_, from.spec, target.spec, {options_.partial_from_replicate, true});
   grads = run_plan(plan, from.spec, std::move(grads), value, note, grad_of);
-  if (from.divisor != target.divisor) {
+  if (from.divisor != target.divisor && !mutant_on(Mutant::PavgBackwardUnscaled)) {
     const double factor = static_cast<double>(from.divisor) / static_cast<double>(target.divisor);
     for (auto& g : grads) g = g * factor;
     Event e = make_event("local", "scale", value, grads);
@@ -146,6 +150,17 @@ ShardingDecision Runtime::decide(const std::string& op, const OpAttrs& attrs, co
   return decisions_.emplace(key, propagate(op, mesh_, specs, shapes, attrs)).first->second;
 }
 
+// Planted bugs in the sharding rules the runtime applies (the checks use the true rules).
+void Runtime::plant_rule_bugs(const std::string& op, const std::vector<Spec>& given, ShardingDecision& d) const {
+  for (int a = 0; a < mesh_.ndim(); ++a) {
+    if (mutant_on(Mutant::MmS1S0LabelledR) && op == "mm" && d.rows[a] == "mm: S(1), S(0) -> P(sum)")
+      d.out_spec[a] = Placement::replicate();
+    if (mutant_on(Mutant::PartialPlusReplicateUndivided) && (op == "add" || op == "sub"))
+      for (size_t i = 0; i < given.size(); ++i)
+        if (given[i][a].is_replicate() && d.in_specs[i][a].is_partial()) d.in_specs[i][a] = given[i][a];
+  }
+}
+
 DTensor Runtime::apply_op(const std::string& op, const OpAttrs& attrs, const std::vector<DTensor>& args,
                           const std::string& out_name) {
   std::vector<Spec> given;
@@ -156,7 +171,8 @@ DTensor Runtime::apply_op(const std::string& op, const OpAttrs& attrs, const std
     given.push_back(a.spec);
     shapes.push_back(a.shape);
   }
-  const ShardingDecision d = decide(op, attrs, given, shapes);
+  ShardingDecision d = decide(op, attrs, given, shapes);
+  plant_rule_bugs(op, given, d);
   // Above autograd, an operand that does not fit the rule goes through a Redistribute node, whose
   // backward is Redistribute.backward. Below autograd (PyTorch today), the op's own node
   // redistributes the locals: autograd never sees it, and the op's backward sends its gradient
@@ -230,6 +246,12 @@ DTensor Runtime::apply_op(const std::string& op, const OpAttrs& attrs, const std
           e.in_specs = {spec_str(bd.grad_in)};
           e.out_spec = spec_str(bd.grad_out);
           rt->recorder().add(std::move(e));
+          if (below && mutant_on(Mutant::BelowAutogradSkipsBackward)) {
+            // Planted bug: the contribution keeps its layout but is labelled the cotangent.
+            rt->record_grad_spec(names[i], {cotangent_spec(source_specs[i]), cotangent_scale_divisor(rt->mesh(), source_specs[i])});
+            for (size_t r = 0; r < R; ++r) result[i * R + r] = contrib[r];
+            continue;
+          }
           contrib = rt->to_cotangent(std::move(contrib), {bd.grad_out, gin.divisor}, source_specs[i], names[i],
                                      names[i], "grad hook: " + spec_str(bd.grad_out) + " -> cotangent of " +
                                          spec_str(source_specs[i]));
@@ -256,7 +278,11 @@ std::vector<Locals> Runtime::backward(const DTensor& loss, const std::vector<DTe
   phase_ = "backward";
   const GradSpec seed{cotangent_spec(loss.spec), cotangent_scale_divisor(mesh_, loss.spec)};
   at::Tensor ones = at::ones(loss.shape, loss.locals.at(0).options());
-  Locals seeds = distribute(mesh_, seed.spec, ones / static_cast<double>(seed.divisor), nullptr);
+  Spec seed_layout = seed.spec;
+  if (mutant_on(Mutant::PartialSeedOnEveryRank))  // planted bug: ones on every rank of a Partial
+    for (auto& p : seed_layout)
+      if (p.is_partial()) p = Placement::replicate();
+  Locals seeds = distribute(mesh_, seed_layout, ones / static_cast<double>(seed.divisor), nullptr);
   record_grad_spec(loss.name, seed);
   Event e = make_event("seed", "ones", loss.name, seeds);
   e.out_spec = spec_str(seed.spec);

@@ -116,6 +116,7 @@ class Runtime {
   std::vector<std::string> untracked_;
   Stats stats_;
 
+  void plant_rule_bugs(const std::string& op, const std::vector<Spec>& given, ShardingDecision& d) const;
   ShardingDecision decide(const std::string& op, const OpAttrs& attrs, const std::vector<Spec>& specs,
                           const std::vector<Shape>& shapes);
   // A redistribution of the locals with no autograd node (below autograd).

@@ -1,0 +1,351 @@
+// The meshsim command line (DESIGN.md, contract 1), run as a process in a fresh temporary
+// directory: exit codes, the human and JSON output, traces and replay, rendering, messages for
+// malformed input, and the property suite with and without planted bugs.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+
+const std::string kExample = std::string(MESHSIM_SOURCE_DIR) + "/examples/fsdp_reduced.json";
+
+std::string read_text(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// Single-quoted for the shell.
+std::string q(const std::string& s) {
+  std::string out = "'";
+  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
+bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+struct Outcome {
+  int code = -1;  // the exit code; 124 when the time limit was hit
+  std::string out, err;
+  double seconds = 0;
+};
+
+std::ostream& operator<<(std::ostream& os, const Outcome& o) {
+  return os << "exit " << o.code << " after " << o.seconds << " s\n--- stdout\n" << o.out << "--- stderr\n" << o.err;
+}
+
+// Each test gets a fresh directory and runs meshsim in it.
+class Cli : public ::testing::Test {
+ protected:
+  fs::path dir;
+
+  void SetUp() override {
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    dir = fs::temp_directory_path() / ("meshsim_test_cli_" + std::to_string(getpid())) / info->name();
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+  }
+  void TearDown() override {
+    if (!HasFailure()) fs::remove_all(dir);
+  }
+
+  // Runs `meshsim ARGS` (ARGS already quoted as needed) in `dir`, killed after `limit_s`.
+  Outcome meshsim(const std::string& args, int limit_s = 60) const {
+    const fs::path out = dir / ".stdout", err = dir / ".stderr";
+    const std::string cmd = "cd " + q(dir.string()) + " && timeout " + std::to_string(limit_s) + " " +
+                            q(MESHSIM_BIN) + " " + args + " >" + q(out.string()) + " 2>" + q(err.string());
+    const auto start = std::chrono::steady_clock::now();
+    const int status = std::system(cmd.c_str());
+    Outcome o;
+    o.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    o.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    o.out = read_text(out);
+    o.err = read_text(err);
+    return o;
+  }
+
+  fs::path write(const std::string& name, const std::string& text) const {
+    std::ofstream(dir / name, std::ios::binary) << text;
+    return dir / name;
+  }
+  fs::path write(const std::string& name, const json& doc) const { return write(name, doc.dump(2)); }
+};
+
+json example() { return json::parse(read_text(kExample)); }
+
+// `doc` with the value at JSON pointer `at` replaced.
+json with(json doc, const std::string& at, json value) {
+  doc[json::json_pointer(at)] = std::move(value);
+  return doc;
+}
+
+json without(json doc, const std::string& at) {
+  json::json_pointer p(at);
+  doc[p.parent_pointer()].erase(p.back());
+  return doc;
+}
+
+// The names listed under a heading ("properties:", "mutants:") of `check --list`.
+std::vector<std::string> listed(const std::string& text, const std::string& heading) {
+  std::vector<std::string> names;
+  std::istringstream in(text);
+  std::string line;
+  bool inside = false;
+  while (std::getline(in, line)) {
+    if (!line.empty() && line[0] != ' ') {
+      inside = line == heading;
+      continue;
+    }
+    if (inside && line.size() > 2) {
+      std::istringstream words(line);
+      std::string name;
+      words >> name;
+      names.push_back(name);
+    }
+  }
+  return names;
+}
+
+// "N passed, M failed" of a `check` run, as {N, M}; {-1, -1} when missing.
+std::pair<int, int> tally(const std::string& text) {
+  std::smatch m;
+  if (!std::regex_search(text, m, std::regex(R"((\d+) passed, (\d+) failed)"))) return {-1, -1};
+  return {std::stoi(m[1]), std::stoi(m[2])};
+}
+
+// The PATH of "reproduce: meshsim replay PATH", or "".
+std::string reproduce_path(const std::string& text) {
+  std::smatch m;
+  if (!std::regex_search(text, m, std::regex(R"(reproduce: meshsim replay (\S+))"))) return {};
+  return m[1];
+}
+
+// ---------------------------------------------------------------------------------------------
+// run
+
+TEST_F(Cli, RunExamplePasses) {
+  Outcome o = meshsim("run " + q(kExample));
+  EXPECT_EQ(o.code, 0) << o;
+  EXPECT_TRUE(contains(o.out, "fsdp_reduced_linear: pass")) << o;
+  EXPECT_TRUE(contains(o.out, "forward all_gather over dp, 384 B per rank (wf)")) << o;
+  EXPECT_TRUE(contains(o.out, "backward reduce_scatter over dp, 384 B per rank")) << o;
+}
+
+TEST_F(Cli, RunJsonPrintsTheResult) {
+  Outcome o = meshsim("run " + q(kExample) + " --json");
+  ASSERT_EQ(o.code, 0) << o;
+  json r = json::parse(o.out);
+  EXPECT_EQ(r["format"], "meshsim.result/1");
+  EXPECT_EQ(r["name"], "fsdp_reduced_linear");
+  EXPECT_EQ(r["status"], "pass");
+  EXPECT_TRUE(r["error"].is_null());
+  EXPECT_EQ(r["collectives"].size(), 2u);
+  for (const auto& [name, ok] : r["checks"].items()) EXPECT_EQ(ok, true) << name;
+}
+
+TEST_F(Cli, RunOptionOverridesTheScenario) {
+  Outcome o = meshsim("run " + q(kExample) + " --json --option seed=5 --option partial_from_replicate=rank0");
+  ASSERT_EQ(o.code, 0) << o;
+  json r = json::parse(o.out);
+  EXPECT_EQ(r["options"]["seed"], 5);
+  EXPECT_EQ(r["options"]["partial_from_replicate"], "rank0");
+  Outcome bad = meshsim("run " + q(kExample) + " --option colour=red");
+  EXPECT_EQ(bad.code, 2) << bad;
+  EXPECT_TRUE(contains(bad.err, "--option")) << bad;
+  EXPECT_TRUE(contains(bad.err, "colour")) << bad;
+}
+
+// ---------------------------------------------------------------------------------------------
+// traces and replay
+
+TEST_F(Cli, TraceReplaysExactly) {
+  Outcome run = meshsim("run " + q(kExample) + " --trace t.json");
+  ASSERT_EQ(run.code, 0) << run;
+  ASSERT_TRUE(fs::exists(dir / "t.json"));
+  EXPECT_EQ(json::parse(read_text(dir / "t.json"))["format"], "meshsim.trace/1");
+  Outcome replay = meshsim("replay t.json");
+  EXPECT_EQ(replay.code, 0) << replay;
+  EXPECT_TRUE(contains(replay.out, "reproduced")) << replay;
+}
+
+TEST_F(Cli, EditedHashMakesReplayDiverge) {
+  ASSERT_EQ(meshsim("run " + q(kExample) + " --trace t.json").code, 0);
+  json trace = json::parse(read_text(dir / "t.json"));
+  int64_t edited = -1;
+  for (auto& e : trace["events"])
+    if (!e["hashes"].empty()) {
+      std::string& h = e["hashes"][0].get_ref<std::string&>();
+      h.back() = h.back() == '0' ? '1' : '0';
+      edited = e["seq"].get<int64_t>();
+      break;
+    }
+  ASSERT_GE(edited, 0);
+  write("edited.json", trace);
+  Outcome o = meshsim("replay edited.json");
+  EXPECT_EQ(o.code, 1) << o;
+  EXPECT_TRUE(contains(o.out, "replay diverged")) << o;
+  EXPECT_TRUE(contains(o.out, "event " + std::to_string(edited))) << o;
+  EXPECT_TRUE(contains(o.out, "hashes[0] differs")) << o;
+}
+
+TEST_F(Cli, ReplayOfAMalformedTraceIsUnusableInput) {
+  write("broken.json", json{{"format", "meshsim.trace/1"}, {"events", 3}});
+  Outcome o = meshsim("replay broken.json");
+  EXPECT_EQ(o.code, 2) << o;
+  EXPECT_TRUE(contains(o.err, "broken.json")) << o;
+}
+
+// ---------------------------------------------------------------------------------------------
+// render
+
+TEST_F(Cli, RenderWritesSvgPngAndDot) {
+  for (const char* name : {"out.svg", "out.png", "out.dot"}) {
+    Outcome o = meshsim("render " + q(kExample) + " -o " + name);
+    EXPECT_EQ(o.code, 0) << o;
+    EXPECT_TRUE(fs::exists(dir / name) && fs::file_size(dir / name) > 0) << name;
+  }
+  EXPECT_TRUE(contains(read_text(dir / "out.svg"), "<svg"));
+  EXPECT_EQ(read_text(dir / "out.png").substr(0, 4), "\x89PNG");
+  EXPECT_EQ(read_text(dir / "out.dot").rfind("digraph", 0), 0u);
+}
+
+TEST_F(Cli, RenderFromATraceAndFromRun) {
+  ASSERT_EQ(meshsim("run " + q(kExample) + " --trace t.json --render run.dot").code, 0);
+  Outcome o = meshsim("render t.json -o trace.dot");
+  EXPECT_EQ(o.code, 0) << o;
+  EXPECT_EQ(read_text(dir / "trace.dot"), read_text(dir / "run.dot"));
+  Outcome bad = meshsim("render " + q(kExample) + " -o out.gif");
+  EXPECT_EQ(bad.code, 2) << bad;
+  EXPECT_TRUE(contains(bad.err, "out.gif")) << bad;
+}
+
+// ---------------------------------------------------------------------------------------------
+// unusable and illegal input
+
+struct Malformed {
+  std::string file, text;
+  std::string json_path, message;
+};
+
+TEST_F(Cli, MalformedScenariosExit2NamingFileAndPath) {
+  const std::vector<Malformed> cases = {
+      {"not_json.json", "{ not json", "/", "invalid JSON at line 1"},
+      {"no_mesh.json", without(example(), "/mesh").dump(), "/mesh", "missing required field \"mesh\""},
+      {"unknown_op.json", with(example(), "/program/1/op", "frobnicate").dump(), "/program/1/op",
+       "unknown op \"frobnicate\""},
+      {"unknown_value.json", with(example(), "/program/1/args/1", "w2").dump(), "/program/1/args/1",
+       "unknown value \"w2\""},
+      {"bad_shard.json", with(example(), "/inputs/0/placements", {"S(2)"}).dump(), "/inputs/0/placements",
+       "S(2)"},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.file);
+    write(c.file, c.text);
+    Outcome o = meshsim("run " + c.file);
+    EXPECT_EQ(o.code, 2) << o;
+    EXPECT_TRUE(contains(o.err, c.file + ": " + c.json_path + ": ")) << o;
+    EXPECT_TRUE(contains(o.err, c.message)) << o;
+  }
+  Outcome missing = meshsim("run nowhere.json");
+  EXPECT_EQ(missing.code, 2) << missing;
+  EXPECT_TRUE(contains(missing.err, "nowhere.json")) << missing;
+}
+
+TEST_F(Cli, BadFlagsExit2) {
+  for (const char* args : {"", "frobnicate", "run x.json --frobnicate", "check --cases 0",
+                           "check --mutant no_such_mutant"}) {
+    Outcome o = meshsim(args);
+    EXPECT_EQ(o.code, 2) << "meshsim " << args << "\n" << o;
+  }
+}
+
+TEST_F(Cli, HelpExits0) {
+  for (const char* args : {"--help", "check --help"}) {
+    Outcome o = meshsim(args);
+    EXPECT_EQ(o.code, 0) << "meshsim " << args << "\n" << o;
+    EXPECT_TRUE(contains(o.out, "Usage")) << o;
+  }
+}
+
+TEST_F(Cli, IllegalRedistributeExits3) {
+  write("illegal.json", with(example(), "/program/0/placements", {"P(sum)"}));
+  Outcome o = meshsim("run illegal.json");
+  EXPECT_EQ(o.code, 3) << o;
+  EXPECT_TRUE(contains(o.out, "illegal_redistribute")) << o;
+  Outcome j = meshsim("run illegal.json --json");
+  EXPECT_EQ(j.code, 3) << j;
+  json r = json::parse(j.out);
+  EXPECT_EQ(r["status"], "error");
+  EXPECT_EQ(r["error"]["kind"], "illegal_redistribute");
+}
+
+// ---------------------------------------------------------------------------------------------
+// check
+
+TEST_F(Cli, CheckListNamesPropertiesAndMutants) {
+  Outcome o = meshsim("check --list");
+  ASSERT_EQ(o.code, 0) << o;
+  auto properties = listed(o.out, "properties:"), mutants = listed(o.out, "mutants:");
+  EXPECT_FALSE(properties.empty()) << o;
+  EXPECT_FALSE(mutants.empty()) << o;
+  for (const auto& n : properties) EXPECT_TRUE(std::regex_match(n, std::regex("[a-z0-9_]+"))) << n;
+  for (const auto& n : mutants) EXPECT_TRUE(std::regex_match(n, std::regex("[a-z0-9_]+"))) << n;
+}
+
+TEST_F(Cli, CheckPassesEveryProperty) {
+  const auto properties = listed(meshsim("check --list").out, "properties:");
+  Outcome o = meshsim("check --seed 1 --cases 30 --out ce");
+  EXPECT_EQ(o.code, 0) << o;
+  EXPECT_TRUE(contains(o.out, "SEED=1")) << o;
+  EXPECT_EQ(tally(o.out), std::make_pair(static_cast<int>(properties.size()), 0)) << o;
+  for (const auto& p : properties) EXPECT_TRUE(contains(o.out, "ok    " + p)) << p << "\n" << o;
+}
+
+TEST_F(Cli, CheckOneProperty) {
+  const auto properties = listed(meshsim("check --list").out, "properties:");
+  ASSERT_FALSE(properties.empty());
+  Outcome o = meshsim("check --seed 2 --cases 10 --property " + properties.front());
+  EXPECT_EQ(o.code, 0) << o;
+  EXPECT_EQ(tally(o.out), std::make_pair(1, 0)) << o;
+}
+
+// Every planted bug is found within 10 seconds, and its counterexample trace replays: the replay
+// reproduces the recorded failure (exit 0).
+TEST_F(Cli, CheckFindsEveryMutantAndItsTraceReplays) {
+  const auto mutants = listed(meshsim("check --list").out, "mutants:");
+  ASSERT_FALSE(mutants.empty());
+  int traces = 0;
+  for (const auto& m : mutants) {
+    SCOPED_TRACE(m);
+    Outcome o = meshsim("check --seed 1 --mutant " + m + " --out ce", 30);
+    EXPECT_EQ(o.code, 1) << o;
+    EXPECT_LT(o.seconds, 10.0) << o;
+    EXPECT_TRUE(contains(o.out, "planted bug " + m + " found")) << o;
+    EXPECT_GE(tally(o.out).second, 1) << o;
+    const std::string trace = reproduce_path(o.out);
+    if (trace.empty()) continue;
+    ++traces;
+    ASSERT_TRUE(fs::exists(dir / trace)) << trace;
+    EXPECT_EQ(json::parse(read_text(dir / trace))["options"]["mutant"], m);
+    Outcome replay = meshsim("replay " + q(trace));
+    EXPECT_EQ(replay.code, 0) << replay;
+    EXPECT_TRUE(contains(replay.out, "reproduced")) << replay;
+  }
+  std::printf("[   INFO   ] %zu mutants found, %d counterexample traces replayed\n", mutants.size(), traces);
+}
+
+}  // namespace
