@@ -1,5 +1,7 @@
 #include "core/propagation.h"
 
+#include <tuple>
+#include <iomanip>
 #include <limits>
 #include <sstream>
 #include <stdexcept>
@@ -30,7 +32,66 @@ RuleRow RuleRow::parse(const std::string& text) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// The tables, by op family. Rows are written as text so that they print and parse back.
+// Attributes
+
+std::string OpAttrs::str() const {
+  std::ostringstream o;
+  o << std::setprecision(17);  // every double apart: the text is a cache key
+  o << "dim=" << (dim ? std::to_string(*dim) : "-") << " keepdim=" << keepdim << " value=" << value
+    << " dim0=" << dim0 << " dim1=" << dim1
+    << " divisor=" << (mean_divisor ? std::to_string(*mean_divisor) : "-");
+  return o.str();
+}
+
+namespace {
+
+// `dim` in [-rank, rank) as a dim in [0, rank), or nothing when out of range.
+std::optional<int64_t> wrapped(int64_t dim, int64_t rank) {
+  if (dim < -rank || dim >= rank) return std::nullopt;
+  return dim < 0 ? dim + rank : dim;
+}
+
+// `attrs` with every dim the op uses wrapped into [0, rank); out of range is ShapeMismatch naming
+// the operand (`operand`: its shape, or its rank when only that is known).
+OpAttrs resolved(const std::string& op, const OpAttrs& attrs, int64_t rank, const std::string& operand) {
+  auto wrap = [&](int64_t d, const char* what) {
+    auto w = wrapped(d, rank);
+    if (!w)
+      throw SemanticError(ErrorKind::ShapeMismatch, op + ": " + what + " " + std::to_string(d) +
+                                                        " out of range for " + operand);
+    return *w;
+  };
+  OpAttrs r = attrs;
+  if (op == "sum" || op == "mean" || op == "softmax") {
+    if (op == "softmax" && !attrs.dim) throw SemanticError(ErrorKind::ShapeMismatch, op + ": needs a dim");
+    if (attrs.dim) r.dim = wrap(*attrs.dim, "dim");
+  }
+  if (op == "transpose") {
+    r.dim0 = wrap(attrs.dim0, "dim0");
+    r.dim1 = wrap(attrs.dim1, "dim1");
+  }
+  return r;
+}
+
+bool reduces(const OpAttrs& resolved_attrs, int64_t d) { return !resolved_attrs.dim || *resolved_attrs.dim == d; }
+
+}  // namespace
+
+OpAttrs with_global_shape(const OpAttrs& attrs, const Shape& global_in) {
+  OpAttrs r = attrs;
+  const auto rank = static_cast<int64_t>(global_in.size());
+  std::optional<int64_t> dim;
+  if (attrs.dim && !(dim = wrapped(*attrs.dim, rank))) return r;  // propagate() reports it
+  int64_t count = 1;
+  for (int64_t d = 0; d < rank; ++d)
+    if (!dim || *dim == d) count *= global_in[d];
+  r.mean_divisor = count;
+  return r;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The tables, by op family, in the order of rule_families(). Rows are written as text so that they
+// print and parse back; within a table, earlier rows win ties.
 
 namespace {
 
@@ -45,12 +106,32 @@ std::string S(int64_t d) { return "S(" + std::to_string(d) + ")"; }
 
 // Pointwise linear binary ops (add, sub): equal placements pass through; Partial sum and avg are
 // linear. A Replicate operand meets a Partial one by becoming Partial (divide or rank0).
-std::vector<RuleRow> linear_pointwise_rows(int64_t rank) {
+std::vector<RuleRow> linear_binary_rows(int64_t rank) {
   std::vector<std::string> t;
   for (int64_t d = 0; d < rank; ++d) t.push_back(S(d) + ", " + S(d) + " -> " + S(d));
   t.push_back("R, R -> R");
   t.push_back("P(sum), P(sum) -> P(sum)");
   t.push_back("P(avg), P(avg) -> P(avg)");
+  return parse_rows(t);
+}
+
+// Pointwise linear unary ops (neg, scale): every placement but P(max) and P(min) (which neg and a
+// negative scale would swap) passes through.
+std::vector<RuleRow> linear_unary_rows(int64_t rank) {
+  std::vector<std::string> t;
+  for (int64_t d = 0; d < rank; ++d) t.push_back(S(d) + " -> " + S(d));
+  t.push_back("R -> R");
+  t.push_back("P(sum) -> P(sum)");
+  t.push_back("P(avg) -> P(avg)");
+  return parse_rows(t);
+}
+
+// Pointwise non-linear unary ops (exp, relu, sin, tanh): shards and replicas only; a Partial
+// operand is replicated first (an all_reduce).
+std::vector<RuleRow> nonlinear_unary_rows(int64_t rank) {
+  std::vector<std::string> t;
+  for (int64_t d = 0; d < rank; ++d) t.push_back(S(d) + " -> " + S(d));
+  t.push_back("R -> R");
   return parse_rows(t);
 }
 
@@ -63,6 +144,16 @@ std::vector<RuleRow> mul_rows(int64_t rank) {
   t.push_back("R, P(sum) -> P(sum)");
   t.push_back("P(avg), R -> P(avg)");
   t.push_back("R, P(avg) -> P(avg)");
+  return parse_rows(t);
+}
+
+// Pointwise divide x / y: linear in the numerator only, so Partial only there.
+std::vector<RuleRow> div_rows(int64_t rank) {
+  std::vector<std::string> t;
+  for (int64_t d = 0; d < rank; ++d) t.push_back(S(d) + ", " + S(d) + " -> " + S(d));
+  t.push_back("R, R -> R");
+  t.push_back("P(sum), R -> P(sum)");
+  t.push_back("P(avg), R -> P(avg)");
   return parse_rows(t);
 }
 
@@ -80,16 +171,27 @@ std::vector<RuleRow> mm_rows() {
   });
 }
 
-// sum / mean over `dim` (all dims when absent): a shard of a reduced dim becomes Partial.
-std::vector<RuleRow> reduction_rows(const std::string& op, int64_t rank, const OpAttrs& attrs) {
-  const std::string partial = op == "mean" ? "P(avg)" : "P(sum)";
+// transpose {dim0, dim1}: a shard follows its dim; a permutation keeps every Partial.
+std::vector<RuleRow> transpose_rows(int64_t rank, const OpAttrs& a) {
+  std::vector<std::string> t;
+  for (int64_t d = 0; d < rank; ++d)
+    t.push_back(S(d) + " -> " + S(d == a.dim0 ? a.dim1 : d == a.dim1 ? a.dim0 : d));
+  for (const char* p : {"R", "P(sum)", "P(avg)", "P(max)", "P(min)"}) t.push_back(std::string(p) + " -> " + p);
+  return parse_rows(t);
+}
+
+// sum / mean over `dim` (every dim when absent): a shard of a reduced dim becomes P(sum), for mean
+// too: its local op divides the local sum by the global count (OpAttrs::mean_divisor), so the
+// ranks' results add up to the global mean even when the shards are uneven. (PyTorch DTensor
+// makes it P(avg) of local means, which is wrong for uneven shards and NaN for empty ones,
+// pytorch/pytorch#162692; its fix, #163241, replicates an unevenly sharded operand first.)
+std::vector<RuleRow> reduction_rows(int64_t rank, const OpAttrs& a) {
   std::vector<std::string> t;
   for (int64_t d = 0; d < rank; ++d) {
-    bool reduced = !attrs.dim || *attrs.dim == d;
-    if (reduced) {
-      t.push_back(S(d) + " -> " + partial);
+    if (reduces(a, d)) {
+      t.push_back(S(d) + " -> P(sum)");
     } else {
-      int64_t out = (attrs.keepdim || d < *attrs.dim) ? d : d - 1;
+      int64_t out = (a.keepdim || d < *a.dim) ? d : d - 1;
       t.push_back(S(d) + " -> " + S(out));
     }
   }
@@ -98,6 +200,20 @@ std::vector<RuleRow> reduction_rows(const std::string& op, int64_t rank, const O
   t.push_back("P(avg) -> P(avg)");
   return parse_rows(t);
 }
+
+// softmax {dim}: every rank needs whole rows along `dim`: a shard of `dim` is gathered (the
+// single-operand fallback to R), a Partial operand reduced.
+std::vector<RuleRow> softmax_rows(int64_t rank, const OpAttrs& a) {
+  std::vector<std::string> t;
+  for (int64_t d = 0; d < rank; ++d)
+    if (d != *a.dim) t.push_back(S(d) + " -> " + S(d));
+  t.push_back("R -> R");
+  return parse_rows(t);
+}
+
+}  // namespace
+
+namespace {
 
 Placement as_rule_input(const Placement& p) { return p.is_reduced() ? Placement::replicate() : p; }
 
@@ -116,6 +232,19 @@ int64_t axis_cost(const Placement& from, const Placement& to, int64_t n, int64_t
   return 0;  // R -> S (local chunk), R -> P (local)
 }
 
+// (bytes moved, operands changed) to bring the operands `given` to a row's operands `want`; bytes
+// is -1 when a transition is illegal. A row the operands fit as they are costs (0, 0).
+std::pair<int64_t, int64_t> row_cost(const std::vector<Placement>& given, const std::vector<Placement>& want,
+                                     int64_t n, const std::vector<int64_t>& bytes, bool gradient) {
+  std::pair<int64_t, int64_t> cost{0, 0};
+  for (size_t i = 0; i < given.size() && cost.first >= 0; ++i) {
+    int64_t c = axis_cost(given[i], want[i], n, bytes[i], gradient);
+    cost.first = c < 0 ? -1 : cost.first + c;
+    cost.second += same_for_rule(given[i], want[i]) ? 0 : 1;
+  }
+  return cost;
+}
+
 Placement transpose_placement(const Placement& p) {
   if (p.is_shard() && p.dim < 2) return Placement::shard(1 - p.dim);
   return as_rule_input(p);
@@ -123,15 +252,136 @@ Placement transpose_placement(const Placement& p) {
 
 int64_t bytes_of(const Shape& s) { return numel(s) * 8; }
 
+// ---------------------------------------------------------------------------------------------
+// Backward, per family and mesh axis
+//
+// Every contribution is linear in the incoming gradient g, so each family's backward is a table
+// again, with g in one operand slot:
+//   linear binary (add, sub):   +-g, laid out as g.
+//   linear unary (neg, scale), transpose: the op's own table applied to g (each is its own
+//                               adjoint up to a constant; transpose swaps back).
+//   non-linear unary, softmax:  f'(x) * g and y * (g - sum(g * y, dim)) are pointwise products
+//                               with the forward operand: the mul table, x fixed, g the other.
+//   mul:                        dA = g * B, dB = A * g: the mul table, the other operand fixed.
+//   div:                        dx = g / y: the div table, y fixed; dy = -g * x / y^2: the mul
+//                               table, x fixed (y is R or sharded like x in every div row).
+//   mm:                         dA = g @ B^T, dB = A^T @ g: the mm table, the other transposed.
+//   reduction (sum, mean):      g expanded back to x's shape: a shard of x stays a shard.
+
+// One mesh axis of a backward step.
+struct AxisGrad {
+  std::vector<Placement> ins;  // the operands' forward placements (after redistribution)
+  Placement out;               // the output's placement (Rd restored)
+  Placement g;                 // the incoming gradient's
+  size_t input = 0;            // the operand whose contribution is asked for
+  int64_t n = 1, bytes = 0, rank = 0;
+  OpAttrs attrs;               // dims resolved
+
+  Placement operand(size_t i) const { return as_rule_input(ins.at(i)); }
+};
+using Grad = std::pair<Placement, Placement>;  // (grad_in, grad_out)
+
+// Among the rows whose operand `1 - g_pos` is `fixed` (any row when `fixed` is null), the one the
+// incoming gradient reaches most cheaply in slot `g_pos`; ties go to the earlier row.
+Grad gradient_row(const std::vector<RuleRow>& rows, size_t g_pos, const Placement* fixed, const AxisGrad& x) {
+  const RuleRow* best = nullptr;
+  std::pair<int64_t, int64_t> best_cost{std::numeric_limits<int64_t>::max(), 0};
+  for (const auto& row : rows) {
+    if (fixed && row.ins.at(1 - g_pos) != *fixed) continue;
+    auto cost = row_cost({x.g}, {row.ins[g_pos]}, x.n, {x.bytes}, true);
+    if (cost.first >= 0 && cost < best_cost) {
+      best = &row;
+      best_cost = cost;
+    }
+  }
+  if (!best) throw SemanticError(ErrorKind::IllegalRedistribute, "backward: no rule row for the gradient");
+  const Placement& want = best->ins[g_pos];
+  return {same_for_rule(x.g, want) ? x.g : want, best->out};
+}
+
+Grad as_gradient(const AxisGrad& x) { return {x.g, x.g}; }
+
+Grad own_table(const std::vector<RuleRow>& rows, const AxisGrad& x) { return gradient_row(rows, 0, nullptr, x); }
+
+Grad times_operand(const AxisGrad& x) {
+  const Placement fixed = x.operand(0);
+  return gradient_row(mul_rows(x.rank), 1, &fixed, x);
+}
+
+Grad mul_gradient(const AxisGrad& x) {
+  const Placement other = x.operand(1 - x.input);
+  return gradient_row(mul_rows(x.rank), x.input, &other, x);
+}
+
+Grad div_gradient(const AxisGrad& x) {
+  const Placement fixed = x.operand(1 - x.input);
+  return x.input == 0 ? gradient_row(div_rows(x.rank), 0, &fixed, x) : gradient_row(mul_rows(x.rank), 1, &fixed, x);
+}
+
+Grad mm_gradient(const AxisGrad& x) {
+  const Placement other = transpose_placement(x.ins.at(1 - x.input));
+  return gradient_row(mm_rows(), x.input, &other, x);
+}
+
+Grad reduction_gradient(const AxisGrad& x) {
+  const Placement& in = x.ins.at(0);
+  if (!in.is_shard()) return {x.g, x.g};
+  if (reduces(x.attrs, in.dim)) return {x.g.is_replicate() ? x.g : Placement::replicate(), in};
+  return {x.out, in};
+}
+
+// ---------------------------------------------------------------------------------------------
+// The registry: one entry per family, in the order of the tables above.
+
+struct Family {
+  RuleFamily names;
+  size_t arity;
+  std::vector<RuleRow> (*rows)(int64_t rank, const OpAttrs& resolved_attrs);
+  Grad (*backward)(const AxisGrad&);
+};
+
+const std::vector<Family>& registry() {
+  using A = const OpAttrs&;
+  static const std::vector<Family> families = {
+      {{"linear_binary", {"add", "sub"}}, 2, [](int64_t r, A) { return linear_binary_rows(r); }, as_gradient},
+      {{"linear_unary", {"neg", "scale"}}, 1, [](int64_t r, A) { return linear_unary_rows(r); },
+       [](const AxisGrad& x) { return own_table(linear_unary_rows(x.rank), x); }},
+      {{"nonlinear_unary", {"exp", "relu", "sin", "tanh"}}, 1, [](int64_t r, A) { return nonlinear_unary_rows(r); },
+       times_operand},
+      {{"mul", {"mul"}}, 2, [](int64_t r, A) { return mul_rows(r); }, mul_gradient},
+      {{"div", {"div"}}, 2, [](int64_t r, A) { return div_rows(r); }, div_gradient},
+      {{"mm", {"mm"}}, 2, [](int64_t, A) { return mm_rows(); }, mm_gradient},
+      {{"transpose", {"transpose"}}, 1, transpose_rows,
+       [](const AxisGrad& x) { return own_table(transpose_rows(x.rank, x.attrs), x); }},
+      {{"reduction", {"mean", "sum"}}, 1, reduction_rows, reduction_gradient},
+      {{"softmax", {"softmax"}}, 1, softmax_rows, times_operand},
+  };
+  return families;
+}
+
+const Family& family_of(const std::string& op) {
+  for (const auto& f : registry())
+    for (const auto& o : f.names.ops)
+      if (o == op) return f;
+  throw SemanticError(ErrorKind::UnsupportedOp, "no sharding rule for op \"" + op + "\"");
+}
+
 }  // namespace
+
+const std::vector<RuleFamily>& rule_families() {
+  static const std::vector<RuleFamily> names = [] {
+    std::vector<RuleFamily> out;
+    for (const auto& f : registry()) out.push_back(f.names);
+    return out;
+  }();
+  return names;
+}
 
 std::vector<RuleRow> rule_rows(const std::string& op, const std::vector<int64_t>& ranks,
                                const OpAttrs& attrs) {
-  if (op == "add" || op == "sub") return linear_pointwise_rows(ranks.at(0));
-  if (op == "mul") return mul_rows(ranks.at(0));
-  if (op == "mm") return mm_rows();
-  if (op == "sum" || op == "mean") return reduction_rows(op, ranks.at(0), attrs);
-  throw SemanticError(ErrorKind::UnsupportedOp, "no sharding rule for op \"" + op + "\"");
+  const Family& family = family_of(op);
+  const int64_t rank = ranks.at(0);
+  return family.rows(rank, resolved(op, attrs, rank, "an operand of rank " + std::to_string(rank)));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -141,60 +391,78 @@ Shape infer_shape(const std::string& op, const std::vector<Shape>& s, const OpAt
   auto fail = [&](const std::string& why) {
     throw SemanticError(ErrorKind::ShapeMismatch, op + ": " + why);
   };
-  if (op == "add" || op == "sub" || op == "mul") {
-    if (s.at(0) != s.at(1))
-      fail("operand shapes differ: " + shape_str(s[0]) + " and " + shape_str(s[1]));
-    return s[0];
-  }
-  if (op == "mm") {
-    if (s.at(0).size() != 2 || s.at(1).size() != 2)
+  const Family& f = family_of(op);
+  const std::string& family = f.names.name;
+  if (s.size() != f.arity)
+    fail("takes " + std::to_string(f.arity) + " operand(s), got " + std::to_string(s.size()));
+  const OpAttrs a = resolved(op, attrs, static_cast<int64_t>(s[0].size()), shape_str(s[0]));
+  if (family == "mm") {
+    if (s[0].size() != 2 || s[1].size() != 2)
       fail("needs 2-D operands, got " + shape_str(s[0]) + " and " + shape_str(s[1]));
-    if (s[0][1] != s[1][0])
-      fail("inner dims differ: " + shape_str(s[0]) + " @ " + shape_str(s[1]));
+    if (s[0][1] != s[1][0]) fail("inner dims differ: " + shape_str(s[0]) + " @ " + shape_str(s[1]));
     return {s[0][0], s[1][1]};
   }
-  if (op == "sum" || op == "mean") {
-    const Shape& in = s.at(0);
-    if (!attrs.dim) return attrs.keepdim ? Shape(in.size(), 1) : Shape{};
-    int64_t d = *attrs.dim;
-    if (d < 0 || d >= static_cast<int64_t>(in.size()))
-      fail("dim " + std::to_string(d) + " out of range for " + shape_str(in));
-    Shape out = in;
-    if (attrs.keepdim) out[d] = 1; else out.erase(out.begin() + d);
+  if (f.arity == 2) {  // pointwise: no broadcasting
+    if (s[0] != s[1]) fail("operand shapes differ: " + shape_str(s[0]) + " and " + shape_str(s[1]));
+    return s[0];
+  }
+  if (family == "transpose") {
+    Shape out = s[0];
+    std::swap(out[a.dim0], out[a.dim1]);
     return out;
   }
-  throw SemanticError(ErrorKind::UnsupportedOp, "no shape rule for op \"" + op + "\"");
+  if (family == "reduction") {
+    if (!a.dim) return a.keepdim ? Shape(s[0].size(), 1) : Shape{};
+    Shape out = s[0];
+    if (a.keepdim) out[*a.dim] = 1; else out.erase(out.begin() + *a.dim);
+    return out;
+  }
+  return s[0];  // pointwise unary, softmax
 }
 
 // ---------------------------------------------------------------------------------------------
 // Forward propagation
 
+namespace {
+
+// The row of one mesh axis for operands `given`, by the order stated in propagation.h.
+const RuleRow* choose_row(const std::vector<RuleRow>& rows, const std::vector<Placement>& given, int64_t n,
+                          const std::vector<int64_t>& bytes) {
+  for (const auto& row : rows)
+    if (row_cost(given, row.ins, n, bytes, false) == std::pair<int64_t, int64_t>{0, 0}) return &row;
+  if (given.size() == 1)
+    for (const auto& row : rows)
+      if (row.ins[0] == Placement::replicate()) return &row;
+  const RuleRow* best = nullptr;
+  std::pair<int64_t, int64_t> best_cost{std::numeric_limits<int64_t>::max(), 0};
+  for (const auto& row : rows) {
+    auto cost = row_cost(given, row.ins, n, bytes, false);
+    if (cost.first >= 0 && cost < best_cost) {
+      best = &row;
+      best_cost = cost;
+    }
+  }
+  return best;
+}
+
+}  // namespace
+
 ShardingDecision propagate(const std::string& op, const Mesh& mesh, const std::vector<Spec>& specs,
                            const std::vector<Shape>& shapes, const OpAttrs& attrs) {
   ShardingDecision d;
   d.out_shape = infer_shape(op, shapes, attrs);
-  std::vector<int64_t> ranks;
-  for (const auto& s : shapes) ranks.push_back(static_cast<int64_t>(s.size()));
+  std::vector<int64_t> ranks, bytes;
+  for (const auto& s : shapes) {
+    ranks.push_back(static_cast<int64_t>(s.size()));
+    bytes.push_back(bytes_of(s));
+  }
   const auto rows = rule_rows(op, ranks, attrs);
   d.in_specs = specs;
   d.out_spec.assign(mesh.ndim(), Placement::replicate());
   for (int a = 0; a < mesh.ndim(); ++a) {
-    // Cheapest row by (bytes moved, operands changed); ties go to the earlier row. A row the
-    // operands fit as they are costs (0, 0) and always wins.
-    const RuleRow* best = nullptr;
-    std::pair<int64_t, int64_t> best_cost{std::numeric_limits<int64_t>::max(), 0};
-    for (const auto& row : rows) {
-      std::pair<int64_t, int64_t> cost{0, 0};
-      for (size_t i = 0; i < specs.size() && cost.first >= 0; ++i) {
-        int64_t c = axis_cost(specs[i][a], row.ins[i], mesh.axis_size(a), bytes_of(shapes[i]), false);
-        cost.first = c < 0 ? -1 : cost.first + c;
-        cost.second += same_for_rule(specs[i][a], row.ins[i]) ? 0 : 1;
-      }
-      if (cost.first >= 0 && cost < best_cost) {
-        best = &row;
-        best_cost = cost;
-      }
-    }
+    std::vector<Placement> given;
+    for (const auto& s : specs) given.push_back(s[a]);
+    const RuleRow* best = choose_row(rows, given, mesh.axis_size(a), bytes);
     if (!best)
       throw SemanticError(ErrorKind::IllegalRedistribute,
                           op + ": no legal placement for mesh axis " + mesh.axes()[a]);
@@ -207,64 +475,26 @@ ShardingDecision propagate(const std::string& op, const Mesh& mesh, const std::v
 }
 
 // ---------------------------------------------------------------------------------------------
-// Backward
-
-namespace {
-
-// A bilinear op's backward is the op again with the gradient in place of one operand and the
-// other operand fixed (transposed for mm): among the rows whose fixed operand matches, the one the
-// incoming gradient reaches most cheaply; returns (grad_in, grad_out) for one axis.
-std::pair<Placement, Placement> bilinear_backward_axis(const std::vector<RuleRow>& rows,
-                                                       const Placement& fixed, size_t fixed_pos,
-                                                       const Placement& g, int64_t n, int64_t bytes) {
-  const RuleRow* best = nullptr;
-  int64_t best_cost = std::numeric_limits<int64_t>::max();
-  for (const auto& row : rows) {
-    if (row.ins[fixed_pos] != fixed) continue;
-    int64_t cost = axis_cost(g, row.ins[1 - fixed_pos], n, bytes, true);
-    if (cost >= 0 && cost < best_cost) {
-      best = &row;
-      best_cost = cost;
-    }
-  }
-  if (!best) throw SemanticError(ErrorKind::IllegalRedistribute, "backward: no rule row for the gradient");
-  Placement want = best->ins[1 - fixed_pos];
-  return {same_for_rule(g, want) ? g : want, best->out};
-}
-
-}  // namespace
+// Backward (the per-family functions are above, with the registry)
 
 BackwardDecision backward_rule(const std::string& op, const Mesh& mesh,
                                const std::vector<Spec>& in_specs, const Spec& out_spec,
                                const std::vector<Shape>& shapes, const OpAttrs& attrs,
                                const Spec& grad_in, size_t input) {
+  const Family& family = family_of(op);
+  AxisGrad x;
+  x.input = input;
+  x.rank = static_cast<int64_t>(shapes.at(0).size());
+  x.attrs = resolved(op, attrs, x.rank, shape_str(shapes[0]));
+  x.bytes = bytes_of(infer_shape(op, shapes, attrs));
   BackwardDecision d{grad_in, grad_in};
-  if (op == "add" || op == "sub") return d;  // the contribution is +-g, laid out as g
   for (int a = 0; a < mesh.ndim(); ++a) {
-    const Placement& g = grad_in[a];
-    const int64_t n = mesh.axis_size(a);
-    if (op == "mm" || op == "mul") {
-      // mm: dA = g @ B^T, dB = A^T @ g; mul: dA = g * B, dB = A * g.
-      size_t other = 1 - input;
-      Placement fixed = op == "mm" ? transpose_placement(in_specs[other][a]) : as_rule_input(in_specs[other][a]);
-      auto rows = op == "mm" ? mm_rows() : mul_rows(static_cast<int64_t>(shapes[0].size()));
-      auto [gin, gout] = bilinear_backward_axis(rows, fixed, input == 0 ? 1 : 0, g, n, bytes_of(shapes[other]));
-      d.grad_in[a] = gin;
-      d.grad_out[a] = gout;
-    } else if (op == "sum" || op == "mean") {
-      // dx = g expanded to x's shape: a shard of x stays a shard of the expanded gradient.
-      const Placement& x = in_specs[0][a];
-      if (x.is_shard()) {
-        bool reduced = !attrs.dim || *attrs.dim == x.dim;
-        if (reduced && !g.is_replicate()) d.grad_in[a] = Placement::replicate();
-        if (!reduced) d.grad_in[a] = out_spec[a];
-        d.grad_out[a] = x;
-      } else {
-        d.grad_out[a] = d.grad_in[a];
-      }
-    } else {
-      throw SemanticError(ErrorKind::UnsupportedOp, "no backward rule for op \"" + op + "\"");
-    }
+    x.ins.clear();
+    for (const auto& s : in_specs) x.ins.push_back(s.at(a));
+    x.out = out_spec[a];
+    x.g = grad_in[a];
+    x.n = mesh.axis_size(a);
+    std::tie(d.grad_in[a], d.grad_out[a]) = family.backward(x);
   }
   return d;
 }

@@ -1,8 +1,9 @@
 // Sharding propagation for DTensor ops (SEMANTICS.md section 4), as data: every op family has a
 // table of per-axis rows written in a text form that prints and parses back, e.g.
 // "S(1), S(0) -> P(sum)". An op's inputs are redistributed to the cheapest row of each axis when
-// no row matches as they are. Reduced (Rd) is read as R by the rows; the Rd label of an output is
-// restored by the policy in reduced_policy.h.
+// no row matches as they are (a single operand that fits no row is replicated, as DTensor does).
+// Reduced (Rd) is read as R by the rows; the Rd label of an output is restored by the policy in
+// reduced_policy.h.
 #pragma once
 
 #include <cstdint>
@@ -26,13 +27,38 @@ struct RuleRow {
   static RuleRow parse(const std::string& text);  // throws std::invalid_argument
 };
 
-// Op attributes the rules need (from the scenario's op object).
+// Op attributes the rules need (from the scenario's op object). Dims may be negative, counted
+// from the end as in PyTorch; the rules wrap them by the operand's rank.
 struct OpAttrs {
-  std::optional<int64_t> dim;  // sum, mean
+  std::optional<int64_t> dim;  // sum, mean (absent: every dim); softmax (required)
   bool keepdim = false;        // sum, mean
+  double value = 1.0;          // scale
+  int64_t dim0 = 0, dim1 = 0;  // transpose
+  // mean: the number of global elements each output element averages. Set by with_global_shape()
+  // for the per-rank op, which then computes local_sum / mean_divisor: over a sharded dim the ranks'
+  // results add up to the global mean (the rows make that shard P(sum)), even for uneven shards.
+  // Absent (the single-device oracle, whose operand is the global tensor): at::mean.
+  std::optional<int64_t> mean_divisor;
+
+  // Every field, for cache keys and messages: "dim=1 keepdim=0 value=1 dim0=0 dim1=0 divisor=-".
+  std::string str() const;
 };
 
+// `attrs` with what the per-rank local op needs from the global operand shape `global_in` (the
+// shape of operand 0): mean_divisor for mean, the product of the global extents of the reduced
+// dims. Call it after propagate() (which checks the dims) and pass the result to local_op().
+OpAttrs with_global_shape(const OpAttrs& attrs, const Shape& global_in);
+
+// The op families, in the order their tables are written, each with its ops (alphabetical).
+struct RuleFamily {
+  std::string name;
+  std::vector<std::string> ops;
+};
+const std::vector<RuleFamily>& rule_families();
+
 // The rows of an op for operands of the given ranks, in their stated order (earlier rows win ties).
+// Throws SemanticError: UnsupportedOp for an op without a family, ShapeMismatch for a dim out of
+// range.
 std::vector<RuleRow> rule_rows(const std::string& op, const std::vector<int64_t>& ranks,
                                const OpAttrs& attrs);
 
@@ -46,13 +72,17 @@ struct ShardingDecision {
   std::vector<std::string> rows;  // per mesh axis, "op: row text" of the row chosen
 };
 
-// Chooses, per mesh axis, the row that the operands fit as they are, else the row reached at the
-// lowest communication cost (cost model bytes; ties go to the earlier row). Illegal transitions
-// (S -> P, P(a) -> P(b)) are never chosen.
+// Chooses, per mesh axis, the row that the operands fit as they are; else, for an op of one
+// operand, the row taking R (DTensor's pointwise, reduction and softmax strategies replace a
+// placement they cannot take by Replicate: a Partial operand of exp is all_reduced, not
+// reduce_scattered, and a shard of the softmax dim is all_gathered); else the row reached at the
+// lowest communication cost (cost model bytes, then operands changed; ties go to the earlier row).
+// Illegal transitions (S -> P, P(a) -> P(b)) are never chosen.
 ShardingDecision propagate(const std::string& op, const Mesh& mesh, const std::vector<Spec>& specs,
                            const std::vector<Shape>& shapes, const OpAttrs& attrs);
 
 // Backward: the placement of the gradient contribution an op gives operand `input`, per axis,
+// read from the family's table with the gradient in one operand slot (propagation.cpp says which),
 // given the operands' forward specs (after redistribution), the output spec and the placement of
 // the incoming gradient. `grad_in` may be changed to the placement the rule needs (the caller
 // redistributes the incoming gradient first); the result is the contribution's placement.

@@ -13,6 +13,7 @@ const char* step_kind_name(StepKind kind) {
     case StepKind::LocalChunk: return "local_chunk";
     case StepKind::PartialFromReplicate: return "partial_from_replicate";
     case StepKind::PadToPartial: return "pad_to_partial";
+    case StepKind::RescalePartial: return "rescale_partial";
     case StepKind::Relabel: return "relabel";
   }
   return "relabel";
@@ -49,8 +50,11 @@ std::string axis_illegal(const Placement& f, const Placement& t, bool gradient) 
     if (gradient && t.op == ReduceOp::Sum) return {};
     return f.str() + " -> " + t.str() + " is illegal: a shard cannot become a partial";
   }
-  if (f.is_partial())
+  if (f.is_partial()) {
+    const bool linear = (f.op == ReduceOp::Sum || f.op == ReduceOp::Avg) && (t.op == ReduceOp::Sum || t.op == ReduceOp::Avg);
+    if (gradient && linear) return {};
     return f.str() + " -> " + t.str() + " is illegal: a partial cannot change its reduce op";
+  }
   return {};
 }
 
@@ -95,6 +99,17 @@ struct Planner {
           keep[a] = false;
     }
     return keep;
+  }
+
+  // Whether a Partial axis must be reduced because an inner Partial that does not commute with it
+  // is reduced (the rule kept() applies to axes that do not change).
+  bool reduced_before_inner(const std::vector<bool>& keep, int a) const {
+    if (!from[a].is_partial()) return false;
+    for (size_t b = static_cast<size_t>(a) + 1; b < from.size(); ++b)
+      if (from[b].is_partial() && !keep[b] && mesh.axis_size(static_cast<int>(b)) > 1 &&
+          !commute(from[a].op, from[b].op))
+        return true;
+    return false;
   }
 
   static bool commute(ReduceOp x, ReduceOp y) {
@@ -151,7 +166,12 @@ struct Planner {
       RedistStep s;
       s.axis = a;
       s.op = cur[a].op;
-      if (t.is_shard() && reduce_scatter_allowed(a, t.dim)) {
+      // Gradients: P(avg) <-> P(sum) is a local rescale (legality was checked), unless an inner
+      // Partial that does not commute with it is reduced: then this axis is reduced first.
+      if (t.is_partial() && t.op != cur[a].op && !reduced_before_inner(keep, a)) {
+        s.kind = StepKind::RescalePartial;
+        s.to = t;
+      } else if (t.is_shard() && reduce_scatter_allowed(a, t.dim)) {
         s.kind = StepKind::ReduceScatter;
         s.dim = t.dim;
         s.to = t;

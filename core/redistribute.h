@@ -19,6 +19,7 @@ enum class StepKind {
   LocalChunk,            // R or Rd -> S(d): keep this rank's chunk
   PartialFromReplicate,  // R or Rd -> P(op): divide by n or keep on rank 0 (sum); unchanged (avg, max, min)
   PadToPartial,          // S(d) -> P(sum), gradients only: zero-pad the chunk to the group's extent
+  RescalePartial,        // P(avg) <-> P(sum), gradients only: scale each local by 1/n (or n); `op` is the source's
   Relabel,               // R <-> Rd, or any step over an axis of size 1: no data moves
 };
 
@@ -44,7 +45,8 @@ struct RedistStep {
 
 struct PlanOptions {
   PartialFromReplicate partial_from_replicate = PartialFromReplicate::Divide;
-  // Planning a gradient: S(d) -> P(sum) is allowed (a zero-pad, no communication).
+  // Planning a gradient: S(d) -> P(sum) (a zero pad) and P(avg) <-> P(sum) (a local rescale) are
+  // allowed, without communication.
   bool gradient = false;
 };
 

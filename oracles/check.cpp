@@ -97,6 +97,18 @@ CheckedRun check_scenario(const Scenario& sc, const RunOptions& options) {
     r["error"] = {{"kind", error_kind_name(e.kind())}, {"message", e.what()}};
     out.exit_code = exit_code_for(e.kind());
     return out;
+  } catch (const std::exception& e) {
+    // libtorch refused what the runtime asked of it (shapes that do not fit, say): the
+    // simulation is inconsistent, which is a failed check, not unusable input.
+    std::string what = e.what();
+    what = what.substr(0, what.find('\n'));
+    r["status"] = "fail";
+    r["error"] = nullptr;
+    r["checks"] = {{"runs", false}};
+    r["failures"] = {"the run raised: " + what};
+    r["options"] = options.to_json();
+    out.exit_code = 1;
+    return out;
   }
   out.events = run.runtime->events();
   const OracleRun oracle = run_oracle(sc, run.input_globals);

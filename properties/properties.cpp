@@ -8,6 +8,8 @@
 #include "core/scenario.h"
 #include "oracles/check.h"
 #include "properties/generators.h"
+#include "properties/programs.h"
+#include "traces/trace.h"
 
 namespace meshsim {
 
@@ -84,12 +86,92 @@ void redistribute_roundtrip() {
   assert_scenario_passes(doc);
 }
 
+// Runs a generated scenario and checks one field of its result; a scenario the semantics refuse
+// under its drawn options (strict's reduced_mismatch) is discarded.
+CheckedRun run_generated(const nlohmann::json& doc) {
+  Scenario sc = parse_scenario(doc, "<generated>");
+  RunOptions options = sc.options;
+  options.mutant = active_mutant_name();
+  CheckedRun run = check_scenario(sc, options);
+  if (run.result["status"] != "pass") latest_failure() = {doc, options.to_json()};
+  return run;
+}
+
+void assert_check(const CheckedRun& run, const char* check) {
+  const auto& r = run.result;
+  if (r["status"] == "error")
+    RC_FAIL("error " + r["error"]["kind"].get<std::string>() + ": " + r["error"]["message"].get<std::string>());
+  const bool ok = r["checks"].value(check, false);
+  if (!ok) RC_FAIL(std::string(check) + " fails: " + r.value("failures", nlohmann::json::array()).dump());
+}
+
+void dtensor_forward_equivalence() { assert_check(run_generated(gen::dtensor_program()), "forward_equivalence"); }
+void dtensor_gradient_equivalence() { assert_check(run_generated(gen::dtensor_program()), "gradient_equivalence"); }
+void dtensor_duality() { assert_check(run_generated(gen::dtensor_program()), "duality"); }
+
+void local_map_equivalence() {
+  CheckedRun run = run_generated(gen::local_map_program());
+  assert_check(run, "forward_equivalence");
+  assert_check(run, "gradient_equivalence");
+  assert_check(run, "variance_tracking");
+}
+
+// Exclusivity at every LTensor: no body value is both variant and reduced over an axis (a
+// violation is an error of the run; the result's sets are checked too).
+void local_map_exclusivity() {
+  CheckedRun run = run_generated(gen::local_map_program());
+  if (run.result["status"] == "error") RC_FAIL("error: " + run.result["error"].dump());
+  for (const auto& [name, v] : run.result["values"].items()) {
+    if (!v.contains("variant")) continue;
+    for (const auto& a : v["variant"])
+      for (const auto& b : v["reduced"])
+        if (a == b) RC_FAIL(name + " is variant and reduced over " + a.get<std::string>());
+  }
+}
+
+// A local_map region and the same program in DTensor mode (collectives as redistributions)
+// agree on the loss and on every input gradient.
+void local_map_agrees_with_dtensor() {
+  nlohmann::json twin;
+  nlohmann::json doc = gen::local_map_program({}, &twin);
+  CheckedRun a = run_generated(doc), b = run_generated(twin);
+  assert_check(a, "gradient_equivalence");
+  assert_check(b, "gradient_equivalence");
+}
+
+// Same seed, same build: the same trace, byte for byte (float32 with randn data, where the
+// order of a reduction shows in the bits).
+void determinism() {
+  gen::ProgramOptions o;
+  o.float32_randn = true;
+  nlohmann::json doc = gen::dtensor_program(o);
+  CheckedRun first = run_generated(doc), second = run_generated(doc);
+  Trace t1, t2;
+  t1.events = first.events;
+  t2.events = second.events;
+  if (trace_hash(t1) != trace_hash(t2)) {
+    latest_failure() = {doc, nlohmann::json::object()};
+    RC_FAIL("two runs of one scenario and seed gave different traces: " + compare_events(first.events, second.events).message);
+  }
+}
+
 }  // namespace
 
 const std::vector<Property>& property_catalog() {
   static const std::vector<Property> catalog = {
       {"cotangent_involution", "the cotangent map is an involution on S(d), R, P(sum) and Rd",
        cotangent_involution},
+      {"determinism", "same scenario, seed and build: the same trace hash (float32, randn data)", determinism},
+      {"dtensor_duality", "random DTensor programs: every input gradient's placement is its cotangent", dtensor_duality},
+      {"dtensor_forward_equivalence", "random DTensor programs of 1-8 ops: values equal the oracle's",
+       dtensor_forward_equivalence},
+      {"dtensor_gradient_equivalence", "random DTensor programs of 1-8 ops: input gradients equal the oracle's",
+       dtensor_gradient_equivalence},
+      {"local_map_agrees_with_dtensor", "a local_map region and the same program in DTensor mode agree",
+       local_map_agrees_with_dtensor},
+      {"local_map_equivalence", "random local_map bodies: values, gradients and variance tracking against the reference",
+       local_map_equivalence},
+      {"local_map_exclusivity", "no LTensor is variant and reduced over one axis", local_map_exclusivity},
       {"redistribute_roundtrip",
        "p -> q -> p keeps values and passes gradient equivalence on 1-3 axis meshes, uneven shapes",
        redistribute_roundtrip},

@@ -38,9 +38,15 @@ at::Tensor make_init(const std::string& init, const Shape& shape, DType dtype, R
   } else if (init == "arange") {
     t = at::arange(numel(shape), opts).reshape(shape);
   } else {
-    std::vector<double> v(static_cast<size_t>(numel(shape)));
-    for (auto& x : v) x = init == "randn" ? rng.normal() : static_cast<double>(rng.uniform_int(-4, 4));
-    t = at::tensor(v, opts).reshape(shape);
+    // Filled in place, row-major, one draw per element (the stream of uniform_int(-4, 4), with
+    // the range a constant so that the modulo is a multiplication).
+    t = at::empty(shape, opts);
+    double* p = t.data_ptr<double>();
+    const int64_t n = t.numel();
+    if (init == "randn")
+      for (int64_t i = 0; i < n; ++i) p[i] = rng.normal();
+    else
+      for (int64_t i = 0; i < n; ++i) p[i] = static_cast<double>(-4 + static_cast<int64_t>(rng.next() % 9u));
   }
   return t.to(scalar_type(dtype));
 }
@@ -48,9 +54,10 @@ at::Tensor make_init(const std::string& init, const Shape& shape, DType dtype, R
 namespace {
 
 at::Tensor random_ints_like(const at::Tensor& t, Rng& rng, int64_t lo, int64_t hi) {
-  std::vector<double> v(static_cast<size_t>(t.numel()));
-  for (auto& x : v) x = static_cast<double>(rng.uniform_int(lo, hi));
-  return at::tensor(v, at::TensorOptions().dtype(at::kDouble)).reshape(t.sizes()).to(t.scalar_type());
+  at::Tensor out = at::empty(t.sizes(), at::TensorOptions().dtype(at::kDouble));
+  double* p = out.data_ptr<double>();
+  for (int64_t i = 0, n = out.numel(); i < n; ++i) p[i] = static_cast<double>(rng.uniform_int(lo, hi));
+  return out.to(t.scalar_type());
 }
 
 // The parts of `value` for the members of one Partial group.

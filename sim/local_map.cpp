@@ -171,35 +171,49 @@ LTensor BodyContext::wrap(const std::string& kind, const std::string& name, cons
   return t;
 }
 
-AxisSet BodyContext::make_inputs_varying(std::vector<LTensor>& xs, const AxisSet& variant, const std::string& out) {
+AxisSet BodyContext::fit_inputs(std::vector<LTensor>& xs, const AxisSet& variant,
+                                const std::optional<AxisSet>& strategy_reduced, const std::string& out) {
+  const auto& axes = rt_.mesh().axes();
   for (size_t i = 0; i < xs.size(); ++i)
     for (int a : variant)
       if (!xs[i].variant.count(a)) {
-        const std::string name = out + ".in" + std::to_string(i) + "." + rt_.mesh().axes()[a];
+        const std::string name = out + ".in" + std::to_string(i) + "." + axes[a];
         if (xs[i].reduced.count(a) && !mutant_on(Mutant::MarkVaryingForReduced))
           xs[i] = reduced_to_varying(xs[i], a, name);
         else if (!mutant_on(Mutant::MissingMarkVarying))
           xs[i] = mark_varying(xs[i], a, name);
       }
-  return set_intersection(xs);
+  const AxisSet reduced = strategy_reduced ? *strategy_reduced : set_intersection(xs);
+  // A reduced input whose output is invariant on that axis (it meets an invariant operand) is
+  // cast reduced -> invariant: free forward; backward, the invariant cotangent becomes an
+  // unreduced one (divided by n, or kept on rank 0), as DTensor's Rd -> R relabel does.
+  for (size_t i = 0; i < xs.size(); ++i)
+    for (int a : AxisSet(xs[i].reduced))
+      if (!reduced.count(a) && !variant.count(a))
+        xs[i] = reduced_to_invariant(xs[i], a, out + ".in" + std::to_string(i) + ".invariant." + axes[a]);
+  return reduced;
+}
+
+// The output sets of an op or rank-local Function: a strategy's if one is in force, else variant by
+// union (reduced by intersection is computed once inputs are fitted).
+std::pair<AxisSet, std::optional<AxisSet>> BodyContext::output_sets(const std::vector<LTensor>& xs,
+                                                                    const Strategy* strategy,
+                                                                    const nlohmann::json& args) const {
+  if (!strategy) return {set_union(xs), std::nullopt};
+  std::vector<AxisSet> vs, rs;
+  for (const auto& x : xs) {
+    vs.push_back(x.variant);
+    rs.push_back(x.reduced);
+  }
+  StrategyResult r = (*strategy)({vs, rs, rt_.mesh(), args});
+  return {r.variant, r.reduced};
 }
 
 LTensor BodyContext::op(const std::string& op, const nlohmann::json& attrs, std::vector<LTensor> xs,
                         const std::string& out) {
   check_mesh(xs, op);
-  AxisSet variant = set_union(xs);
-  std::optional<AxisSet> reduced;
-  if (const Strategy* s = find_variance_tracking_strategy(op)) {
-    std::vector<AxisSet> vs, rs;
-    for (const auto& x : xs) {
-      vs.push_back(x.variant);
-      rs.push_back(x.reduced);
-    }
-    StrategyResult r = (*s)({vs, rs, rt_.mesh(), attrs});
-    variant = r.variant;
-    reduced = r.reduced;
-  }
-  AxisSet after = make_inputs_varying(xs, variant, out);
+  auto [variant, strategy_reduced] = output_sets(xs, find_variance_tracking_strategy(op), attrs);
+  const AxisSet reduced = fit_inputs(xs, variant, strategy_reduced, out);
   OpDecl decl;
   decl.attrs = attrs;
   const OpAttrs a = op_attrs(decl);
@@ -209,7 +223,7 @@ LTensor BodyContext::op(const std::string& op, const nlohmann::json& attrs, std:
     for (const auto& x : xs) in.push_back(x.locals[r]);
     locals[r] = local_op(op, a, in);
   }
-  return wrap("op", op, out, std::move(locals), variant, reduced ? *reduced : after, xs);
+  return wrap("op", op, out, std::move(locals), variant, reduced, xs);
 }
 
 Locals BodyContext::collective_node(const std::string& name, const LTensor& x, const std::string& out,
@@ -271,6 +285,13 @@ LTensor BodyContext::reduced_to_varying(const LTensor& x, int axis, const std::s
   return wrap("op", "reduced_vary_cast", out, std::move(locals), with(x.variant, axis), without(x.reduced, axis), {x});
 }
 
+LTensor BodyContext::reduced_to_invariant(const LTensor& x, int axis, const std::string& out) {
+  RedistStep back = step(StepKind::PartialFromReplicate, axis);
+  back.convention = rt_.options().partial_from_replicate;
+  Locals locals = collective_node("reduced_invariant_cast", x, out, std::nullopt, {true, back});
+  return wrap("op", "reduced_invariant_cast", out, std::move(locals), x.variant, without(x.reduced, axis), {x});
+}
+
 LTensor BodyContext::all_reduce(const LTensor& in, int axis, ReduceOp op, const std::string& out) {
   LTensor x = varying_on(in, axis, out);
   // sum: the backward is the identity (Megatron's g); avg: the gradient divided by n; max, min:
@@ -321,27 +342,15 @@ LTensor BodyContext::call_rank_local(const std::string& key, const std::optional
                                      std::vector<LTensor> xs, const nlohmann::json& args, const std::string& out,
                                      const RankFn& f) {
   check_mesh(xs, key);
-  AxisSet variant = set_union(xs);
-  std::optional<AxisSet> reduced;
-  if (strategy) {
-    std::vector<AxisSet> vs, rs;
-    for (const auto& x : xs) {
-      vs.push_back(x.variant);
-      rs.push_back(x.reduced);
-    }
-    StrategyResult r = (*strategy)({vs, rs, rt_.mesh(), args});
-    variant = r.variant;
-    reduced = r.reduced;
-  }
-  AxisSet after = make_inputs_varying(xs, variant, out);
+  auto [variant, strategy_reduced] = output_sets(xs, strategy ? &*strategy : nullptr, args);
+  const AxisSet reduced = fit_inputs(xs, variant, strategy_reduced, out);
   Locals locals(xs.at(0).locals.size());
   for (size_t r = 0; r < locals.size(); ++r) {
     std::vector<at::Tensor> in;
     for (const auto& x : xs) in.push_back(x.locals[r]);
     locals[r] = f(in);
   }
-  return wrap("op", "call " + args.value("function", key), out, std::move(locals), variant,
-              reduced ? *reduced : after, xs);
+  return wrap("op", "call " + args.value("function", key), out, std::move(locals), variant, reduced, xs);
 }
 
 LTensor BodyContext::call_on_groups(const std::string& key, const std::optional<Strategy>& strategy, LTensor x,

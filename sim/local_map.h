@@ -40,6 +40,8 @@ class BodyContext {
   LTensor all_to_all(const LTensor& x, int axis, int64_t split_dim, int64_t concat_dim, const std::string& out);
   LTensor mark_varying(const LTensor& x, int axis, const std::string& out);
   LTensor reduced_to_varying(const LTensor& x, int axis, const std::string& out);
+  // Reduced -> invariant: free forward; backward the cotangent becomes unreduced (R -> P(sum)).
+  LTensor reduced_to_invariant(const LTensor& x, int axis, const std::string& out);
 
   // The interception wrapper (ltensor_function_call): unwraps the LTensors, runs a custom
   // autograd Function on the locals, computes the outputs' sets (the strategy in force, else the
@@ -76,7 +78,12 @@ class BodyContext {
  private:
   // Metadata of an op's output from its inputs and the strategy in force; inputs are then made
   // varying where the output is; exclusivity is checked.
-  AxisSet make_inputs_varying(std::vector<LTensor>& xs, const AxisSet& variant, const std::string& out);
+  // Makes inputs varying where the output is, and casts reduced inputs to invariant where the
+  // output is neither; returns the output's reduced set.
+  AxisSet fit_inputs(std::vector<LTensor>& xs, const AxisSet& variant, const std::optional<AxisSet>& strategy_reduced,
+                     const std::string& out);
+  std::pair<AxisSet, std::optional<AxisSet>> output_sets(const std::vector<LTensor>& xs, const Strategy* strategy,
+                                                         const nlohmann::json& args) const;
   LTensor wrap(const std::string& kind, const std::string& name, const std::string& out, Locals locals,
                AxisSet variant, AxisSet reduced, const std::vector<LTensor>& inputs);
   LTensor varying_on(const LTensor& x, int axis, const std::string& out);

@@ -22,9 +22,7 @@ using torch::autograd::variable_list;
 
 using torch::autograd::variable_list;
 
-std::string attrs_key(const OpAttrs& a) {
-  return (a.dim ? std::to_string(*a.dim) : "-") + (a.keepdim ? "k" : "");
-}
+std::string attrs_key(const OpAttrs& a) { return a.str(); }
 
 
 }  // namespace
@@ -198,11 +196,12 @@ DTensor Runtime::apply_op(const std::string& op, const OpAttrs& attrs, const std
   auto leaves = std::make_shared<std::vector<std::vector<at::Tensor>>>(R);
   auto results = std::make_shared<Locals>(R);
   Locals outs(R);
+  const OpAttrs local_attrs = with_global_shape(attrs, shapes.at(0));  // mean's global count
   for (size_t r = 0; r < R; ++r) {
     std::vector<at::Tensor> xs;
     for (size_t i = 0; i < ready.size(); ++i) xs.push_back(ready[i].locals[r].detach().requires_grad_(needs[i]));
     at::AutoGradMode mode(any);
-    (*results)[r] = local_op(op, attrs, xs);
+    (*results)[r] = local_op(op, local_attrs, xs);
     outs[r] = (*results)[r].detach();
     (*leaves)[r] = std::move(xs);
   }

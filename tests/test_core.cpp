@@ -391,6 +391,12 @@ struct PlanExecutor {
         }
         break;
       }
+      case StepKind::RescalePartial:  // P(avg) <-> P(sum): each local times n or 1/n
+        out = in;
+        for (auto& t : out)
+          for (double& x : t.v)
+            x = s.op == ReduceOp::Avg ? x / static_cast<double>(n) : x * static_cast<double>(n);
+        break;
       case StepKind::Relabel:
         out = in;
         break;
@@ -421,13 +427,17 @@ bool has_pfr_sum(const std::vector<RedistStep>& plan) {
   });
 }
 
-// SEMANTICS.md section 3: only S -> P and P(a) -> P(b) are illegal (S -> P(sum) is legal for
-// gradients).
+// SEMANTICS.md section 3: only S -> P and P(a) -> P(b) are illegal (S -> P(sum), P(sum) -> P(avg)
+// and P(avg) -> P(sum) are legal for gradients).
+bool sum_or_avg(const Placement& p) { return p.op == ReduceOp::Sum || p.op == ReduceOp::Avg; }
 bool expect_legal(const Spec& from, const Spec& to, bool gradient) {
   for (size_t a = 0; a < from.size(); ++a) {
     const Placement &f = from[a], &t = to[a];
     if (!t.is_partial() || f == t) continue;
-    if (f.is_partial()) return false;
+    if (f.is_partial()) {
+      if (gradient && sum_or_avg(f) && sum_or_avg(t)) continue;
+      return false;
+    }
     if (f.is_shard() && !(gradient && t.op == ReduceOp::Sum)) return false;
   }
   return true;

@@ -1,2 +1,553 @@
+// The DTensor ops of contract 2 (DESIGN.md) against the single-device oracle. Every op, for a set
+// of operand placements on meshes [3], [4] and [2, 2] with uneven shapes, gives the oracle's value
+// and input gradients, with loss = sum(op(...) * c), c a replicated random-int input. Also: the
+// rule tables print and parse back; shape errors; the redistributions DTensor inserts (softmax
+// gathers its dim, exp reduces a Partial, neg keeps it); mean over uneven shards; and every row of
+// every table is chosen by some case. Cases are listed by op family, in rule_families() order.
+// OpKnownGaps holds the cases that a gap outside the rules fails (see rd_against_pavg()).
 #include <gtest/gtest.h>
-TEST(Ops, Stub) {}
+
+#include <algorithm>
+#include <iostream>
+#include <map>
+#include <set>
+
+#include "core/error.h"
+#include "core/propagation.h"
+#include "core/reduced_policy.h"
+#include "core/scenario.h"
+#include "oracles/check.h"
+#include "sim/local_ops.h"
+
+namespace meshsim {
+namespace {
+
+using json = nlohmann::json;
+using Names = std::vector<std::string>;  // one placement per mesh axis, as text
+
+// ---------------------------------------------------------------------------------------------
+// Cases
+
+// One op with its attributes and operand shapes.
+struct OpConfig {
+  std::string op;
+  json attrs = json::object();  // the op's fields besides out, op and args
+  std::vector<Shape> shapes;
+};
+
+struct OpCase {
+  OpConfig config;
+  Shape mesh;
+  std::vector<Names> specs;  // per operand
+
+  std::string name() const {
+    std::string s = config.op + config.attrs.dump();
+    for (const auto& sh : config.shapes) s += " " + shape_str(sh);
+    s += " mesh" + shape_str(mesh);
+    for (const auto& sp : specs) s += " " + json(sp).dump();
+    return s;
+  }
+};
+
+// Ops whose results are not integers (mean divides by 5 or 3; div's denominator is exp(int)):
+// they pass with differences from the oracle up to 1e-9 (see passes()). Inputs are integers
+// everywhere, so that every other op is exact on meshes of power-of-two axes.
+bool inexact(const std::string& op) {
+  static const std::set<std::string> ops = {"div", "exp", "mean", "sin", "softmax", "tanh"};
+  return ops.count(op) > 0;
+}
+
+// Pass; or, for an inexact op, differences from the oracle of at most 1e-9 and no other failure.
+// The differences are read from the messages: max_abs_error leaves NaN out.
+bool passes(const json& r, const std::string& op) {
+  if (r["status"] == "pass") return true;
+  if (!inexact(op) || r["status"] != "fail") return false;
+  const std::string differs = "differs from the oracle by ";
+  for (const auto& f : r["failures"]) {
+    const auto text = f.get<std::string>();
+    const auto at = text.find(differs);
+    if (at == std::string::npos || !(std::stod(text.substr(at + differs.size())) <= 1e-9)) return false;  // NaN too
+  }
+  return r["max_abs_error"].get<double>() <= 1e-9;
+}
+
+bool differentiable(const std::vector<Names>& specs) {
+  for (const auto& s : specs)
+    for (const auto& p : s)
+      if (p == "P(max)" || p == "P(min)") return false;
+  return true;
+}
+
+int arity(const std::string& op) {
+  static const std::set<std::string> binary = {"add", "div", "mm", "mul", "sub"};
+  return binary.count(op) ? 2 : 1;
+}
+
+// The placements one axis takes, for an operand of `rank` dims (differentiable ones).
+Names axis_placements(size_t rank) {
+  Names out;
+  for (size_t d = 0; d < rank; ++d) out.push_back("S(" + std::to_string(d) + ")");
+  for (const char* p : {"R", "Rd", "P(sum)", "P(avg)"}) out.push_back(p);
+  return out;
+}
+
+std::vector<OpConfig> configs(const std::string& op) {
+  const Shape tall{5, 3}, wide{3, 5}, cube{3, 5, 2};
+  std::vector<OpConfig> out;
+  if (op == "mm") return {{op, json::object(), {tall, {3, 4}}}, {op, json::object(), {wide, {5, 2}}}};
+  if (arity(op) == 2) return {{op, json::object(), {tall, tall}}, {op, json::object(), {wide, wide}}};
+  if (op == "transpose") {
+    return {{op, {{"dim0", 0}, {"dim1", 1}}, {tall}},
+            {op, {{"dim0", 1}, {"dim1", -2}}, {wide}},
+            {op, {{"dim0", 0}, {"dim1", 2}}, {cube}},
+            {op, {{"dim0", 2}, {"dim1", 2}}, {cube}}};
+  }
+  if (op == "sum" || op == "mean") {
+    for (bool keepdim : {false, true}) {
+      out.push_back({op, {{"keepdim", keepdim}}, {tall}});
+      for (int dim : {0, 1, -1}) out.push_back({op, {{"dim", dim}, {"keepdim", keepdim}}, {tall}});
+    }
+    out.push_back({op, {{"dim", 1}}, {cube}});
+    out.push_back({op, json::object(), {cube}});
+    return out;
+  }
+  if (op == "softmax") {
+    for (int dim : {0, 1, -1}) out.push_back({op, {{"dim", dim}}, {tall}});
+    out.push_back({op, {{"dim", 1}}, {cube}});
+    return out;
+  }
+  json attrs = op == "scale" ? json{{"value", 1.5}} : json::object();
+  return {{op, attrs, {tall}}, {op, attrs, {wide}}, {op, attrs, {cube}}};
+}
+
+// Per config: every placement on meshes [3] and [4]; on [2, 2] every pair for one operand, and
+// for two each spec against itself and against one other. P(max) and P(min) (not differentiable:
+// forward only) for one-operand ops.
+std::vector<OpCase> cases(const std::string& op) {
+  std::vector<OpCase> out;
+  for (const auto& c : configs(op)) {
+    const Names one = axis_placements(c.shapes[0].size());
+    std::vector<Names> two;
+    for (const auto& p : one)
+      for (const auto& q : one) two.push_back({p, q});
+    for (Shape mesh : {Shape{3}, Shape{4}}) {
+      if (arity(op) == 1) {
+        for (const auto& p : one) out.push_back({c, mesh, {{p}}});
+        for (const char* p : {"P(max)", "P(min)"}) out.push_back({c, mesh, {{p}}});
+      } else {
+        for (const auto& p : one)
+          for (const auto& q : axis_placements(c.shapes[1].size())) out.push_back({c, mesh, {{p}, {q}}});
+      }
+    }
+    if (arity(op) == 1) {
+      for (const auto& s : two) out.push_back({c, {2, 2}, {s}});
+      out.push_back({c, {2, 2}, {{"P(max)", "S(0)"}}});
+      out.push_back({c, {2, 2}, {{"R", "P(min)"}}});
+    } else {
+      std::vector<Names> other;
+      for (const auto& p : axis_placements(c.shapes[1].size()))
+        for (const auto& q : axis_placements(c.shapes[1].size())) other.push_back({p, q});
+      for (size_t i = 0; i < two.size(); ++i) {
+        if (c.shapes[0] == c.shapes[1]) out.push_back({c, {2, 2}, {two[i], two[i]}});
+        out.push_back({c, {2, 2}, {two[i], other[(7 * i + 3) % other.size()]}});
+      }
+    }
+  }
+  return out;
+}
+
+// Every op with a rule table, in the order of rule_families().
+Names tested_ops() {
+  Names out;
+  for (const auto& f : rule_families())
+    for (const auto& op : f.ops) out.push_back(op);
+  return out;
+}
+
+OpAttrs attrs_of(const std::string& op, const json& fields) {
+  OpDecl decl;
+  decl.op = op;
+  decl.attrs = fields;
+  return op_attrs(decl);
+}
+
+json spec_json(const Names& s) { return json(s); }
+
+// The scenario of a case: y = op(x0, x1); m = mul(y, c); loss = sum(m); backward when every
+// operand is differentiable. div divides by d = exp(x1), which is never 0.
+json scenario_json(const OpCase& c) {
+  const auto& cfg = c.config;
+  const bool grad = differentiable(c.specs);
+  json mesh_axes = c.mesh.size() == 1 ? json::array({"a"}) : json::array({"a", "b"});
+  json inputs = json::array();
+  json program = json::array();
+  Names args;
+  for (size_t i = 0; i < cfg.shapes.size(); ++i) {
+    const std::string name = "x" + std::to_string(i);
+    const bool denominator = cfg.op == "div" && i == 1;
+    json in = {{"name", name}, {"shape", cfg.shapes[i]}, {"placements", spec_json(c.specs[i])},
+               {"requires_grad", grad}};
+    inputs.push_back(in);
+    if (denominator) {
+      program.push_back({{"out", "d"}, {"op", "exp"}, {"args", {name}}});
+      args.push_back("d");
+    } else {
+      args.push_back(name);
+    }
+  }
+  const Shape out_shape = infer_shape(cfg.op, cfg.shapes, attrs_of(cfg.op, cfg.attrs));
+  inputs.push_back({{"name", "c"}, {"shape", out_shape}, {"placements", Names(c.mesh.size(), "R")}});
+  json op = cfg.attrs;
+  op["out"] = "y";
+  op["op"] = cfg.op;
+  op["args"] = args;
+  program.push_back(op);
+  program.push_back({{"out", "m"}, {"op", "mul"}, {"args", {"y", "c"}}});
+  program.push_back({{"out", "loss"}, {"op", "sum"}, {"args", {"m"}}});
+  json doc = {{"format", "meshsim.scenario/1"},
+              {"name", "ops"},
+              {"mesh", {{"axes", mesh_axes}, {"shape", c.mesh}}},
+              {"options", {{"seed", 0}}},
+              {"inputs", inputs},
+              {"program", program}};
+  if (grad) doc["backward"] = "loss";
+  return doc;
+}
+
+Scenario scenario_of(const OpCase& c) { return parse_scenario(scenario_json(c), c.name()); }
+
+json run(const Scenario& sc) { return check_scenario(sc, sc.options).result; }
+
+// The rows propagate() chooses for every op of the scenario's program, walked as the runtime
+// walks it (propagation, then the Rd label restored by the run's policy).
+std::vector<std::string> chosen_rows(const Scenario& sc) {
+  std::map<std::string, Spec> specs;
+  std::map<std::string, Shape> shapes;
+  for (const auto& in : sc.inputs) {
+    specs[in.name] = in.placements;
+    shapes[in.name] = in.shape;
+  }
+  std::vector<std::string> rows;
+  for (const auto& op : sc.program) {
+    std::vector<Spec> given;
+    std::vector<Shape> in_shapes;
+    for (const auto& a : op.args) {
+      given.push_back(specs.at(a));
+      in_shapes.push_back(shapes.at(a));
+    }
+    ShardingDecision d = propagate(op.op, sc.mesh, given, in_shapes, op_attrs(op));
+    rows.insert(rows.end(), d.rows.begin(), d.rows.end());
+    specs[op.out] = restore_reduced(op.op, sc.mesh, given, d.out_spec, sc.options.reduced_propagation);
+    shapes[op.out] = d.out_shape;
+  }
+  return rows;
+}
+
+// Every row of the tables the cases use, as "op: row".
+std::set<std::string> table_rows(const OpConfig& c) {
+  std::vector<int64_t> ranks;
+  for (const auto& s : c.shapes) ranks.push_back(static_cast<int64_t>(s.size()));
+  std::set<std::string> out;
+  for (const auto& row : rule_rows(c.op, ranks, attrs_of(c.op, c.attrs))) out.insert(c.op + ": " + row.str());
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Equivalence with the oracle, one test per op
+
+// Operands Rd and P(avg) on one axis (mul, mm, div): the gradient contribution to the Rd operand
+// is P(avg) of the same local values as the P(sum) its cotangent asks for (with the divisor over
+// n), and the runtime's to_cotangent plans P(avg) -> P(sum), which is illegal. Left out of the
+// per-op tests; OpKnownGaps runs them.
+bool rd_against_pavg(const std::vector<Names>& specs) {
+  if (specs.size() != 2) return false;
+  for (size_t a = 0; a < specs[0].size(); ++a) {
+    std::set<std::string> pair{specs[0][a], specs[1][a]};
+    if (pair == std::set<std::string>{"Rd", "P(avg)"}) return true;
+  }
+  return false;
+}
+
+// Runs every case under both redistribution modes; reports up to `max_failures`.
+void expect_cases_pass(const std::vector<OpCase>& cases, int max_failures = 10) {
+  int failures = 0;
+  for (const auto& c : cases) {
+    for (const char* mode : {"above_autograd", "below_autograd"}) {
+      Scenario sc = scenario_of(c);
+      set_option(sc.options, "redistribute", mode);
+      json r = run(sc);
+      if (passes(r, c.config.op)) continue;
+      ADD_FAILURE() << c.name() << " " << mode << "\n"
+                    << (r["status"] == "error" ? r["error"] : r["failures"]).dump() << "\n"
+                    << r["collectives"].dump();
+      if (++failures == max_failures) {
+        ADD_FAILURE() << "more failures not shown";
+        return;
+      }
+    }
+  }
+}
+
+class OpEquivalence : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(OpEquivalence, ValueAndGradientMatchTheOracle) {
+  std::vector<OpCase> run_here;
+  for (const auto& c : cases(GetParam()))
+    if (!rd_against_pavg(c.specs)) run_here.push_back(c);
+  ASSERT_FALSE(run_here.empty());
+  expect_cases_pass(run_here);
+}
+
+TEST(OpKnownGaps, GradientOfAnRdOperandAgainstAPAvgOne) {
+  std::vector<OpCase> gaps;
+  for (const char* op : {"div", "mm", "mul"})
+    for (const auto& c : cases(op))
+      if (rd_against_pavg(c.specs)) gaps.push_back(c);
+  EXPECT_EQ(gaps.size(), 36u);
+  expect_cases_pass(gaps, 3);
+}
+
+INSTANTIATE_TEST_SUITE_P(Ops, OpEquivalence, ::testing::ValuesIn(tested_ops()),
+                         [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
+
+// ---------------------------------------------------------------------------------------------
+// The tables
+
+TEST(OpTables, EveryOpOfTheContractHasAFamilyAndIsImplemented) {
+  Names in_families = tested_ops();
+  std::sort(in_families.begin(), in_families.end());
+  Names expected;
+  for (const auto& op : known_ops())
+    if (op != "local_map" && op != "redistribute") expected.push_back(op);
+  EXPECT_EQ(in_families, expected);
+  for (const auto& op : in_families)
+    EXPECT_NE(std::find(implemented_ops().begin(), implemented_ops().end(), op), implemented_ops().end()) << op;
+  for (const auto& f : rule_families()) EXPECT_TRUE(std::is_sorted(f.ops.begin(), f.ops.end())) << f.name;
+}
+
+TEST(OpTables, RowsPrintAndParseBackInBothSpellings) {
+  size_t checked = 0;
+  for (const auto& op : tested_ops()) {
+    for (const auto& c : configs(op)) {
+      std::vector<int64_t> ranks;
+      for (const auto& s : c.shapes) ranks.push_back(static_cast<int64_t>(s.size()));
+      for (const auto& row : rule_rows(op, ranks, attrs_of(op, c.attrs))) {
+        RuleRow back = RuleRow::parse(row.str());
+        EXPECT_EQ(back.str(), row.str());
+        EXPECT_EQ(back.ins, row.ins) << row.str();
+        EXPECT_EQ(back.out, row.out) << row.str();
+        std::string pytorch;
+        for (size_t i = 0; i < row.ins.size(); ++i) pytorch += (i ? ", " : "") + row.ins[i].pytorch_str();
+        pytorch += " -> " + row.out.pytorch_str();
+        EXPECT_EQ(RuleRow::parse(pytorch).str(), row.str()) << pytorch;
+        ++checked;
+      }
+    }
+  }
+  EXPECT_GT(checked, 100u);
+  EXPECT_THROW(RuleRow::parse("S(0), R"), std::invalid_argument);
+}
+
+TEST(OpTables, TablesAreTheStatedRows) {
+  auto texts = [](const std::string& op, std::vector<int64_t> ranks, const json& attrs) {
+    Names out;
+    for (const auto& r : rule_rows(op, ranks, attrs_of(op, attrs))) out.push_back(r.str());
+    return out;
+  };
+  EXPECT_EQ(texts("neg", {2}, {}), (Names{"S(0) -> S(0)", "S(1) -> S(1)", "R -> R", "P(sum) -> P(sum)", "P(avg) -> P(avg)"}));
+  EXPECT_EQ(texts("exp", {2}, {}), (Names{"S(0) -> S(0)", "S(1) -> S(1)", "R -> R"}));
+  EXPECT_EQ(texts("div", {1, 1}, {}),
+            (Names{"S(0), S(0) -> S(0)", "R, R -> R", "P(sum), R -> P(sum)", "P(avg), R -> P(avg)"}));
+  EXPECT_EQ(texts("transpose", {3}, {{"dim0", 0}, {"dim1", -1}}),
+            (Names{"S(0) -> S(2)", "S(1) -> S(1)", "S(2) -> S(0)", "R -> R", "P(sum) -> P(sum)",
+                   "P(avg) -> P(avg)", "P(max) -> P(max)", "P(min) -> P(min)"}));
+  EXPECT_EQ(texts("mean", {2}, {{"dim", 0}}),
+            (Names{"S(0) -> P(sum)", "S(1) -> S(0)", "R -> R", "P(sum) -> P(sum)", "P(avg) -> P(avg)"}));
+  EXPECT_EQ(texts("sum", {2}, {{"dim", -1}, {"keepdim", true}}), texts("sum", {2}, {{"dim", 1}, {"keepdim", true}}));
+  EXPECT_EQ(texts("softmax", {2}, {{"dim", 1}}), (Names{"S(0) -> S(0)", "R -> R"}));
+}
+
+TEST(OpTables, EveryRowIsChosenBySomeCase) {
+  std::set<std::string> all, hit;
+  size_t n = 0;
+  for (const auto& op : tested_ops()) {
+    for (const auto& c : cases(op)) {
+      auto rows = table_rows(c.config);
+      all.insert(rows.begin(), rows.end());
+      for (const auto& r : chosen_rows(scenario_of(c))) hit.insert(r);
+      ++n;
+    }
+  }
+  Names missing;
+  for (const auto& r : all)
+    if (!hit.count(r)) missing.push_back(r);
+  EXPECT_TRUE(missing.empty()) << "rows no case chooses:\n" << json(missing).dump(1);
+  EXPECT_GT(all.size(), 60u);
+  std::cout << n << " cases choose all " << all.size() << " rows\n";
+}
+
+// ---------------------------------------------------------------------------------------------
+// Shapes
+
+void expect_shape_error(const std::string& op, std::vector<Shape> shapes, const json& attrs,
+                        const std::string& message) {
+  try {
+    infer_shape(op, shapes, attrs_of(op, attrs));
+    ADD_FAILURE() << op << attrs.dump() << ": no error, expected " << message;
+  } catch (const SemanticError& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::ShapeMismatch) << e.what();
+    EXPECT_NE(std::string(e.what()).find(message), std::string::npos) << e.what();
+  }
+}
+
+TEST(OpShapes, Results) {
+  auto shape = [](const std::string& op, std::vector<Shape> s, const json& attrs) {
+    return infer_shape(op, s, attrs_of(op, attrs));
+  };
+  EXPECT_EQ(shape("div", {{5, 3}, {5, 3}}, {}), (Shape{5, 3}));
+  EXPECT_EQ(shape("scale", {{5, 3}}, {{"value", 2}}), (Shape{5, 3}));
+  EXPECT_EQ(shape("transpose", {{3, 5, 2}}, {{"dim0", -1}, {"dim1", 0}}), (Shape{2, 5, 3}));
+  EXPECT_EQ(shape("mean", {{5, 3}}, {{"dim", -2}}), (Shape{3}));
+  EXPECT_EQ(shape("mean", {{5, 3}}, {{"keepdim", true}}), (Shape{1, 1}));
+  EXPECT_EQ(shape("sum", {{5, 3}}, {}), (Shape{}));
+  EXPECT_EQ(shape("softmax", {{5, 3}}, {{"dim", 1}}), (Shape{5, 3}));
+}
+
+TEST(OpShapes, ErrorsNameTheOpAndTheShapes) {
+  expect_shape_error("add", {{5, 3}, {3, 5}}, {}, "add: operand shapes differ: [5, 3] and [3, 5]");
+  expect_shape_error("div", {{5, 3}, {5}}, {}, "div: operand shapes differ");
+  expect_shape_error("mm", {{5, 3}, {5, 3}}, {}, "mm: inner dims differ: [5, 3] @ [5, 3]");
+  expect_shape_error("mm", {{5, 3, 1}, {3, 5}}, {}, "mm: needs 2-D operands");
+  expect_shape_error("transpose", {{5, 3}}, {{"dim0", 0}, {"dim1", 2}}, "transpose: dim1 2 out of range for [5, 3]");
+  expect_shape_error("transpose", {{5, 3}}, {{"dim0", -3}, {"dim1", 0}}, "transpose: dim0 -3 out of range");
+  expect_shape_error("sum", {{5, 3}}, {{"dim", 2}}, "sum: dim 2 out of range for [5, 3]");
+  expect_shape_error("mean", {{5, 3}}, {{"dim", -3}}, "mean: dim -3 out of range for [5, 3]");
+  expect_shape_error("softmax", {{5}}, {{"dim", 1}}, "softmax: dim 1 out of range for [5]");
+  expect_shape_error("softmax", {{5}}, json::object(), "softmax: needs a dim");
+  expect_shape_error("neg", {{5}, {5}}, {}, "neg: takes 1 operand(s), got 2");
+  try {
+    infer_shape("conv", {{5}}, {});
+    ADD_FAILURE() << "no error for an unknown op";
+  } catch (const SemanticError& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::UnsupportedOp);
+  }
+}
+
+TEST(OpShapes, AScenarioWithABadDimIsAShapeMismatch) {
+  OpCase c{{"transpose", {{"dim0", 0}, {"dim1", 1}}, {{5, 3}}}, {4}, {{"S(0)"}}};
+  json doc = scenario_json(c);
+  doc["program"][0]["dim1"] = 5;
+  json r = run(parse_scenario(doc, "bad_dim"));
+  EXPECT_EQ(r["status"], "error");
+  EXPECT_EQ(r["error"]["kind"], "shape_mismatch") << r.dump();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Redistributions the rules ask for
+
+// The forward collectives of a forward-only run of y = op(x).
+json forward_only(const std::string& op, const json& attrs, const Shape& shape, const Names& spec, json* result = nullptr) {
+  OpCase c{{op, attrs, {shape}}, Shape(spec.size(), 4), {spec}};
+  json doc = scenario_json(c);
+  doc.erase("backward");
+  doc["program"] = json::array({doc["program"][0]});
+  doc["inputs"] = json::array({doc["inputs"][0]});
+  doc["inputs"][0]["requires_grad"] = false;
+  json r = run(parse_scenario(doc, c.name()));
+  EXPECT_TRUE(passes(r, op)) << r.dump(1);
+  if (result) *result = r;
+  json out = json::array();
+  for (const auto& e : r["collectives"]) out.push_back(e["op"]);
+  return out;
+}
+
+TEST(OpRedistribution, SoftmaxGathersItsShardedDim) {
+  json r;
+  EXPECT_EQ(forward_only("softmax", {{"dim", 1}}, {5, 3}, {"S(1)"}, &r), json::array({"all_gather"}));
+  EXPECT_EQ(r["values"]["y"]["placements"], json::array({"R"}));
+  EXPECT_EQ(forward_only("softmax", {{"dim", -1}}, {5, 3}, {"S(0)"}, &r), json::array());
+  EXPECT_EQ(r["values"]["y"]["placements"], json::array({"S(0)"}));
+  EXPECT_EQ(forward_only("softmax", {{"dim", 0}}, {5, 3}, {"P(sum)"}, &r), json::array({"all_reduce"}));
+}
+
+TEST(OpRedistribution, NonLinearOpsReduceAPartialFirst) {
+  json r;
+  for (const char* op : {"exp", "relu", "sin", "tanh"}) {
+    EXPECT_EQ(forward_only(op, json::object(), {5, 3}, {"P(sum)"}, &r), json::array({"all_reduce"})) << op;
+    EXPECT_EQ(r["values"]["y"]["placements"], json::array({"R"})) << op;
+  }
+  EXPECT_EQ(forward_only("exp", json::object(), {5, 3}, {"S(1)", "P(avg)"}, &r), json::array({"all_reduce"}));
+  EXPECT_EQ(r["values"]["y"]["placements"], json::array({"S(1)", "R"}));
+}
+
+TEST(OpRedistribution, LinearOpsKeepAPartial) {
+  json r;
+  EXPECT_EQ(forward_only("neg", json::object(), {5, 3}, {"P(sum)"}, &r), json::array());
+  EXPECT_EQ(r["values"]["y"]["placements"], json::array({"P(sum)"}));
+  EXPECT_EQ(forward_only("scale", {{"value", -2}}, {5, 3}, {"P(avg)"}, &r), json::array());
+  EXPECT_EQ(r["values"]["y"]["placements"], json::array({"P(avg)"}));
+  EXPECT_EQ(forward_only("transpose", {{"dim0", 0}, {"dim1", 1}}, {5, 3}, {"P(max)", "S(0)"}, &r), json::array());
+  EXPECT_EQ(r["values"]["y"]["placements"], json::array({"P(max)", "S(1)"}));
+  // neg would turn P(max) into P(min): reduced first.
+  EXPECT_EQ(forward_only("neg", json::object(), {5, 3}, {"P(max)"}, &r), json::array({"all_reduce"}));
+}
+
+TEST(OpRedistribution, DivTakesAPartialOnlyInTheNumerator) {
+  Mesh mesh({"a"}, {4});
+  auto d = propagate("div", mesh, {{parse_placement("P(sum)")}, {parse_placement("P(sum)")}}, {{5, 3}, {5, 3}}, {});
+  EXPECT_EQ(spec_str(d.in_specs[0]), "[P(sum)]");
+  EXPECT_EQ(spec_str(d.in_specs[1]), "[R]");
+  EXPECT_EQ(spec_str(d.out_spec), "[P(sum)]");
+  // A Partial denominator is reduced: to S(0) (a reduce_scatter, the numerator chunked locally)
+  // is cheaper than to R.
+  d = propagate("div", mesh, {{parse_placement("R")}, {parse_placement("P(avg)")}}, {{5, 3}, {5, 3}}, {});
+  EXPECT_EQ(spec_str(d.in_specs[0]), "[S(0)]");
+  EXPECT_EQ(spec_str(d.in_specs[1]), "[S(0)]");
+  EXPECT_EQ(spec_str(d.out_spec), "[S(0)]");
+}
+
+// ---------------------------------------------------------------------------------------------
+// mean over uneven shards
+
+TEST(OpMean, LocalSumsOverTheGlobalCountAddUpToTheMean) {
+  // 5 rows over 4 ranks: 2, 2, 1, 0 rows.
+  at::Tensor x = at::arange(15, at::kDouble).reshape({5, 3});
+  OpAttrs a = attrs_of("mean", {{"dim", 0}});
+  OpAttrs local = with_global_shape(a, {5, 3});
+  ASSERT_TRUE(local.mean_divisor.has_value());
+  EXPECT_EQ(*local.mean_divisor, 5);
+  EXPECT_EQ(*with_global_shape(attrs_of("mean", json::object()), {5, 3}).mean_divisor, 15);
+  EXPECT_EQ(*with_global_shape(attrs_of("mean", {{"dim", -1}}), {5, 3}).mean_divisor, 3);
+  at::Tensor total = at::zeros({3}, at::kDouble);
+  for (const auto& chunk : x.chunk(4, 0)) total = total + local_op("mean", local, {chunk});
+  for (const auto& chunk : at::split(x, {2, 2, 1, 0}, 0)) EXPECT_FALSE(local_op("mean", local, {chunk}).isnan().any().item<bool>());
+  EXPECT_TRUE(at::allclose(total, local_op("mean", a, {x}))) << total;
+  EXPECT_TRUE(at::allclose(local_op("mean", a, {x}), at::mean(x, {0})));
+}
+
+TEST(OpMean, UnevenShardsOfTheReducedDimAreAPartialSum) {
+  // forward_only() expects the oracle's value (within 1e-9: mean is inexact).
+  for (const char* spec : {"S(0)", "P(avg)"}) {
+    json r;
+    forward_only("mean", {{"dim", 0}}, {5, 3}, {spec}, &r);
+    EXPECT_EQ(r["values"]["y"]["placements"], json::array({spec == std::string("S(0)") ? "P(sum)" : "P(avg)"}));
+    EXPECT_EQ(r["collectives"], json::array());
+  }
+  // One row over four ranks: three of them hold nothing (a mean of nothing would be NaN).
+  json r;
+  forward_only("mean", json::object(), {1, 3}, {"S(0)"}, &r);
+  EXPECT_EQ(r["values"]["y"]["placements"], json::array({"P(sum)"}));
+}
+
+TEST(OpAttrsText, EveryFieldIsInTheKey) {
+  OpAttrs a = attrs_of("transpose", {{"dim0", 0}, {"dim1", 2}});
+  OpAttrs b = attrs_of("transpose", {{"dim0", 1}, {"dim1", 2}});
+  EXPECT_NE(a.str(), b.str());
+  EXPECT_NE(attrs_of("scale", {{"value", 2}}).str(), attrs_of("scale", {{"value", 3}}).str());
+  EXPECT_NE(attrs_of("scale", {{"value", 1.0000001}}).str(), attrs_of("scale", {{"value", 1.0000002}}).str());
+  EXPECT_EQ(attrs_of("sum", {{"dim", 1}, {"keepdim", true}}).str(),
+            "dim=1 keepdim=1 value=1 dim0=0 dim1=0 divisor=-");
+}
+
+}  // namespace
+}  // namespace meshsim
