@@ -1,6 +1,10 @@
 #include "properties/runner.h"
 
+#include <iostream>
+#include <sstream>
+
 #include <rapidcheck.h>
+#include <rapidcheck/detail/Configuration.h>
 
 namespace meshsim {
 
@@ -36,8 +40,26 @@ uint64_t property_seed(uint64_t seed, const std::string& name) {
   return seed ^ h;
 }
 
+namespace {
+
+// RapidCheck prints its global configuration (a random seed meshsim never uses: every property
+// gets its seed from the run) the first time it loads it; load it once with stderr silenced.
+void load_rapidcheck_configuration_quietly() {
+  static const bool loaded = [] {
+    std::ostringstream sink;
+    auto* previous = std::cerr.rdbuf(sink.rdbuf());
+    rc::detail::configuration();
+    std::cerr.rdbuf(previous);
+    return true;
+  }();
+  (void)loaded;
+}
+
+}  // namespace
+
 PropertyOutcome run_property(const Property& property, uint64_t seed, int cases,
                              const std::function<void(const Progress&)>& on_progress) {
+  load_rapidcheck_configuration_quietly();
   PropertyOutcome out;
   rc::detail::TestParams params;
   params.seed = property_seed(seed, property.name);
