@@ -1,6 +1,7 @@
 #include "properties/programs.h"
 
 #include <optional>
+#include <set>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -75,6 +76,18 @@ const Value& pick(const std::vector<const Value*>& vs) {
   return *vs.at(static_cast<size_t>(*rc::gen::inRange<int>(0, static_cast<int>(vs.size()))));
 }
 
+// Drops the ops of `ops` whose results do not reach `roots` (dead code), so that a
+// counterexample shows only the ops that matter.
+json live_ops(const json& ops, std::set<std::string> live) {
+  std::vector<json> kept;
+  for (auto it = ops.rbegin(); it != ops.rend(); ++it) {
+    if (!live.count((*it)["out"].get<std::string>())) continue;
+    for (const auto& a : (*it)["args"]) live.insert(a.get<std::string>());
+    kept.push_back(*it);
+  }
+  return json(std::vector<json>(kept.rbegin(), kept.rend()));
+}
+
 }  // namespace
 
 json dtensor_program(const ProgramOptions& o) {
@@ -83,13 +96,16 @@ json dtensor_program(const ProgramOptions& o) {
                 n = *rc::gen::inRange<int64_t>(1, 7);
   auto spec = [&] { return *gen::spec(mesh, differentiable_placement(2)); };
   json inputs = {input("a", {m, k}, spec(), true, o.float32_randn), input("b", {k, n}, spec(), true, o.float32_randn),
-                 input("c", {m, n}, spec(), false, o.float32_randn)};
-  std::vector<Value> pool = {{"a", {m, k}}, {"b", {k, n}}, {"c", {m, n}}};
+                 input("c", {m, n}, spec(), false, o.float32_randn), input("d", {m, k}, spec(), true, o.float32_randn)};
+  std::vector<Value> pool = {{"a", {m, k}}, {"b", {k, n}}, {"c", {m, n}}, {"d", {m, k}}};
   json program = json::array();
   const int count = *rc::gen::inRange(1, o.max_ops + 1);
   for (int i = 0; i < count; ++i) {
     const std::string out = "v" + std::to_string(i);
-    const Value& x = pool.at(static_cast<size_t>(*rc::gen::inRange<int>(0, static_cast<int>(pool.size()))));
+    // The latest value half of the time (programs form chains that reach the loss).
+    const Value& x = *rc::gen::arbitrary<bool>()
+                         ? pool.back()
+                         : pool.at(static_cast<size_t>(*rc::gen::inRange<int>(0, static_cast<int>(pool.size()))));
     const int kind = *rc::gen::inRange(0, 5);
     if (kind == 0 && x.shape.size() == 2 && !of_shape_rows(pool, x.shape[1]).empty()) {
       const Value& y = pick(of_shape_rows(pool, x.shape[1]));
@@ -120,6 +136,7 @@ json dtensor_program(const ProgramOptions& o) {
     program.push_back(op("weighted", "mul", {last.name, "c"}));
     loss_of = "weighted";
   }
+  program = live_ops(program, {loss_of});
   program.push_back(op("loss", "sum", {loss_of}));
   json options = draw_options({});
   if (o.float32_randn) options["dtype"] = "float32";
@@ -382,19 +399,19 @@ json local_map_program(const ProgramOptions& o, json* twin) {
   inputs.push_back(input("c", ret->shape, Spec(static_cast<size_t>(b.mesh.ndim()), Placement::replicate()), false, o.float32_randn));
   json lm = op("y", "local_map", {"x", "w", "z"});
   lm["out_placements"] = json::array({spec_json(out)});
-  lm["body"] = b.body;
+  lm["body"] = live_ops(b.body, {ret->name});
   lm["returns"] = {ret->name};
   json reference = b.reference;
   if (ret->ref != ret->name && ret->name != "x" && ret->name != "w" && ret->name != "z")
     reference.push_back(op(ret->name, "redistribute", {ret->ref}, {{"placements", spec_json(out)}}));
-  lm["reference"] = reference;
+  lm["reference"] = live_ops(reference, {ret->name == ret->ref ? ret->name : ret->name});
   json program = {lm, op("weighted", "mul", {"y", "c"}), op("loss", "sum", {"weighted"})};
   json options = draw_options({});
   if (o.float32_randn) options["dtype"] = "float32";
   json doc = {{"format", "meshsim.scenario/1"}, {"name", "local_map_program"}, {"mesh", mesh_json(b.mesh)},
               {"options", options}, {"inputs", inputs}, {"program", program}, {"backward", "loss"}};
   if (twin) {
-    json tp = b.twin_ops;
+    json tp = live_ops(b.twin_ops, {ret->twin});
     tp.push_back(op("y", "redistribute", {ret->twin}, {{"placements", spec_json(out)}}));
     tp.push_back(op("weighted", "mul", {"y", "c"}));
     tp.push_back(op("loss", "sum", {"weighted"}));

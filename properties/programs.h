@@ -12,7 +12,7 @@ struct ProgramOptions {
   bool float32_randn = false;  // float32 with randn inputs (for the determinism property)
 };
 
-// A DTensor program: inputs a [m, k], b [k, n] (both with gradients) and c [m, n] with random
+// A DTensor program: inputs a [m, k], b [k, n], d [m, k] (with gradients) and c [m, n] with random
 // differentiable placements; 1..max_ops ops among mm, add, sub, mul, sum and redistribute (to
 // non-Partial targets, always legal), then loss = sum of the last value (times c when shapes
 // allow). Options drawn: redistribute mode, Reduced policy (intersection, union), R -> P(sum).

@@ -18,6 +18,11 @@
 
 namespace meshsim {
 
+std::string& planted_mutant() {
+  static std::string name;
+  return name;
+}
+
 Failure& latest_failure() {
   static Failure f;
   return f;
@@ -35,11 +40,7 @@ nlohmann::json draw_options() {
   return o;
 }
 
-std::string active_mutant_name() {
-  for (const auto& m : mutant_catalog())
-    if (mutant_on(m.id)) return m.name;
-  return {};
-}
+std::string active_mutant_name() { return planted_mutant(); }
 
 // Runs a generated scenario against the oracle; a failing case is kept for the trace.
 void assert_scenario_passes(const nlohmann::json& doc) {
@@ -61,6 +62,7 @@ void cotangent_involution() {
       Placement::shard(0), Placement::shard(1), Placement::replicate(),
       Placement::partial(ReduceOp::Sum), Placement::reduced()});
   latest_failure() = {};
+  MutantScope planted(parse_mutant(planted_mutant()));  // the table under test
   const Placement once = cotangent(p).placement;
   RC_ASSERT(cotangent(once).placement == p);
 }
@@ -155,7 +157,7 @@ void determinism() {
   t1.events = first.events;
   t2.events = second.events;
   if (trace_hash(t1) != trace_hash(t2)) {
-    latest_failure() = {doc, nlohmann::json::object()};
+    latest_failure() = {doc, first.result["options"]};
     RC_FAIL("two runs of one scenario and seed gave different traces: " + compare_events(first.events, second.events).message);
   }
 }

@@ -28,4 +28,8 @@ struct Failure {
 };
 Failure& latest_failure();
 
+// The planted bug of this check run ("" for none). Properties switch it on only around the
+// system under test (a scenario's run, a table under test); the checks use the true rules.
+std::string& planted_mutant();
+
 }  // namespace meshsim

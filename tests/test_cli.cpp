@@ -134,6 +134,26 @@ std::string reproduce_path(const std::string& text) {
   return m[1];
 }
 
+// Every "reproduce: meshsim replay PATH" of an output.
+std::vector<std::string> reproduce_paths(const std::string& text) {
+  std::vector<std::string> out;
+  const std::regex re(R"(reproduce: meshsim replay (\S+))");
+  for (std::sregex_iterator it(text.begin(), text.end(), re), end; it != end; ++it) out.push_back((*it)[1]);
+  return out;
+}
+
+// The ops a counterexample's generator drew: a local_map counts its body ops, and the fixed
+// scaffolding that turns a value into a loss (m, weighted, loss) does not count.
+int drawn_ops(const json& trace) {
+  int n = 0;
+  for (const auto& op : trace["scenario"]["program"]) {
+    const std::string out = op["out"].is_string() ? op["out"].get<std::string>() : "";
+    if (op["op"] == "local_map") n += static_cast<int>(op["body"].size());
+    else if (out != "m" && out != "weighted" && out != "loss") ++n;
+  }
+  return n;
+}
+
 // ---------------------------------------------------------------------------------------------
 // run
 
@@ -336,6 +356,10 @@ TEST_F(Cli, CheckFindsEveryMutantAndItsTraceReplays) {
     EXPECT_LT(o.seconds, 10.0) << o;
     EXPECT_TRUE(contains(o.out, "planted bug " + m + " found")) << o;
     EXPECT_GE(tally(o.out).second, 1) << o;
+    // The smallest counterexample after shrinking has at most 3 ops.
+    int smallest = 1000;
+    for (const auto& t : reproduce_paths(o.out)) smallest = std::min(smallest, drawn_ops(json::parse(read_text(dir / t))));
+    if (!reproduce_paths(o.out).empty()) EXPECT_LE(smallest, 3) << o;
     const std::string trace = reproduce_path(o.out);
     if (trace.empty()) continue;
     ++traces;
