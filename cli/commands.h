@@ -11,6 +11,7 @@ struct RunArgs {
   bool json = false;
   std::string trace_out;
   std::string render_out;
+  std::string render_view = "logical";  // logical | ranks
   std::vector<std::string> options;  // key=value
 };
 int cmd_run(const RunArgs& args);
@@ -23,6 +24,7 @@ int cmd_replay(const ReplayArgs& args);
 struct RenderArgs {
   std::string file;
   std::string out;
+  std::string view = "logical";  // logical | ranks
 };
 int cmd_render(const RenderArgs& args);
 

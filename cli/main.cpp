@@ -18,7 +18,10 @@ int main(int argc, char** argv) {
   run_cmd->add_option("file", run.file, "Scenario file (meshsim.scenario/1)")->required();
   run_cmd->add_flag("--json", run.json, "Print the result as JSON (meshsim.result/1)");
   run_cmd->add_option("--trace", run.trace_out, "Write the trace (meshsim.trace/1) to this file");
-  run_cmd->add_option("--render", run.render_out, "Write the dataflow diagram (.svg, .png or .dot)");
+  auto* run_render = run_cmd->add_option("--render", run.render_out, "Write the dataflow diagram (.svg, .png or .dot)");
+  run_cmd->add_option("--view", run.render_view, "Diagram view for --render: logical (default) or ranks")
+      ->check(CLI::IsMember({"logical", "ranks"}))
+      ->needs(run_render);
   run_cmd->add_option("--option", run.options, "Override a scenario option, key=value (repeatable)");
 
   cli::CheckArgs check;
@@ -38,6 +41,11 @@ int main(int argc, char** argv) {
   auto* render_cmd = app.add_subcommand("render", "Draw a scenario or a trace as a dataflow diagram");
   render_cmd->add_option("file", render.file, "Scenario or trace file")->required();
   render_cmd->add_option("-o,--out", render.out, "Output file: .svg, .png or .dot")->required();
+  render_cmd->add_option("--view", render.view,
+                         "logical (default): values, ops, redistributions, gradients; ranks: one cluster "
+                         "per rank with local shapes, collectives joining each group (meshes over 16 "
+                         "ranks collapsed)")
+      ->check(CLI::IsMember({"logical", "ranks"}));
 
   try {
     app.parse(argc, argv);

@@ -1,5 +1,6 @@
-// Every bundled example: its result matches its golden file, its diagram matches its golden DOT
-// text, and no option combination makes it fail. MESHSIM_UPDATE_GOLDEN=1 rewrites the golden files.
+// Every bundled example: its result matches its golden file, its diagrams (logical view NAME.dot,
+// rank view NAME.ranks.dot) match their golden DOT text, and no option combination makes it fail.
+// MESHSIM_UPDATE_GOLDEN=1 rewrites the golden files.
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -17,9 +18,10 @@ using namespace meshsim;
 
 namespace {
 
-std::vector<fs::path> example_files() {
+// The scenario files of a folder of examples/ ("" for the examples the main job runs).
+std::vector<fs::path> example_files(const std::string& folder = "") {
   std::vector<fs::path> out;
-  for (const auto& e : fs::directory_iterator(fs::path(MESHSIM_SOURCE_DIR) / "examples"))
+  for (const auto& e : fs::directory_iterator(fs::path(MESHSIM_SOURCE_DIR) / "examples" / folder))
     if (e.path().extension() == ".json") out.push_back(e.path());
   std::sort(out.begin(), out.end());
   return out;
@@ -62,7 +64,24 @@ TEST(Examples, ResultsAndDiagramsMatchGolden) {
     CheckedRun run = check_scenario(sc, sc.options);
     const std::string name = file.stem().string();
     expect_golden(golden_dir() / "results" / (name + ".json"), run.result.dump(2) + "\n");
-    expect_golden(golden_dir() / "dot" / (name + ".dot"), render_dot(cli::trace_of(sc, sc.options, run)));
+    const Trace trace = cli::trace_of(sc, sc.options, run);
+    expect_golden(golden_dir() / "dot" / (name + ".dot"), render_dot(trace));
+    expect_golden(golden_dir() / "dot" / (name + ".ranks.dot"), render_dot(trace, RenderView::Ranks));
+  }
+}
+
+// The examples of what meshsim reports (examples/failing): each fails or errors as its golden
+// result records, and says why.
+TEST(Examples, FailingExamplesReportTheirProblem) {
+  const auto files = example_files("failing");
+  EXPECT_FALSE(files.empty());
+  for (const auto& file : files) {
+    SCOPED_TRACE(file.string());
+    Scenario sc = load_scenario(file.string());
+    CheckedRun run = check_scenario(sc, sc.options);
+    EXPECT_NE(run.result["status"], "pass");
+    EXPECT_NE(run.exit_code, 0);
+    expect_golden(golden_dir() / "results" / ("failing_" + file.stem().string() + ".json"), run.result.dump(2) + "\n");
   }
 }
 

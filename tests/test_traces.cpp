@@ -349,6 +349,52 @@ TEST(TraceHash, StableAndSensitiveToOneByte) {
 
 // ---- diagram ----
 
+// How often `needle` occurs in `hay`.
+size_t count(const std::string& hay, const std::string& needle) {
+  size_t n = 0;
+  for (auto at = hay.find(needle); at != std::string::npos; at = hay.find(needle, at + needle.size())) ++n;
+  return n;
+}
+
+// The DOT statement of one node: its line, or "" when there is none.
+std::string node_statement(const std::string& dot, const std::string& id) {
+  std::istringstream lines(dot);
+  const std::string head = "\"" + id + "\" [";
+  for (std::string line; std::getline(lines, line);) {
+    const auto start = line.find_first_not_of(' ');
+    if (start != std::string::npos && line.compare(start, head.size(), head) == 0) return line.substr(start);
+  }
+  return "";
+}
+
+// The trace with its result's "values" (global shapes) and a 2-axis variant.
+Trace with_values(Trace t) {
+  t.result["values"] = json::parse(R"js({
+    "x": {"placements": ["S(0)"], "shape": [8, 16]}, "w": {"placements": ["S(0)"], "shape": [16, 4]},
+    "wf": {"placements": ["Rd"], "shape": [16, 4]}, "y": {"placements": ["S(0)"], "shape": [8, 4]},
+    "loss": {"placements": ["P(sum)"], "shape": []}})js");
+  return t;
+}
+
+// A trace on a mesh of `shape` over axes "dp", "tp", ... with one all_gather over the last axis.
+Trace mesh_trace(const std::vector<int64_t>& shape) {
+  static const char* kAxes[] = {"dp", "tp", "cp", "ep", "pp"};
+  Trace t = fsdp_trace();
+  json axes = json::array();
+  int64_t ranks = 1;
+  for (size_t i = 0; i < shape.size(); ++i) {
+    axes.push_back(kAxes[i]);
+    ranks *= shape[i];
+  }
+  t.scenario["mesh"] = {{"axes", axes}, {"shape", shape}};
+  for (auto& e : t.events) {
+    e.local_shapes.assign(static_cast<size_t>(ranks), e.local_shapes.front());
+    e.hashes.assign(static_cast<size_t>(ranks), e.hashes.front());
+    if (!e.axis.empty()) e.axis = axes.back();
+  }
+  return t;
+}
+
 TEST(TraceRender, GoldenFsdp) {
   expect_golden("fsdp_reduced_linear.dot", render_dot(fsdp_trace()));
 }
@@ -359,26 +405,220 @@ TEST(TraceRender, GoldenFailingRun) {
   expect_golden("fsdp_reduced_linear_fail.dot", dot);
 }
 
+TEST(TraceRender, GoldenRankView) {
+  expect_golden("fsdp_reduced_linear.ranks.dot", render_dot(with_values(fsdp_trace()), RenderView::Ranks));
+}
+
+TEST(TraceRender, ParsesTheView) {
+  EXPECT_EQ(parse_render_view("logical"), RenderView::Logical);
+  EXPECT_EQ(parse_render_view("ranks"), RenderView::Ranks);
+  EXPECT_THROW(parse_render_view("rank"), std::invalid_argument);
+  EXPECT_STREQ(render_view_name(RenderView::Ranks), "ranks");
+  EXPECT_EQ(render_dot(fsdp_trace()), render_dot(fsdp_trace(), RenderView::Logical));
+}
+
+TEST(TraceRender, ValueNodesShowNameGlobalShapeAndSpec) {
+  const std::string dot = render_dot(with_values(fsdp_trace()));
+  const std::string wf = node_statement(dot, "v:wf");
+  EXPECT_NE(wf.find("<B>wf</B>"), std::string::npos) << wf;
+  EXPECT_NE(wf.find("[16, 4]"), std::string::npos) << wf;
+  EXPECT_NE(wf.find(">[Rd]<"), std::string::npos) << wf;
+  // Without the result's values, an input's global shape comes from the scenario.
+  const std::string x = node_statement(render_dot(fsdp_trace()), "v:x");
+  EXPECT_NE(x.find("[8, 16]"), std::string::npos) << x;
+  EXPECT_NE(x.find("local [2, 16]"), std::string::npos) << x;
+}
+
+TEST(TraceRender, LTensorSetsAreShownAsRecorded) {
+  Trace t = fsdp_trace();
+  t.events[5].out_spec = "variant=[dp] reduced=[]";
+  const std::string y = node_statement(render_dot(with_values(t)), "v:y");
+  EXPECT_NE(y.find(">variant=[dp] reduced=[]<"), std::string::npos) << y;
+  EXPECT_EQ(y.find("[8, 4]"), std::string::npos) << "an LTensor has no global shape: " << y;
+}
+
+TEST(TraceRender, CollectivesHaveOneStyleEachAndBytesOnTheEdge) {
+  const std::string dot = render_dot(fsdp_trace());
+  const std::string gather = node_statement(dot, "e2");
+  const std::string scatter = node_statement(dot, "e10");
+  EXPECT_NE(gather.find("distortion=\"-0.18\""), std::string::npos) << gather;
+  EXPECT_NE(scatter.find("distortion=\"0.18\""), std::string::npos) << scatter;
+  EXPECT_NE(gather.find("#b8e3b0"), std::string::npos);
+  EXPECT_NE(scatter.find("#fdd0a2"), std::string::npos);
+  EXPECT_NE(dot.find("\"e2\" -> \"e3\" [color=\"#1b7837\", penwidth=\"2.2\", xlabel=\" 384 B/rank \""),
+            std::string::npos);
+  // Backward edges are dashed; the one leaving the reduce_scatter keeps its color and bytes.
+  EXPECT_NE(dot.find("\"e10\" -> \"e11\" [color=\"#d94801\", penwidth=\"2.2\", xlabel=\" 384 B/rank \", "
+                     "fontcolor=\"#d94801\", style=\"dashed\"]"),
+            std::string::npos);
+  EXPECT_NE(dot.find("\"e8\" -> \"e9\" [style=\"dashed\""), std::string::npos);
+  EXPECT_NE(dot.find("subgraph \"cluster_forward\""), std::string::npos);
+  EXPECT_NE(dot.find("subgraph \"cluster_backward\""), std::string::npos);
+  EXPECT_NE(dot.find("subgraph \"cluster_legend\""), std::string::npos);
+  for (const char* kind : {"all_gather", "reduce_scatter", "all_reduce", "all_to_all", "local step"})
+    EXPECT_NE(dot.find("\"legend:" + std::string(kind) + "\""), std::string::npos) << kind;
+}
+
+TEST(TraceRender, InputGradientShowsTrackedPlacementAndCotangent) {
+  const std::string grad = node_statement(render_dot(fsdp_trace()), "e12");
+  EXPECT_NE(grad.find("grad w"), std::string::npos) << grad;
+  EXPECT_NE(grad.find("tracked"), std::string::npos) << grad;
+  EXPECT_NE(grad.find("cotangent"), std::string::npos) << grad;
+  EXPECT_NE(grad.find("\u2713"), std::string::npos) << grad;
+  Trace t = fsdp_trace();
+  t.result["grads"]["w"]["placements"] = {"R"};
+  const std::string wrong = node_statement(render_dot(t), "e12");
+  EXPECT_NE(wrong.find("\u2717"), std::string::npos) << wrong;
+  EXPECT_NE(wrong.find("penwidth=\"3\""), std::string::npos) << wrong;
+}
+
+TEST(TraceRender, FailuresMarkTheirNodes) {
+  Trace t = failing_trace();
+  t.result["failures"] = {"y: differs from the oracle by 3", "grad w: differs from the oracle by 2",
+                          "w: gradient is [R], its cotangent is [S(0)]", "tracking: lost a hook"};
+  const std::string dot = render_dot(t);
+  const std::string y = node_statement(dot, "v:y");
+  EXPECT_NE(y.find("color=\"#d7191c\", penwidth=\"3\""), std::string::npos) << y;
+  EXPECT_NE(y.find("differs from the oracle by 3"), std::string::npos) << y;
+  const std::string grad = node_statement(dot, "e12");
+  EXPECT_NE(grad.find("differs from the oracle by 2"), std::string::npos) << grad;
+  EXPECT_NE(grad.find("gradient is [R], its cotangent is [S(0)]"), std::string::npos) << grad;
+  EXPECT_NE(grad.find("penwidth=\"3\""), std::string::npos) << grad;
+  EXPECT_EQ(node_statement(dot, "v:w").find("penwidth=\"3\""), std::string::npos) << "w itself passes";
+  EXPECT_EQ(node_statement(dot, "v:x").find("penwidth=\"3\""), std::string::npos);
+  const std::string note = node_statement(dot, "status");
+  EXPECT_NE(note.find("tracking: lost a hook"), std::string::npos) << note;
+  EXPECT_NE(note.find("3 problems marked in red"), std::string::npos) << note;
+}
+
+TEST(TraceRender, RankSpecificFailureMarksThatRank) {
+  Trace t = failing_trace();
+  t.result["failures"] = {"x: rank 1 holds a local of shape [3, 16], its layout [S(0)] says [2, 16]"};
+  const std::string dot = render_dot(t, RenderView::Ranks);
+  EXPECT_NE(node_statement(dot, "r1:v:x").find("penwidth=\"3\""), std::string::npos);
+  EXPECT_NE(node_statement(dot, "r1:v:x").find("rank 1 holds a local"), std::string::npos);
+  for (const char* other : {"r0:v:x", "r2:v:x", "r3:v:x", "r1:v:w"})
+    EXPECT_EQ(node_statement(dot, other).find("penwidth=\"3\""), std::string::npos) << other;
+  // The logical view marks the value.
+  EXPECT_NE(node_statement(render_dot(t), "v:x").find("penwidth=\"3\""), std::string::npos);
+}
+
 TEST(TraceRender, ErrorNote) {
   Trace t = fsdp_trace();
   t.result["status"] = "error";
   t.result["error"] = {{"kind", "illegal_redistribute"}, {"message", "S(0) -> P(sum)"}};
-  EXPECT_NE(render_dot(t).find(
-                R"dot("status: error\nillegal_redistribute: S(0) -> P(sum)", shape="note")dot"),
-            std::string::npos);
+  const std::string note = node_statement(render_dot(t), "status");
+  EXPECT_NE(note.find("error: illegal_redistribute"), std::string::npos) << note;
+  EXPECT_NE(note.find("S(0) -&gt; P(sum)"), std::string::npos) << note;
+  EXPECT_NE(note.find("shape=\"note\""), std::string::npos) << note;
   EXPECT_EQ(render_dot(fsdp_trace()).find("shape=\"note\""), std::string::npos);
+  EXPECT_EQ(node_statement(render_dot(fsdp_trace()), "status"), "");
+}
+
+TEST(TraceRender, ErrorBeforeTheFirstEventDrawsTheProgram) {
+  Trace t = fsdp_trace();
+  t.events.clear();
+  t.result = {{"status", "error"},
+              {"error", {{"kind", "shape_mismatch"}, {"message", "mm: [8, 16] @ [4, 4]"}}}};
+  for (auto view : {RenderView::Logical, RenderView::Ranks}) {
+    const std::string dot = render_dot(t, view);
+    EXPECT_NE(dot.find("subgraph \"cluster_program\""), std::string::npos);
+    EXPECT_NE(node_statement(dot, "v:w").find("[16, 4]"), std::string::npos);
+    // The only mm is the op the error names.
+    EXPECT_NE(node_statement(dot, "p1").find("penwidth=\"3\""), std::string::npos) << node_statement(dot, "p1");
+    EXPECT_EQ(node_statement(dot, "p0").find("penwidth=\"3\""), std::string::npos);
+    EXPECT_NE(node_statement(dot, "status").find("shape_mismatch"), std::string::npos);
+  }
+}
+
+TEST(TraceRender, OperandMovedBelowAutogradChainsIntoItsOp) {
+  Trace t = fsdp_trace();
+  // Below autograd: the steps carry the implicit operand "y.arg1"; no redistribute op.
+  t.events[2].value = t.events[3].value = "y.arg1";
+  t.events[2].args.clear();
+  t.events[3].args.clear();
+  t.events.erase(t.events.begin() + 4);
+  t.events[4].args = {"x", "y.arg1"};
+  t.scenario["program"] = json::parse(R"js([{"out": "y", "op": "mm", "args": ["x", "w"]},
+                                            {"out": "loss", "op": "sum", "args": ["y"]}])js");
+  const std::string dot = render_dot(t);
+  EXPECT_NE(dot.find("\"v:w\" -> \"e2\""), std::string::npos) << dot;
+  EXPECT_NE(dot.find("\"e3\" -> \"e5\""), std::string::npos) << dot;
+  EXPECT_EQ(dot.find("\"v:y.arg1\""), std::string::npos) << dot;
+}
+
+TEST(TraceRender, RedefinedNamesGetTheirOwnNodes) {
+  Trace t = fsdp_trace();
+  // A local_map enters x under its own name.
+  Event enter = t.events[0];
+  enter.seq = 100;
+  enter.kind = "op";
+  enter.name = "enter_local_map";
+  enter.args = {"x"};
+  enter.out_spec = "variant=[dp] reduced=[]";
+  t.events.insert(t.events.begin() + 2, enter);
+  const std::string dot = render_dot(t);
+  EXPECT_NE(dot.find("\"v:x\" -> \"e100\""), std::string::npos);
+  EXPECT_NE(dot.find("\"e100\" -> \"v:x@100\""), std::string::npos);
+  EXPECT_NE(dot.find("\"v:x@100\" -> \"e5\""), std::string::npos);
+  EXPECT_NE(dot.find("subgraph \"cluster_local_map0\""), std::string::npos);
+}
+
+TEST(TraceRender, RankViewNestsClustersByMeshAxes) {
+  const std::string dot = render_dot(mesh_trace({2, 2}), RenderView::Ranks);
+  for (const char* c : {"cluster_axes:dp=0", "cluster_axes:dp=1", "cluster_rank0", "cluster_rank3"})
+    EXPECT_NE(dot.find(std::string("subgraph \"") + c + "\""), std::string::npos) << c;
+  // dp=0 holds ranks 0 and 1 (row-major), dp=1 ranks 2 and 3.
+  const auto dp0 = dot.find("cluster_axes:dp=0"), dp1 = dot.find("cluster_axes:dp=1");
+  EXPECT_LT(dp0, dot.find("cluster_rank0"));
+  EXPECT_LT(dot.find("cluster_rank1"), dp1);
+  EXPECT_LT(dp1, dot.find("cluster_rank2"));
+  // The all_gather over tp: groups {0, 1} and {2, 3}, each one node joining its ranks.
+  EXPECT_NE(dot.find("\"r0:v:w\" -> \"e2:g0\""), std::string::npos);
+  EXPECT_NE(dot.find("\"r1:v:w\" -> \"e2:g0\""), std::string::npos);
+  EXPECT_NE(dot.find("\"r2:v:w\" -> \"e2:g2\""), std::string::npos);
+  EXPECT_NE(dot.find("\"r3:v:w\" -> \"e2:g2\""), std::string::npos);
+  EXPECT_EQ(dot.find("\"r2:v:w\" -> \"e2:g0\""), std::string::npos);
+  EXPECT_NE(node_statement(dot, "e2:g0").find("ranks 0, 1"), std::string::npos);
+  EXPECT_NE(node_statement(dot, "r3:v:wf").find("[16, 4]"), std::string::npos);
+  // The backward reduce_scatter joins the same groups and reaches each rank's gradient.
+  EXPECT_NE(dot.find("\"e10:g2\" -> \"r3:e11\""), std::string::npos);
+  EXPECT_EQ(count(dot, "subgraph \"cluster_rank"), 4u);
+}
+
+TEST(TraceRender, RankViewDrawsUpToSixteenRanks) {
+  const std::string dot = render_dot(mesh_trace({4, 4}), RenderView::Ranks);
+  EXPECT_EQ(count(dot, "subgraph \"cluster_rank"), 16u);
+  EXPECT_EQ(dot.find("more ranks like these"), std::string::npos);
+}
+
+TEST(TraceRender, RankViewCollapsesLargeMeshes) {
+  const std::string one_axis = render_dot(mesh_trace({4096}), RenderView::Ranks);
+  EXPECT_EQ(count(one_axis, "subgraph \"cluster_rank"), 4u);
+  EXPECT_NE(one_axis.find("and 4092 more ranks like these"), std::string::npos);
+  EXPECT_NE(node_statement(one_axis, "e2:g0").find("ranks 0, 1, 2, 3 \u2026 (4096 in the group)"),
+            std::string::npos)
+      << node_statement(one_axis, "e2:g0");
+  EXPECT_LT(one_axis.size(), 100000u);
+  const std::string two_axes = render_dot(mesh_trace({2, 9}), RenderView::Ranks);
+  EXPECT_EQ(count(two_axes, "subgraph \"cluster_rank"), 4u);
+  for (const char* c : {"cluster_rank0\"", "cluster_rank1\"", "cluster_rank9\"", "cluster_rank10\""})
+    EXPECT_NE(two_axes.find(c), std::string::npos) << c;
+  EXPECT_NE(two_axes.find("and 14 more ranks like these"), std::string::npos);
 }
 
 TEST(TraceRender, EscapesLabels) {
   Trace t;
-  t.events = {event(0, "forward", "input", "a\"b\\c", "a\"b\\c", {}, {}, "[R]", {2})};
+  t.events = {event(0, "forward", "input", "a\"b\\c", "a\"b\\c", {}, {}, "[R]", {2}),
+              event(1, "forward", "input", "<x&y>", "<x&y>", {}, {}, "[R]", {2})};
   const std::string dot = render_dot(t);
-  EXPECT_NE(dot.find(R"dot("v:a\"b\\c" [label="a\"b\\c\n[R]\nlocal [2]")dot"), std::string::npos)
-      << dot;
+  EXPECT_NE(dot.find(R"dot("v:a\"b\\c" [label=<<B>a&quot;b\c</B>)dot"), std::string::npos) << dot;
+  EXPECT_NE(dot.find(R"dot("v:<x&y>" [label=<<B>&lt;x&amp;y&gt;</B>)dot"), std::string::npos) << dot;
 }
 
 TEST(TraceRender, IsAPureFunction) {
   EXPECT_EQ(render_dot(fsdp_trace()), render_dot(fsdp_trace()));
+  EXPECT_EQ(render_dot(fsdp_trace(), RenderView::Ranks), render_dot(fsdp_trace(), RenderView::Ranks));
 }
 
 TEST(TraceRender, WritesDotSvgAndPng) {
@@ -387,13 +627,26 @@ TEST(TraceRender, WritesDotSvgAndPng) {
   render_to_file(t, dir.file("g.dot"));
   render_to_file(t, dir.file("g.svg"));
   render_to_file(t, dir.file("g.png"));
+  render_to_file(t, dir.file("r.dot"), RenderView::Ranks);
+  render_to_file(t, dir.file("r.svg"), RenderView::Ranks);
   EXPECT_EQ(slurp(dir.file("g.dot")), render_dot(t));
-  const std::string svg = slurp(dir.file("g.svg"));
-  EXPECT_TRUE(svg.rfind("<?xml", 0) == 0 || svg.find("<svg") != std::string::npos)
-      << svg.substr(0, 80);
+  EXPECT_EQ(slurp(dir.file("r.dot")), render_dot(t, RenderView::Ranks));
+  for (const char* svg_file : {"g.svg", "r.svg"}) {
+    const std::string svg = slurp(dir.file(svg_file));
+    EXPECT_TRUE(svg.rfind("<?xml", 0) == 0 || svg.find("<svg") != std::string::npos) << svg.substr(0, 80);
+  }
   const std::string png = slurp(dir.file("g.png"));
   ASSERT_GT(png.size(), 8u);
   EXPECT_EQ(png.substr(0, 8), std::string("\x89PNG\r\n\x1a\n", 8));
+}
+
+TEST(TraceRender, LaysOutEveryGoldenDiagram) {
+  // Every label is valid graphviz HTML: each view of each hand-made trace lays out.
+  Trace failing = failing_trace();
+  failing.result["failures"] = {"y: differs <by> 3 & more"};
+  for (const Trace& t : {fsdp_trace(), failing, mesh_trace({2, 2}), mesh_trace({4096})})
+    for (auto view : {RenderView::Logical, RenderView::Ranks})
+      EXPECT_NO_THROW(layout_dot(render_dot(t, view), "svg"));
 }
 
 TEST(TraceRender, UnknownExtensionThrows) {

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Regenerates the pictures of docs/gallery.md with the meshsim binary:
+#   docs/images/gallery/NAME.png        the logical view of every examples/NAME.json
+#   docs/images/gallery/NAME.ranks.png  the rank view of a few (RANK_VIEWS below)
+#   docs/images/gallery/*.MUTANT*.png   verdicts: a run with a planted bug, logical and rank view
+#   docs/images/gallery/lm_call_opaque_unregistered.png  a failing example (examples/failing/)
+#   docs/images/fsdp_reduced.png        the README's picture
+# The build lives in build/ (MESHSIM_BUILD_DIR changes it); the meshsim target is built first
+# (MESHSIM_JOBS parallel jobs, default: all cores).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+build=${MESHSIM_BUILD_DIR:-build}
+[ -f "$build/CMakeCache.txt" ] || cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build "$build" -j"${MESHSIM_JOBS:-$(nproc)}" --target meshsim >/dev/null
+meshsim="$build/cli/meshsim"
+
+RANK_VIEWS=(fsdp_reduced fsdp_tp_2d tp_megatron_mlp scale/fsdp_4096)
+
+out=docs/images/gallery
+mkdir -p "$out"
+for f in examples/*.json; do
+  name=$(basename "$f" .json)
+  "$meshsim" render "$f" -o "$out/$name.png" >/dev/null
+  echo "$out/$name.png"
+done
+for example in "${RANK_VIEWS[@]}"; do
+  [ -f "examples/$example.json" ] || continue
+  name=$(basename "$example")
+  "$meshsim" render "examples/$example.json" -o "$out/$name.ranks.png" --view ranks >/dev/null
+  echo "$out/$name.ranks.png"
+done
+# Verdicts: failing runs exit 1, which is what they show.
+verdict() {  # verdict OUT ARGS...: meshsim run ARGS --render OUT, which must fail its checks
+  local rc=0
+  "$meshsim" run "${@:2}" --render "$1" >/dev/null || rc=$?
+  [ "$rc" -eq 1 ] || { echo "expected a failing run: meshsim run ${*:2}" >&2; exit 1; }
+  echo "$1"
+}
+verdict "$out/lm_call_opaque_unregistered.png" examples/failing/lm_call_opaque_unregistered.json
+verdict "$out/q3_partial_and_reduced.cotangent_psum_as_r.png" examples/q3_partial_and_reduced.json \
+  --option mutant=cotangent_psum_as_r
+verdict "$out/tp_rowwise_partial.uneven_array_split.ranks.png" examples/tp_rowwise_partial.json \
+  --option mutant=uneven_array_split --view ranks
+
+"$meshsim" render examples/fsdp_reduced.json -o docs/images/fsdp_reduced.png >/dev/null
+echo docs/images/fsdp_reduced.png
