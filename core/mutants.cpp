@@ -26,6 +26,8 @@ const std::vector<MutantInfo>& mutant_catalog() {
        "local_map: mark_varying instead of the reduced -> varying cast"},
       {Mutant::MissingMarkVarying, "missing_mark_varying",
        "local_map: an invariant input of a varying op is not marked varying"},
+      {Mutant::MissingReducedInvariantCast, "missing_reduced_invariant_cast",
+       "local_map: a reduced input whose output is invariant keeps its unreduced-gradient contract"},
       {Mutant::MmS1S0LabelledR, "mm_s1_s0_labelled_r", "S(1) @ S(0) labelled R instead of P(sum)"},
       {Mutant::PartialPlusReplicateUndivided, "partial_plus_replicate_undivided",
        "P + R without dividing the R operand (it stays R)"},

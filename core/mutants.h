@@ -18,6 +18,7 @@ enum class Mutant {
   Float32RandomReductionOrder,     // collectives reduce float32 in a hidden random order
   MarkVaryingForReduced,           // local_map: mark_varying instead of the reduced -> varying cast
   MissingMarkVarying,              // local_map: an invariant input is not marked varying
+  MissingReducedInvariantCast,     // local_map: a reduced input meeting an invariant one is not cast
   MmS1S0LabelledR,                 // S(1) @ S(0) labelled R instead of P(sum)
   PartialPlusReplicateUndivided,   // P + R without turning the R operand into P
   PartialSeedOnEveryRank,          // a Partial-cotangent loss seeded with ones on every rank

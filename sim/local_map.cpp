@@ -189,7 +189,7 @@ AxisSet BodyContext::fit_inputs(std::vector<LTensor>& xs, const AxisSet& variant
   // unreduced one (divided by n, or kept on rank 0), as DTensor's Rd -> R relabel does.
   for (size_t i = 0; i < xs.size(); ++i)
     for (int a : AxisSet(xs[i].reduced))
-      if (!reduced.count(a) && !variant.count(a))
+      if (!reduced.count(a) && !variant.count(a) && !mutant_on(Mutant::MissingReducedInvariantCast))
         xs[i] = reduced_to_invariant(xs[i], a, out + ".in" + std::to_string(i) + ".invariant." + axes[a]);
   return reduced;
 }
