@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <random>
 #include <cstring>
+#include <type_traits>
 
 #include "core/cost_model.h"
 #include "core/layout.h"
@@ -166,42 +167,91 @@ Locals reduce_scatter(const Locals& group, ReduceOp op, int64_t dim) {
 
 namespace {
 
-// all_to_all when every member holds the same shape and the split is even: one stack and one
-// permuted copy of the whole group (O(bytes)), rather than n * n narrowed pieces and n cats. The
-// output of member k is slice k of one tensor: cat over s of chunk k (along split_dim) of member
-// s, along concat_dim.
+// Copies a strided block of `sizes` (strides in elements of T): memcpy where the innermost run is
+// contiguous on both sides, an element loop otherwise (pieces may be a single element wide).
+template <class T>
+void copy_block(T* dst, const int64_t* dst_strides, const T* src, const int64_t* src_strides, const int64_t* sizes,
+                int nd) {
+  if (nd == 1) {
+    const int64_t n = sizes[0], ds = dst_strides[0], ss = src_strides[0];
+    if (ds == 1 && ss == 1) std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(T));
+    else
+      for (int64_t i = 0; i < n; ++i) dst[i * ds] = src[i * ss];
+    return;
+  }
+  for (int64_t i = 0; i < sizes[0]; ++i)
+    copy_block(dst + i * dst_strides[0], dst_strides + 1, src + i * src_strides[0], src_strides + 1, sizes + 1, nd - 1);
+}
+
+// Row-major strides of `shape`, in elements.
+std::vector<int64_t> strides_of(const std::vector<int64_t>& shape) {
+  std::vector<int64_t> st(shape.size(), 1);
+  for (int64_t d = static_cast<int64_t>(shape.size()) - 2; d >= 0; --d) st[d] = st[d + 1] * shape[d + 1];
+  return st;
+}
+
+// all_to_all for plain locals of one shape, split evenly: every output is written once, piece by
+// piece, into one buffer holding the group's outputs (O(bytes) with n * n block copies, no
+// per-piece tensor objects). Output k is cat over s of chunk k (along split_dim) of member s,
+// along concat_dim: the same values as the general path below.
 Locals all_to_all_even(const Locals& group, int64_t split_dim, int64_t concat_dim) {
   const auto n = static_cast<int64_t>(group.size());
   const at::Tensor& first = group[0];
-  const int64_t nd = first.dim(), c = first.size(split_dim) / n;
-  // stacked dims: s, then the local dims with split_dim replaced by (k, c).
-  std::vector<int64_t> split_shape{n};
-  std::vector<int64_t> pos(static_cast<size_t>(nd));  // position of local dim d in the split shape
-  int64_t k_pos = 0;
-  for (int64_t d = 0; d < nd; ++d) {
-    if (d == split_dim) {
-      k_pos = static_cast<int64_t>(split_shape.size());
-      split_shape.push_back(n);
-      split_shape.push_back(c);
-      pos[d] = k_pos + 1;
-    } else {
-      pos[d] = static_cast<int64_t>(split_shape.size());
-      split_shape.push_back(first.size(d));
+  const int64_t c = first.size(split_dim) / n;
+  std::vector<int64_t> piece = first.sizes().vec();  // one member's chunk, as it lands in an output
+  piece[split_dim] = c;
+  std::vector<int64_t> out_shape = piece;
+  out_shape[concat_dim] *= n;
+  const std::vector<int64_t> in_strides = strides_of(first.sizes().vec()), out_strides = strides_of(out_shape);
+  std::vector<int64_t> all_shape{n};
+  all_shape.insert(all_shape.end(), out_shape.begin(), out_shape.end());
+  at::Tensor all = at::empty(all_shape, first.options());
+  const int64_t es = static_cast<int64_t>(first.element_size());
+  const int64_t out_numel = all.numel() / std::max<int64_t>(n, 1);
+  // A piece's dims without those of size 1, trailing dims merged where they are contiguous in
+  // both the piece and the output (longer runs).
+  std::vector<int64_t> sizes, ss, ds;
+  bool empty = false;
+  for (size_t d = 0; d < piece.size(); ++d) {
+    empty |= piece[d] == 0;
+    if (piece[d] == 1) continue;
+    if (!sizes.empty() && ss.back() == in_strides[d] * piece[d] && ds.back() == out_strides[d] * piece[d]) {
+      sizes.back() *= piece[d];
+      ss.back() = in_strides[d];
+      ds.back() = out_strides[d];
+      continue;
     }
+    sizes.push_back(piece[d]);
+    ss.push_back(in_strides[d]);
+    ds.push_back(out_strides[d]);
   }
-  // output dims: k, then the local dims, with s just before the (chunked) concat dim.
-  std::vector<int64_t> perm{k_pos}, out_shape{n};
-  for (int64_t d = 0; d < nd; ++d) {
-    const int64_t size = d == split_dim ? c : first.size(d);
-    if (d == concat_dim) {
-      perm.push_back(0);
-      out_shape.push_back(n * size);
-    } else {
-      out_shape.push_back(size);
-    }
-    perm.push_back(pos[d]);
+  // One contiguous run per piece (or a single element): copied inline, no recursion.
+  const bool run = sizes.empty() || (sizes.size() == 1 && ss[0] == 1 && ds[0] == 1);
+  const int64_t run_length = sizes.empty() ? 1 : sizes[0];
+  // Elements are moved as same-sized integers (plain locals are float64 or float32). Outputs are
+  // written in tiles of kTile members, so that each source is read once per tile and a tile's
+  // outputs stay in cache (an all_to_all is a transpose of pieces).
+  constexpr int64_t kTile = 64;
+  auto scatter = [&](auto* base) {
+    using T = std::remove_pointer_t<decltype(base)>;
+    std::vector<const T*> srcs;
+    srcs.reserve(group.size());
+    for (const auto& t : group) srcs.push_back(static_cast<const T*>(t.data_ptr()));
+    const int64_t src_step = c * in_strides[split_dim], dst_step = piece[concat_dim] * out_strides[concat_dim];
+    for (int64_t k0 = 0; k0 < n; k0 += kTile)
+      for (int64_t s = 0; s < n; ++s)
+        for (int64_t k = k0; k < std::min(n, k0 + kTile); ++k) {
+          const T* src = srcs[s] + k * src_step;
+          T* dst = base + k * out_numel + s * dst_step;
+          if (!run) copy_block(dst, ds.data(), src, ss.data(), sizes.data(), static_cast<int>(sizes.size()));
+          else if (run_length == 1) *dst = *src;
+          else std::memcpy(dst, src, static_cast<size_t>(run_length) * sizeof(T));
+        }
+  };
+  if (!empty) {
+    if (es == 8) scatter(static_cast<uint64_t*>(all.data_ptr()));
+    else scatter(static_cast<uint32_t*>(all.data_ptr()));
   }
-  at::Tensor all = at::stack(group, 0).reshape(split_shape).permute(perm).contiguous().reshape(out_shape);
   Locals out;
   out.reserve(group.size());
   for (int64_t k = 0; k < n; ++k) out.push_back(all.select(0, k));

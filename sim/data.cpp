@@ -2,7 +2,6 @@
 
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <unordered_map>
 
@@ -218,25 +217,25 @@ uint64_t xxh64(const unsigned char* p, size_t len, uint64_t seed) {
 std::string hash_bytes(const at::Tensor& t) {
   uint64_t h = 1469598103934665603ULL;
   for (auto s : t.sizes()) h = fnv1a(h, reinterpret_cast<const unsigned char*>(&s), sizeof(s));
-  at::Tensor c = t.detach().contiguous();
+  const at::Tensor c = t.is_contiguous() ? t : t.detach().contiguous();
   const auto* data = static_cast<const unsigned char*>(c.data_ptr());
   const size_t n = static_cast<size_t>(c.numel()) * c.element_size();
-  h = std::getenv("MESHSIM_HASH_FNV") ? fnv1a(h, data, n) : xxh64(data, n, h);
+  h = xxh64(data, n, h);
   char buf[17];
   std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h));
   return buf;
 }
 
-// Hashes already computed, by storage and view. Replicated locals share one storage across the
-// ranks of a group (collectives.h), so an event over n ranks hashes a shared result once, not n
-// times (at 4096 ranks, hashing an all_gather's result per rank would be quadratic). An entry is
-// valid while its storage lives (a weak reference: the StorageImpl cannot be freed and its
-// address reused while the entry exists) and the view's version counter, which every in-place
-// write bumps, is unchanged.
+// Hashes already computed, by view. Replicated locals share one storage across the ranks of a
+// group (collectives.h), so an event over n ranks hashes a shared result once, not n times (at
+// 4096 ranks, hashing an all_gather's result per rank would be quadratic). Entries are found by
+// the view's first byte; one is valid while its storage lives (a weak reference: the StorageImpl
+// cannot be freed and its address reused while the entry exists) and the view's version counter,
+// which every in-place write bumps, is unchanged.
 struct HashMemo {
   struct Entry {
     c10::weak_intrusive_ptr<c10::StorageImpl> storage;
-    const void* data;
+    const c10::StorageImpl* impl;
     int64_t offset;
     std::vector<int64_t> sizes, strides;
     at::ScalarType dtype;
@@ -244,35 +243,42 @@ struct HashMemo {
     std::string hash;
 
     bool matches(const at::Tensor& t) const {
-      return !storage.expired() && data == t.data_ptr() && offset == t.storage_offset() &&
+      return impl == t.storage().unsafeGetStorageImpl() && offset == t.storage_offset() &&
              dtype == t.scalar_type() && version == t._version() && t.sizes().equals(sizes) &&
              t.strides().equals(strides);
     }
   };
-  std::unordered_multimap<const c10::StorageImpl*, Entry> entries;
+  std::unordered_multimap<const void*, Entry> entries;
+  static constexpr size_t kMaxEntries = size_t{1} << 16;
 
   void sweep() {
     for (auto it = entries.begin(); it != entries.end();) it = it->second.storage.expired() ? entries.erase(it) : std::next(it);
     if (entries.size() > kMaxEntries / 2) entries.clear();
   }
-  static constexpr size_t kMaxEntries = size_t{1} << 16;
 };
 
 }  // namespace
 
 // FNV-1a 64 of the shape seeds XXH64 of the bytes (row-major). A tensor's hash is kept with its
-// storage until the storage dies or is written.
+// view until the storage dies or is written.
 std::string tensor_hash(const at::Tensor& t) {
   if (!t.defined() || !t.has_storage() || t.is_inference() || t.numel() == 0) return hash_bytes(t);
   thread_local HashMemo memo;
-  const c10::StorageImpl* key = t.storage().unsafeGetStorageImpl();
+  const void* key = t.data_ptr();
   auto range = memo.entries.equal_range(key);
-  for (auto it = range.first; it != range.second; ++it)
+  for (auto it = range.first; it != range.second;) {
+    if (it->second.storage.expired()) {  // its storage died: the address may hold another now
+      it = memo.entries.erase(it);
+      continue;
+    }
     if (it->second.matches(t)) return it->second.hash;
+    ++it;
+  }
   if (memo.entries.size() >= HashMemo::kMaxEntries) memo.sweep();
   std::string h = hash_bytes(t);
-  memo.entries.emplace(key, HashMemo::Entry{t.storage().getWeakStorageImpl(), t.data_ptr(), t.storage_offset(),
-                                            t.sizes().vec(), t.strides().vec(), t.scalar_type(), t._version(), h});
+  memo.entries.emplace(key, HashMemo::Entry{t.storage().getWeakStorageImpl(), t.storage().unsafeGetStorageImpl(),
+                                            t.storage_offset(), t.sizes().vec(), t.strides().vec(), t.scalar_type(),
+                                            t._version(), h});
   return h;
 }
 
