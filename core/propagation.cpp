@@ -104,57 +104,46 @@ std::vector<RuleRow> parse_rows(const std::vector<std::string>& texts) {
 
 std::string S(int64_t d) { return "S(" + std::to_string(d) + ")"; }
 
-// Pointwise linear binary ops (add, sub): equal placements pass through; Partial sum and avg are
-// linear. A Replicate operand meets a Partial one by becoming Partial (divide or rank0).
-std::vector<RuleRow> linear_binary_rows(int64_t rank) {
+// The rows every pointwise op has: each shard passes through when every operand is sharded
+// alike, and replicas stay replicas; then the family's own rows.
+std::vector<RuleRow> pointwise_rows(int64_t rank, int arity, const std::vector<std::string>& own) {
+  auto alike = [arity](const std::string& p) {
+    std::string lhs;
+    for (int i = 0; i < arity; ++i) lhs += (i ? ", " : "") + p;
+    return lhs + " -> " + p;
+  };
   std::vector<std::string> t;
-  for (int64_t d = 0; d < rank; ++d) t.push_back(S(d) + ", " + S(d) + " -> " + S(d));
-  t.push_back("R, R -> R");
-  t.push_back("P(sum), P(sum) -> P(sum)");
-  t.push_back("P(avg), P(avg) -> P(avg)");
+  for (int64_t d = 0; d < rank; ++d) t.push_back(alike(S(d)));
+  t.push_back(alike("R"));
+  t.insert(t.end(), own.begin(), own.end());
   return parse_rows(t);
+}
+
+// Pointwise linear binary ops (add, sub): Partial sum and avg are linear. A Replicate operand
+// meets a Partial one by becoming Partial (divide or rank0).
+std::vector<RuleRow> linear_binary_rows(int64_t rank) {
+  return pointwise_rows(rank, 2, {"P(sum), P(sum) -> P(sum)", "P(avg), P(avg) -> P(avg)"});
 }
 
 // Pointwise linear unary ops (neg, scale): every placement but P(max) and P(min) (which neg and a
 // negative scale would swap) passes through.
 std::vector<RuleRow> linear_unary_rows(int64_t rank) {
-  std::vector<std::string> t;
-  for (int64_t d = 0; d < rank; ++d) t.push_back(S(d) + " -> " + S(d));
-  t.push_back("R -> R");
-  t.push_back("P(sum) -> P(sum)");
-  t.push_back("P(avg) -> P(avg)");
-  return parse_rows(t);
+  return pointwise_rows(rank, 1, {"P(sum) -> P(sum)", "P(avg) -> P(avg)"});
 }
 
 // Pointwise non-linear unary ops (exp, relu, sin, tanh): shards and replicas only; a Partial
 // operand is replicated first (an all_reduce).
-std::vector<RuleRow> nonlinear_unary_rows(int64_t rank) {
-  std::vector<std::string> t;
-  for (int64_t d = 0; d < rank; ++d) t.push_back(S(d) + " -> " + S(d));
-  t.push_back("R -> R");
-  return parse_rows(t);
-}
+std::vector<RuleRow> nonlinear_unary_rows(int64_t rank) { return pointwise_rows(rank, 1, {}); }
 
 // Pointwise multiply: a Partial operand is linear only against a Replicate one.
 std::vector<RuleRow> mul_rows(int64_t rank) {
-  std::vector<std::string> t;
-  for (int64_t d = 0; d < rank; ++d) t.push_back(S(d) + ", " + S(d) + " -> " + S(d));
-  t.push_back("R, R -> R");
-  t.push_back("P(sum), R -> P(sum)");
-  t.push_back("R, P(sum) -> P(sum)");
-  t.push_back("P(avg), R -> P(avg)");
-  t.push_back("R, P(avg) -> P(avg)");
-  return parse_rows(t);
+  return pointwise_rows(rank, 2,
+                        {"P(sum), R -> P(sum)", "R, P(sum) -> P(sum)", "P(avg), R -> P(avg)", "R, P(avg) -> P(avg)"});
 }
 
 // Pointwise divide x / y: linear in the numerator only, so Partial only there.
 std::vector<RuleRow> div_rows(int64_t rank) {
-  std::vector<std::string> t;
-  for (int64_t d = 0; d < rank; ++d) t.push_back(S(d) + ", " + S(d) + " -> " + S(d));
-  t.push_back("R, R -> R");
-  t.push_back("P(sum), R -> P(sum)");
-  t.push_back("P(avg), R -> P(avg)");
-  return parse_rows(t);
+  return pointwise_rows(rank, 2, {"P(sum), R -> P(sum)", "P(avg), R -> P(avg)"});
 }
 
 // mm: [m, k] @ [k, n].
