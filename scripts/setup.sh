@@ -15,7 +15,7 @@ esac
 packages=(
   g++ cmake ninja-build pkg-config
   libtorch-dev librapidcheck-dev libgtest-dev libbenchmark-dev
-  libgraphviz-dev nlohmann-json3-dev libcli11-dev
+  libgraphviz-dev nlohmann-json3-dev libcli11-dev libxxhash-dev libgloo-dev
 )
 missing=()
 for p in "${packages[@]}"; do

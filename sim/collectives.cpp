@@ -13,11 +13,29 @@ namespace meshsim {
 
 namespace {
 
+// A tensor over t's storage with the given geometry, made directly rather than through the
+// dispatcher (detach, narrow and select cost about as much as copying a few KiB, and a
+// collective over n ranks makes n of them). For locals outside autograd only: it shares t's
+// version counter, as detach() does, and is not recorded as a view (nothing in meshsim writes a
+// local in place).
+bool raw_viewable(const at::Tensor& t) {
+  return t.defined() && t.has_storage() && !t.requires_grad() && !t.is_conj() && !t.is_neg() && !t.is_inference() &&
+         t.layout() == at::kStrided;
+}
+
+at::Tensor raw_view(const at::Tensor& t, at::IntArrayRef sizes, at::IntArrayRef strides, int64_t offset) {
+  auto impl = c10::make_intrusive<c10::TensorImpl>(c10::Storage(t.storage()), t.key_set(), t.dtype());
+  impl->set_sizes_and_strides(sizes, strides, offset);
+  impl->set_version_counter(t.unsafeGetTensorImpl()->version_counter());
+  return at::Tensor(std::move(impl));
+}
+
 Locals shared(const at::Tensor& t, size_t n) {
   // Distinct tensor objects (each rank's autograd metadata is its own) over one storage.
   Locals out;
   out.reserve(n);
-  for (size_t i = 0; i < n; ++i) out.push_back(t.detach());
+  const bool raw = raw_viewable(t);
+  for (size_t i = 0; i < n; ++i) out.push_back(raw ? raw_view(t, t.sizes(), t.strides(), t.storage_offset()) : t.detach());
   return out;
 }
 
@@ -46,11 +64,34 @@ bool same_view(const at::Tensor& a, const at::Tensor& b) {
          a.is_neg() == b.is_neg();
 }
 
+// out[i] += p[i]: element by element, so vectorizing does not change a single rounding; built
+// for AVX2 as well where the compiler can (picked at load time), as libtorch's own kernels are.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define MESHSIM_VECTOR_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define MESHSIM_VECTOR_CLONES
+#endif
+
+MESHSIM_VECTOR_CLONES void add_into(double* __restrict out, const double* __restrict p, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int j = 0; j < 8; ++j) out[i + j] += p[i + j];
+  for (; i < n; ++i) out[i] += p[i];
+}
+
+MESHSIM_VECTOR_CLONES void add_into(float* __restrict out, const float* __restrict p, int64_t n) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    for (int j = 0; j < 16; ++j) out[i + j] += p[i + j];
+  for (; i < n; ++i) out[i] += p[i];
+}
+
 // acc = g[0] + g[1] + ... in rank order, element by element (so bit for bit what add_ in rank
-// order gives), a block at a time so that the accumulator stays in cache.
+// order gives), a block at a time so that the accumulator stays in cache: the group's bytes are
+// read once and the result written once.
 template <class T>
 void sum_in_rank_order(const Locals& group, at::Tensor& acc) {
-  constexpr int64_t kBlock = 4096;
+  constexpr int64_t kBlock = 2048;
   const int64_t numel = acc.numel();
   T* out = acc.data_ptr<T>();
   std::vector<const T*> in;
@@ -58,11 +99,8 @@ void sum_in_rank_order(const Locals& group, at::Tensor& acc) {
   for (const auto& t : group) in.push_back(t.data_ptr<T>());
   for (int64_t b = 0; b < numel; b += kBlock) {
     const int64_t e = std::min(numel, b + kBlock);
-    std::copy(in[0] + b, in[0] + e, out + b);
-    for (size_t k = 1; k < in.size(); ++k) {
-      const T* p = in[k];
-      for (int64_t i = b; i < e; ++i) out[i] += p[i];
-    }
+    std::memcpy(out + b, in[0] + b, static_cast<size_t>(e - b) * sizeof(T));
+    for (size_t k = 1; k < in.size(); ++k) add_into(out + b, in[k] + b, e - b);
   }
 }
 
@@ -147,6 +185,11 @@ at::Tensor chunk_piece(const at::Tensor& t, int64_t dim, int64_t n, int64_t coor
     const int64_t size = t.size(dim), base = size / n, extra = size % n;
     c = {coord * base + std::min(coord, extra), base + (coord < extra ? 1 : 0)};
   }
+  if (raw_viewable(t) && dim >= 0 && dim < t.dim()) {
+    std::vector<int64_t> sizes = t.sizes().vec();
+    sizes[dim] = c.size;
+    return raw_view(t, sizes, t.strides(), t.storage_offset() + c.offset * t.stride(dim));
+  }
   return t.narrow(dim, c.offset, c.size);
 }
 
@@ -191,9 +234,9 @@ std::vector<int64_t> strides_of(const std::vector<int64_t>& shape) {
 }
 
 // all_to_all for plain locals of one shape, split evenly: every output is written once, piece by
-// piece, into one buffer holding the group's outputs (O(bytes) with n * n block copies, no
-// per-piece tensor objects). Output k is cat over s of chunk k (along split_dim) of member s,
-// along concat_dim: the same values as the general path below.
+// piece (O(bytes) with n * n block copies, no per-piece tensor objects). Output k is cat over s
+// of chunk k (along split_dim) of member s, along concat_dim: the same values as the general
+// path below.
 Locals all_to_all_even(const Locals& group, int64_t split_dim, int64_t concat_dim) {
   const auto n = static_cast<int64_t>(group.size());
   const at::Tensor& first = group[0];
@@ -203,11 +246,20 @@ Locals all_to_all_even(const Locals& group, int64_t split_dim, int64_t concat_di
   std::vector<int64_t> out_shape = piece;
   out_shape[concat_dim] *= n;
   const std::vector<int64_t> in_strides = strides_of(first.sizes().vec()), out_strides = strides_of(out_shape);
-  std::vector<int64_t> all_shape{n};
-  all_shape.insert(all_shape.end(), out_shape.begin(), out_shape.end());
-  at::Tensor all = at::empty(all_shape, first.options());
+  // Small groups: one buffer for every output (one allocation). Large ones: a tensor per output,
+  // as one buffer for the group would cross glibc's mmap threshold sooner (fresh pages cost
+  // more than the copy).
   const int64_t es = static_cast<int64_t>(first.element_size());
-  const int64_t out_numel = all.numel() / std::max<int64_t>(n, 1);
+  int64_t out_numel = 1;
+  for (auto v : out_shape) out_numel *= v;
+  Locals out;
+  out.reserve(group.size());
+  if (n * out_numel * es <= (int64_t{1} << 20)) {
+    const at::Tensor all = at::empty({n * out_numel}, first.options());
+    for (int64_t k = 0; k < n; ++k) out.push_back(raw_view(all, out_shape, out_strides, k * out_numel));
+  } else {
+    for (int64_t k = 0; k < n; ++k) out.push_back(at::empty(out_shape, first.options()));
+  }
   // A piece's dims without those of size 1, trailing dims merged where they are contiguous in
   // both the piece and the output (longer runs).
   std::vector<int64_t> sizes, ss, ds;
@@ -232,29 +284,29 @@ Locals all_to_all_even(const Locals& group, int64_t split_dim, int64_t concat_di
   // written in tiles of kTile members, so that each source is read once per tile and a tile's
   // outputs stay in cache (an all_to_all is a transpose of pieces).
   constexpr int64_t kTile = 64;
-  auto scatter = [&](auto* base) {
-    using T = std::remove_pointer_t<decltype(base)>;
+  auto scatter = [&](auto* type) {
+    using T = std::remove_pointer_t<decltype(type)>;
     std::vector<const T*> srcs;
+    std::vector<T*> dsts;
     srcs.reserve(group.size());
+    dsts.reserve(group.size());
     for (const auto& t : group) srcs.push_back(static_cast<const T*>(t.data_ptr()));
+    for (auto& t : out) dsts.push_back(static_cast<T*>(t.data_ptr()));
     const int64_t src_step = c * in_strides[split_dim], dst_step = piece[concat_dim] * out_strides[concat_dim];
     for (int64_t k0 = 0; k0 < n; k0 += kTile)
       for (int64_t s = 0; s < n; ++s)
         for (int64_t k = k0; k < std::min(n, k0 + kTile); ++k) {
           const T* src = srcs[s] + k * src_step;
-          T* dst = base + k * out_numel + s * dst_step;
+          T* dst = dsts[k] + s * dst_step;
           if (!run) copy_block(dst, ds.data(), src, ss.data(), sizes.data(), static_cast<int>(sizes.size()));
           else if (run_length == 1) *dst = *src;
           else std::memcpy(dst, src, static_cast<size_t>(run_length) * sizeof(T));
         }
   };
   if (!empty) {
-    if (es == 8) scatter(static_cast<uint64_t*>(all.data_ptr()));
-    else scatter(static_cast<uint32_t*>(all.data_ptr()));
+    if (es == 8) scatter(static_cast<uint64_t*>(nullptr));
+    else scatter(static_cast<uint32_t*>(nullptr));
   }
-  Locals out;
-  out.reserve(group.size());
-  for (int64_t k = 0; k < n; ++k) out.push_back(all.select(0, k));
   return out;
 }
 

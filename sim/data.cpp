@@ -5,6 +5,8 @@
 #include <cstring>
 #include <unordered_map>
 
+#include <xxhash.h>
+
 namespace meshsim {
 
 Rng::Rng(uint64_t seed, uint64_t stream) : state_(seed * 0x9E3779B97F4A7C15ULL ^ (stream + 1) * 0xD1B54A32D192ED03ULL) {}
@@ -161,66 +163,13 @@ uint64_t fnv1a(uint64_t h, const unsigned char* p, size_t n) {
   return h;
 }
 
-// XXH64 (xxHash, 64-bit, as specified by its reference implementation), little-endian reads.
-constexpr uint64_t kP1 = 0x9E3779B185EBCA87ULL, kP2 = 0xC2B2AE3D27D4EB4FULL, kP3 = 0x165667B19E3779F9ULL,
-                   kP4 = 0x85EBCA77C2B2AE63ULL, kP5 = 0x27D4EB2F165667C5ULL;
-inline uint64_t rotl(uint64_t x, int r) { return (x << r) | (x >> (64 - r)); }
-inline uint64_t read64(const unsigned char* p) {
-  uint64_t v;
-  std::memcpy(&v, p, 8);
-  return v;
-}
-inline uint32_t read32(const unsigned char* p) {
-  uint32_t v;
-  std::memcpy(&v, p, 4);
-  return v;
-}
-inline uint64_t xxh_round(uint64_t acc, uint64_t input) { return rotl(acc + input * kP2, 31) * kP1; }
-inline uint64_t xxh_merge(uint64_t acc, uint64_t val) { return (acc ^ xxh_round(0, val)) * kP1 + kP4; }
-
-uint64_t xxh64(const unsigned char* p, size_t len, uint64_t seed) {
-  const unsigned char* const end = p + len;
-  uint64_t h;
-  if (len >= 32) {
-    uint64_t v1 = seed + kP1 + kP2, v2 = seed + kP2, v3 = seed, v4 = seed - kP1;
-    const unsigned char* const limit = end - 32;
-    do {
-      v1 = xxh_round(v1, read64(p));
-      v2 = xxh_round(v2, read64(p + 8));
-      v3 = xxh_round(v3, read64(p + 16));
-      v4 = xxh_round(v4, read64(p + 24));
-      p += 32;
-    } while (p <= limit);
-    h = rotl(v1, 1) + rotl(v2, 7) + rotl(v3, 12) + rotl(v4, 18);
-    h = xxh_merge(h, v1);
-    h = xxh_merge(h, v2);
-    h = xxh_merge(h, v3);
-    h = xxh_merge(h, v4);
-  } else {
-    h = seed + kP5;
-  }
-  h += static_cast<uint64_t>(len);
-  for (; p + 8 <= end; p += 8) h = rotl(h ^ xxh_round(0, read64(p)), 27) * kP1 + kP4;
-  if (p + 4 <= end) {
-    h = rotl(h ^ (static_cast<uint64_t>(read32(p)) * kP1), 23) * kP2 + kP3;
-    p += 4;
-  }
-  for (; p < end; ++p) h = rotl(h ^ (*p * kP5), 11) * kP1;
-  h ^= h >> 33;
-  h *= kP2;
-  h ^= h >> 29;
-  h *= kP3;
-  h ^= h >> 32;
-  return h;
-}
-
 std::string hash_bytes(const at::Tensor& t) {
   uint64_t h = 1469598103934665603ULL;
   for (auto s : t.sizes()) h = fnv1a(h, reinterpret_cast<const unsigned char*>(&s), sizeof(s));
   const at::Tensor c = t.is_contiguous() ? t : t.detach().contiguous();
   const auto* data = static_cast<const unsigned char*>(c.data_ptr());
   const size_t n = static_cast<size_t>(c.numel()) * c.element_size();
-  h = xxh64(data, n, h);
+  h = XXH64(data, n, h);  // xxHash from libxxhash-dev
   char buf[17];
   std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h));
   return buf;
@@ -249,7 +198,11 @@ struct HashMemo {
     }
   };
   std::unordered_multimap<const void*, Entry> entries;
-  static constexpr size_t kMaxEntries = size_t{1} << 16;
+  // Few entries: a weak reference keeps its StorageImpl object (not the data) alive, and many of
+  // them scattered through the heap fragment it (at 4096 ranks, 64 Ki entries cost 100 MiB of
+  // peak memory, 4 Ki entries nothing). Reuse within an event, which is what the memo is for,
+  // needs one entry per distinct shared local.
+  static constexpr size_t kMaxEntries = 4096;
 
   void sweep() {
     for (auto it = entries.begin(); it != entries.end();) it = it->second.storage.expired() ? entries.erase(it) : std::next(it);
