@@ -11,8 +11,6 @@
 
 namespace meshsim::cli {
 
-namespace {
-
 RunOptions options_with_overrides(const Scenario& sc, const std::vector<std::string>& overrides) {
   RunOptions options = sc.options;
   for (const auto& kv : overrides) {
@@ -27,6 +25,8 @@ RunOptions options_with_overrides(const Scenario& sc, const std::vector<std::str
   }
   return options;
 }
+
+namespace {
 
 std::string join_specs(const nlohmann::json& placements) {
   if (!placements.is_array()) return "none";

@@ -4,7 +4,12 @@
 #include <string>
 #include <vector>
 
+#include "core/scenario.h"
+
 namespace meshsim::cli {
+
+// The scenario's options with `--option key=value` overrides applied (InputError when malformed).
+RunOptions options_with_overrides(const Scenario& sc, const std::vector<std::string>& overrides);
 
 struct RunArgs {
   std::string file;
@@ -27,5 +32,13 @@ struct RenderArgs {
   std::string view = "logical";  // logical | ranks
 };
 int cmd_render(const RenderArgs& args);
+
+}  // namespace meshsim::cli
+
+#include "gpu_validate/validate.h"
+
+namespace meshsim::cli {
+
+int cmd_validate(const ValidateConfig& config);
 
 }  // namespace meshsim::cli

@@ -47,6 +47,29 @@ int main(int argc, char** argv) {
                          "ranks collapsed)")
       ->check(CLI::IsMember({"logical", "ranks"}));
 
+  ValidateConfig validate;
+  auto* validate_cmd = app.add_subcommand(
+      "validate", "Run a scenario on a real engine (one process per rank) and compare every rank with the simulation");
+  validate_cmd->add_option("file", validate.file, "Scenario file (meshsim.scenario/1)")->required();
+  validate_cmd->add_option("--backend", validate.backend, "gloo (CPU processes) or nccl (one GPU per rank)")
+      ->check(CLI::IsMember({"gloo", "nccl"}));
+  validate_cmd->add_option("--ranks", validate.ranks, "World size; must equal the mesh's (default: the mesh's)")
+      ->check(CLI::PositiveNumber);
+  validate_cmd->add_option("--option", validate.options, "Override a scenario option, key=value (repeatable)");
+  validate_cmd->add_option("--timeout", validate.timeout_s, "Seconds any collective or rendezvous may take (default 30)")
+      ->check(CLI::PositiveNumber);
+  validate_cmd->add_flag("--json", validate.json, "Print the report as JSON (meshsim.validate/1)");
+  validate_cmd->add_flag("--keep", validate.keep, "Keep the workers' directory (logs, progress, verdicts)");
+  validate_cmd->add_option("--fault", validate.fault, "Testing: kill:RANK:AT or hang:RANK:AT, at that rank's AT-th collective");
+  auto* worker = validate_cmd->add_option_group("worker", "Run one rank (workers started by hand, or by the coordinator)");
+  worker->add_option("--rank", validate.rank, "This worker's rank")->check(CLI::NonNegativeNumber);
+  worker->add_option("--master-addr", validate.master_addr, "TCP store host (rank 0 serves it)");
+  worker->add_option("--master-port", validate.master_port, "TCP store port (default 29500)");
+  worker->add_option("--hostname", validate.hostname, "The address this worker listens on (default: this host's name)");
+  worker->add_option("--store", validate.store, "File store path (a shared file system)");
+  worker->add_option("--result", validate.result_file, "Write this rank's verdict (JSON) here");
+  worker->add_option("--progress", validate.progress_file, "Append a line per collective here");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -61,6 +84,7 @@ int main(int argc, char** argv) {
     }
     if (*replay_cmd) return cli::cmd_replay(replay);
     if (*render_cmd) return cli::cmd_render(render);
+    if (*validate_cmd) return cli::cmd_validate(validate);
   } catch (const InputError& e) {
     std::cerr << "meshsim: " << e.what() << "\n";
     return 2;

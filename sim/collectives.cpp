@@ -8,6 +8,7 @@
 #include "core/cost_model.h"
 #include "core/layout.h"
 #include "core/mutants.h"
+#include "sim/communicator.h"
 
 namespace meshsim {
 
@@ -382,12 +383,14 @@ Locals local_step(const RedistStep& step, const Locals& group) {
   return out;
 }
 
-Locals group_step(const RedistStep& step, const Locals& group) {
+// Communicating steps go through the current engine (communicator.h); the rest are local.
+Locals group_step(const RedistStep& step, const Ranks& ranks, const Locals& group) {
+  Communicator& c = communicator();
   switch (step.kind) {
-    case StepKind::AllGather: return all_gather(group, step.dim);
-    case StepKind::AllReduce: return all_reduce(group, step.op);
-    case StepKind::ReduceScatter: return reduce_scatter(group, step.op, step.dim);
-    case StepKind::AllToAll: return all_to_all(group, step.split_dim, step.concat_dim);
+    case StepKind::AllGather: return c.all_gather(ranks, group, step.dim);
+    case StepKind::AllReduce: return c.all_reduce(ranks, group, step.op);
+    case StepKind::ReduceScatter: return c.reduce_scatter(ranks, group, step.op, step.dim);
+    case StepKind::AllToAll: return c.all_to_all(ranks, group, step.split_dim, step.concat_dim);
     case StepKind::Relabel: return group;
     default: return local_step(step, group);
   }
@@ -402,7 +405,7 @@ Locals apply_step(const Mesh& mesh, const RedistStep& step, const Locals& locals
     Locals group;
     group.reserve(ranks.size());
     for (auto r : ranks) group.push_back(locals[r]);
-    Locals result = group_step(step, group);
+    Locals result = group_step(step, ranks, group);
     for (size_t k = 0; k < ranks.size(); ++k) out[ranks[k]] = result[k];
   }
   return out;

@@ -1,0 +1,43 @@
+// `meshsim validate` (DESIGN.md, contract 1): the command-line side of gpu_validate/validate.h.
+#include <unistd.h>
+
+#include <iostream>
+#include <stdexcept>
+
+#include "cli/commands.h"
+#include "core/error.h"
+#include "gpu_validate/validate.h"
+
+namespace meshsim::cli {
+
+int cmd_validate(const ValidateConfig& config) {
+  Scenario sc = load_scenario(config.file);
+  RunOptions options = options_with_overrides(sc, config.options);
+  if (config.ranks != 0 && config.ranks != sc.mesh.size())
+    throw InputError(sc.file, "/mesh/shape",
+                     "the mesh (" + sc.mesh.str() + ") has " + std::to_string(sc.mesh.size()) + " ranks, --ranks asks for " +
+                         std::to_string(config.ranks));
+  if (config.rank >= 0) {
+    if (config.store.empty() && config.master_addr.empty())
+      throw InputError("--rank", "", "a worker needs --store PATH or --master-addr HOST");
+    return validate_worker(sc, options, config, std::cout);
+  }
+  char self[4096];
+  const ssize_t n = ::readlink("/proc/self/exe", self, sizeof self - 1);
+  if (n <= 0) throw std::runtime_error("cannot find this executable (/proc/self/exe)");
+  self[n] = '\0';
+  try {
+    return validate_coordinator(sc, options, config, self, std::cout);
+  } catch (const std::invalid_argument& e) {  // a malformed --fault
+    throw InputError("--fault", "", e.what());
+  } catch (const SemanticError&) {
+    throw;
+  } catch (const InputError&) {
+    throw;
+  } catch (const std::runtime_error& e) {  // the coordinator could not start or watch its workers
+    std::cerr << "meshsim: validate: " << e.what() << "\n";
+    return kExitEngineFailure;
+  }
+}
+
+}  // namespace meshsim::cli

@@ -1,0 +1,153 @@
+#include "gpu_validate/gloo_engine.h"
+
+#define USE_C10D_GLOO 1
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+
+#include <stdexcept>
+
+namespace meshsim {
+
+namespace {
+
+// Waits for a collective, naming it when the engine fails or times out.
+void wait(const c10::intrusive_ptr<c10d::Work>& work, const char* what, const Ranks& ranks,
+          std::chrono::milliseconds timeout) {
+  auto fail = [&](const std::string& why) {
+    std::string group;
+    for (auto r : ranks) group += (group.empty() ? "" : ",") + std::to_string(r);
+    return std::runtime_error(std::string("gloo ") + what + (group.empty() ? "" : " over ranks {" + group + "}") +
+                              " failed: " + why);
+  };
+  try {
+    work->wait(timeout);
+  } catch (const c10::Error& e) {
+    throw fail(e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    throw fail(e.what());
+  }
+}
+
+c10d::ReduceOp c10d_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::Max: return c10d::ReduceOp::MAX;
+    case ReduceOp::Min: return c10d::ReduceOp::MIN;
+    default: return c10d::ReduceOp::SUM;  // avg: the sum, divided below as the simulation does
+  }
+}
+
+}  // namespace
+
+struct GlooCommunicator::Impl {
+  std::chrono::milliseconds timeout;
+  c10::intrusive_ptr<c10d::Store> store;
+  std::map<Ranks, c10::intrusive_ptr<c10d::ProcessGroupGloo>> groups;
+  c10::intrusive_ptr<c10d::ProcessGroupGloo> world;  // every rank: the closing barrier
+
+  c10d::ProcessGroupGloo& group(const Ranks& ranks) {
+    auto it = groups.find(ranks);
+    if (it == groups.end()) throw std::logic_error("gloo: no process group for " + group_key(ranks));
+    return *it->second;
+  }
+};
+
+GlooCommunicator::GlooCommunicator(const Mesh& mesh, const GlooConfig& config)
+    : RealCommunicator(config.store.rank, config.fault, config.progress_file), impl_(std::make_unique<Impl>()) {
+  const StoreConfig& sc = config.store;
+  impl_->timeout = sc.timeout;
+  impl_->store = make_store(sc);
+  std::string host = config.hostname;
+  if (host.empty() && !sc.file.empty()) host = "127.0.0.1";  // one machine: loopback
+  auto options = c10d::ProcessGroupGloo::Options::create(sc.timeout);
+  options->devices.push_back(host.empty() ? c10d::ProcessGroupGloo::createDefaultDevice()
+                                          : c10d::ProcessGroupGloo::createDeviceForHostname(host));
+  options->threads = 1;
+  // Every group this rank belongs to, axis by axis, groups in order: the same order on every
+  // rank, so that each group's members meet at its rendezvous.
+  for (int axis = 0; axis < mesh.ndim(); ++axis)
+    for (const auto& ranks : mesh.groups(axis)) {
+      if (ranks.size() < 2 || impl_->groups.count(ranks)) continue;
+      int position = -1;
+      for (size_t k = 0; k < ranks.size(); ++k)
+        if (ranks[k] == sc.rank) position = static_cast<int>(k);
+      if (position < 0) continue;
+      auto prefixed = c10::make_intrusive<c10d::PrefixStore>(group_key(ranks), impl_->store);
+      impl_->groups[ranks] = c10::make_intrusive<c10d::ProcessGroupGloo>(
+          prefixed, position, static_cast<int>(ranks.size()), options);
+    }
+  if (sc.world > 1)
+    impl_->world = c10::make_intrusive<c10d::ProcessGroupGloo>(
+        c10::make_intrusive<c10d::PrefixStore>("meshsim/world", impl_->store), static_cast<int>(sc.rank),
+        static_cast<int>(sc.world), options);
+}
+
+GlooCommunicator::~GlooCommunicator() = default;
+
+void GlooCommunicator::finish() {
+  // No rank leaves (closing its connections) before every rank is done with its collectives.
+  if (impl_->world) wait(impl_->world->barrier(), "closing barrier", {}, impl_->timeout);
+}
+
+at::Tensor GlooCommunicator::real_all_gather(const Ranks& ranks, size_t k, const Locals& group, int64_t dim) {
+  // Gloo gathers equal sizes: every member pads its piece to the widest along dim, then the
+  // padding is cut off again (the members' sizes follow from the program, as in a real job).
+  int64_t widest = 0;
+  for (const auto& t : group) widest = std::max(widest, t.size(dim));
+  auto padded_shape = group[k].sizes().vec();
+  padded_shape[dim] = widest;
+  at::Tensor mine = at::zeros(padded_shape, group[k].options().requires_grad(false));
+  mine.narrow(dim, 0, group[k].size(dim)).copy_(group[k].detach());
+  std::vector<at::Tensor> inputs{mine};
+  std::vector<std::vector<at::Tensor>> outputs(1);
+  for (size_t s = 0; s < group.size(); ++s) outputs[0].push_back(at::empty_like(mine));
+  wait(impl_->group(ranks).allgather(outputs, inputs), "all_gather", ranks, impl_->timeout);
+  std::vector<at::Tensor> pieces;
+  for (size_t s = 0; s < group.size(); ++s) pieces.push_back(outputs[0][s].narrow(dim, 0, group[s].size(dim)));
+  return at::cat(pieces, dim);
+}
+
+at::Tensor GlooCommunicator::real_all_reduce(const Ranks& ranks, size_t k, const at::Tensor& mine, ReduceOp op) {
+  std::vector<at::Tensor> buffer{mine.detach().clone().contiguous()};
+  c10d::AllreduceOptions options;
+  options.reduceOp = c10d_op(op);
+  wait(impl_->group(ranks).allreduce(buffer, options), "all_reduce", ranks, impl_->timeout);
+  if (op == ReduceOp::Avg) buffer[0].div_(static_cast<double>(ranks.size()));
+  return buffer[0];
+}
+
+at::Tensor GlooCommunicator::real_all_to_all(const Ranks& ranks, size_t k, const Locals& group, int64_t split_dim,
+                                             int64_t concat_dim) {
+  // Gloo's alltoall_base moves runs of elements along dim 0: the pieces go out flattened, one run
+  // per destination, and come back as one run per source, reshaped to the source's piece.
+  const auto n = static_cast<int64_t>(ranks.size());
+  std::vector<at::Tensor> send;
+  std::vector<int64_t> send_sizes, recv_sizes;
+  std::vector<std::vector<int64_t>> recv_shapes;
+  for (int64_t d = 0; d < n; ++d) {
+    // A copy: chunk_piece may give a view made outside the dispatcher (collectives.cpp), which
+    // is not to be viewed again.
+    at::Tensor piece = chunk_piece(group[k].detach(), split_dim, n, d).clone(at::MemoryFormat::Contiguous).reshape({-1});
+    send_sizes.push_back(piece.numel());
+    send.push_back(piece);
+  }
+  int64_t total = 0;
+  for (int64_t s = 0; s < n; ++s) {
+    at::Tensor theirs = chunk_piece(group[s], split_dim, n, static_cast<int64_t>(k));
+    recv_shapes.push_back(theirs.sizes().vec());
+    recv_sizes.push_back(theirs.numel());
+    total += theirs.numel();
+  }
+  at::Tensor in = at::cat(send), out = at::empty({total}, in.options());
+  // c10d takes the split sizes by reference and moves them into its work: it gets copies.
+  std::vector<int64_t> out_splits = recv_sizes, in_splits = send_sizes;
+  wait(impl_->group(ranks).alltoall_base(out, in, out_splits, in_splits), "all_to_all", ranks, impl_->timeout);
+  std::vector<at::Tensor> pieces;
+  int64_t offset = 0;
+  for (int64_t s = 0; s < n; ++s) {
+    pieces.push_back(out.narrow(0, offset, recv_sizes[s]).reshape(recv_shapes[s]));
+    offset += recv_sizes[s];
+  }
+  return at::cat(pieces, concat_dim);
+}
+
+}  // namespace meshsim

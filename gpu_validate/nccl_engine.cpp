@@ -1,0 +1,228 @@
+#include "gpu_validate/nccl_engine.h"
+
+#include <stdlib.h>
+
+#include <map>
+#include <stdexcept>
+#include <thread>
+
+#ifdef MESHSIM_WITH_NCCL
+#include <cuda_runtime.h>
+#include <nccl.h>
+#endif
+
+namespace meshsim {
+
+#ifndef MESHSIM_WITH_NCCL
+
+std::string nccl_unavailable(int64_t) {
+  return "this meshsim was built without NCCL (CMake found no CUDA toolkit with nccl.h; the machine "
+         "image has them under /usr/local/cuda)";
+}
+
+std::unique_ptr<RealCommunicator> make_nccl_communicator(const Mesh&, const NcclConfig&) {
+  throw EngineUnavailable(nccl_unavailable(0));
+}
+
+#else
+
+namespace {
+
+void check_cuda(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw std::runtime_error(std::string("CUDA ") + what + ": " + cudaGetErrorString(e));
+}
+
+void check_nccl(ncclResult_t r, const char* what) {
+  if (r != ncclSuccess) throw std::runtime_error(std::string("NCCL ") + what + ": " + ncclGetErrorString(r));
+}
+
+ncclDataType_t nccl_type(const at::Tensor& t) {
+  if (t.scalar_type() == at::kDouble) return ncclFloat64;
+  if (t.scalar_type() == at::kFloat) return ncclFloat32;
+  throw std::runtime_error("NCCL engine: only float64 and float32 locals");
+}
+
+ncclRedOp_t nccl_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::Max: return ncclMax;
+    case ReduceOp::Min: return ncclMin;
+    default: return ncclSum;  // avg: the sum, divided on the host as the simulation does
+  }
+}
+
+// Device memory for one collective.
+struct DeviceBuffer {
+  void* ptr = nullptr;
+  explicit DeviceBuffer(size_t bytes) { check_cuda(cudaMalloc(&ptr, bytes ? bytes : 1), "cudaMalloc"); }
+  ~DeviceBuffer() { cudaFree(ptr); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+};
+
+class NcclCommunicator : public RealCommunicator {
+ public:
+  NcclCommunicator(const Mesh& mesh, const NcclConfig& config)
+      : RealCommunicator(config.store.rank, config.fault, config.progress_file), timeout_(config.store.timeout) {
+    ::setenv("NCCL_ALGO", "Ring", 0);
+    ::setenv("NCCL_PROTO", "Simple", 0);
+    int count = 0;
+    check_cuda(cudaGetDeviceCount(&count), "cudaGetDeviceCount");
+    check_cuda(cudaSetDevice(static_cast<int>(config.store.rank % count)), "cudaSetDevice");
+    check_cuda(cudaStreamCreate(&stream_), "cudaStreamCreate");
+    auto store = make_store(config.store);
+    // One communicator per group of this rank, in the same order on every rank; the group's
+    // first member makes the id and publishes it.
+    for (int axis = 0; axis < mesh.ndim(); ++axis)
+      for (const auto& ranks : mesh.groups(axis)) {
+        if (ranks.size() < 2 || comms_.count(ranks)) continue;
+        int position = -1;
+        for (size_t k = 0; k < ranks.size(); ++k)
+          if (ranks[k] == config.store.rank) position = static_cast<int>(k);
+        if (position < 0) continue;
+        ncclUniqueId id;
+        const std::string key = group_key(ranks) + "/nccl_id";
+        if (position == 0) {
+          check_nccl(ncclGetUniqueId(&id), "ncclGetUniqueId");
+          store->set(key, std::vector<uint8_t>(id.internal, id.internal + sizeof id.internal));
+        } else {
+          const std::vector<uint8_t> bytes = store->get(key);
+          std::copy(bytes.begin(), bytes.end(), id.internal);
+        }
+        ncclComm_t comm;
+        check_nccl(ncclCommInitRank(&comm, static_cast<int>(ranks.size()), id, position), "ncclCommInitRank");
+        comms_[ranks] = comm;
+      }
+  }
+  ~NcclCommunicator() override {
+    for (auto& [ranks, comm] : comms_) ncclCommDestroy(comm);
+    cudaStreamDestroy(stream_);
+  }
+  const char* name() const override { return "nccl"; }
+
+ protected:
+  at::Tensor real_all_gather(const Ranks& ranks, size_t k, const Locals& group, int64_t dim) override {
+    // Equal sizes, as for Gloo: pad to the widest piece, cut the padding off after.
+    int64_t widest = 0;
+    for (const auto& t : group) widest = std::max(widest, t.size(dim));
+    auto shape = group[k].sizes().vec();
+    shape[dim] = widest;
+    at::Tensor mine = at::zeros(shape, group[k].options().requires_grad(false));
+    mine.narrow(dim, 0, group[k].size(dim)).copy_(group[k].detach());
+    const size_t bytes = static_cast<size_t>(mine.numel()) * mine.element_size();
+    DeviceBuffer send(bytes), recv(bytes * ranks.size());
+    to_device(send, mine);
+    check_nccl(ncclAllGather(send.ptr, recv.ptr, static_cast<size_t>(mine.numel()), nccl_type(mine), comm(ranks), stream_),
+               "ncclAllGather");
+    synchronize("all_gather");
+    at::Tensor all = at::empty({static_cast<int64_t>(ranks.size()) * mine.numel()}, mine.options());
+    from_device(all, recv);
+    std::vector<at::Tensor> pieces;
+    for (size_t s = 0; s < group.size(); ++s)
+      pieces.push_back(all.narrow(0, static_cast<int64_t>(s) * mine.numel(), mine.numel()).view(shape).narrow(dim, 0, group[s].size(dim)));
+    return at::cat(pieces, dim);
+  }
+
+  at::Tensor real_all_reduce(const Ranks& ranks, size_t, const at::Tensor& mine, ReduceOp op) override {
+    at::Tensor host = mine.detach().contiguous().clone();
+    const size_t bytes = static_cast<size_t>(host.numel()) * host.element_size();
+    DeviceBuffer buf(bytes);
+    to_device(buf, host);
+    check_nccl(ncclAllReduce(buf.ptr, buf.ptr, static_cast<size_t>(host.numel()), nccl_type(host), nccl_op(op), comm(ranks), stream_),
+               "ncclAllReduce");
+    synchronize("all_reduce");
+    from_device(host, buf);
+    if (op == ReduceOp::Avg) host.div_(static_cast<double>(ranks.size()));
+    return host;
+  }
+
+  at::Tensor real_all_to_all(const Ranks& ranks, size_t k, const Locals& group, int64_t split_dim,
+                             int64_t concat_dim) override {
+    const auto n = static_cast<int64_t>(ranks.size());
+    std::vector<at::Tensor> send_pieces, recv_pieces;
+    for (int64_t d = 0; d < n; ++d) send_pieces.push_back(chunk_piece(group[k].detach(), split_dim, n, d).clone(at::MemoryFormat::Contiguous));
+    for (int64_t s = 0; s < n; ++s)
+      recv_pieces.push_back(at::empty(chunk_piece(group[s], split_dim, n, static_cast<int64_t>(k)).sizes(), group[k].options().requires_grad(false)));
+    std::vector<std::unique_ptr<DeviceBuffer>> sends, recvs;
+    for (auto& p : send_pieces) {
+      sends.push_back(std::make_unique<DeviceBuffer>(static_cast<size_t>(p.numel()) * p.element_size()));
+      to_device(*sends.back(), p);
+    }
+    for (auto& p : recv_pieces) recvs.push_back(std::make_unique<DeviceBuffer>(static_cast<size_t>(p.numel()) * p.element_size()));
+    ncclComm_t c = comm(ranks);
+    check_nccl(ncclGroupStart(), "ncclGroupStart");
+    for (int64_t p = 0; p < n; ++p) {
+      check_nccl(ncclSend(sends[p]->ptr, static_cast<size_t>(send_pieces[p].numel()), nccl_type(send_pieces[p]), static_cast<int>(p), c, stream_), "ncclSend");
+      check_nccl(ncclRecv(recvs[p]->ptr, static_cast<size_t>(recv_pieces[p].numel()), nccl_type(recv_pieces[p]), static_cast<int>(p), c, stream_), "ncclRecv");
+    }
+    check_nccl(ncclGroupEnd(), "ncclGroupEnd");
+    synchronize("all_to_all");
+    for (int64_t p = 0; p < n; ++p) from_device(recv_pieces[p], *recvs[p]);
+    return at::cat(recv_pieces, concat_dim);
+  }
+
+ private:
+  ncclComm_t comm(const Ranks& ranks) {
+    auto it = comms_.find(ranks);
+    if (it == comms_.end()) throw std::logic_error("nccl: no communicator for " + group_key(ranks));
+    return it->second;
+  }
+  void to_device(DeviceBuffer& d, const at::Tensor& host) {
+    check_cuda(cudaMemcpyAsync(d.ptr, host.data_ptr(), static_cast<size_t>(host.numel()) * host.element_size(),
+                               cudaMemcpyHostToDevice, stream_), "copy to device");
+  }
+  void from_device(at::Tensor& host, const DeviceBuffer& d) {
+    check_cuda(cudaMemcpyAsync(host.data_ptr(), d.ptr, static_cast<size_t>(host.numel()) * host.element_size(),
+                               cudaMemcpyDeviceToHost, stream_), "copy to host");
+    check_cuda(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+  }
+  // Waits for the stream with the timeout: a peer that died or hangs leaves NCCL waiting, so the
+  // communicators are aborted and the collective reported.
+  void synchronize(const char* what) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout_;
+    for (;;) {
+      cudaError_t e = cudaStreamQuery(stream_);
+      if (e == cudaSuccess) return;
+      if (e != cudaErrorNotReady) check_cuda(e, what);
+      ncclResult_t async = ncclSuccess;
+      for (auto& [ranks, c] : comms_) {
+        ncclCommGetAsyncError(c, &async);
+        if (async != ncclSuccess && async != ncclInProgress) break;
+      }
+      if ((async != ncclSuccess && async != ncclInProgress) || std::chrono::steady_clock::now() > deadline) {
+        for (auto& [ranks, c] : comms_) ncclCommAbort(c);
+        comms_.clear();
+        throw std::runtime_error(std::string("NCCL ") + what + (async != ncclSuccess ? std::string(" failed: ") + ncclGetErrorString(async)
+                                                                                     : " timed out after " + std::to_string(timeout_.count()) + " ms"));
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
+
+  std::chrono::milliseconds timeout_;
+  cudaStream_t stream_ = nullptr;
+  std::map<Ranks, ncclComm_t> comms_;
+};
+
+}  // namespace
+
+std::string nccl_unavailable(int64_t world) {
+  int count = 0;
+  const cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess) return std::string("no CUDA device (cudaGetDeviceCount: ") + cudaGetErrorString(e) + ")";
+  if (count == 0) return "no CUDA device";
+  if (world > count)
+    return "the mesh has " + std::to_string(world) + " ranks and NCCL needs one GPU per rank (it refuses two ranks on "
+           "one GPU); this machine has " + std::to_string(count) + ", so it validates meshes of at most " +
+           std::to_string(count) + " ranks here (several machines: docs/engines.md)";
+  return "";
+}
+
+std::unique_ptr<RealCommunicator> make_nccl_communicator(const Mesh& mesh, const NcclConfig& config) {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) throw EngineUnavailable(nccl_unavailable(mesh.size()));
+  return std::make_unique<NcclCommunicator>(mesh, config);
+}
+
+#endif
+
+}  // namespace meshsim

@@ -1,0 +1,122 @@
+#include "gpu_validate/real_engine.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <sstream>
+#include <stdexcept>
+#include <thread>
+
+namespace meshsim {
+
+Fault parse_fault(const std::string& spec) {
+  Fault f;
+  std::istringstream in(spec);
+  std::string kind, rank, at;
+  if (!std::getline(in, kind, ':') || !std::getline(in, rank, ':') || !std::getline(in, at) ||
+      (kind != "kill" && kind != "hang" && kind != "corrupt"))
+    throw std::invalid_argument("fault \"" + spec + "\": expected kill:RANK:AT, hang:RANK:AT or corrupt:RANK:AT");
+  try {
+    f.rank = std::stoll(rank);
+    f.at = std::stoll(at);
+  } catch (const std::exception&) {
+    throw std::invalid_argument("fault \"" + spec + "\": RANK and AT are integers");
+  }
+  if (f.rank < 0 || f.at < 1) throw std::invalid_argument("fault \"" + spec + "\": RANK >= 0 and AT >= 1");
+  f.kind = kind == "kill" ? Fault::Kind::Kill : kind == "hang" ? Fault::Kind::Hang : Fault::Kind::Corrupt;
+  return f;
+}
+
+RealCommunicator::RealCommunicator(int64_t rank, Fault fault, std::string progress_file)
+    : rank_(rank), fault_(fault) {
+  if (!progress_file.empty()) progress_.open(progress_file, std::ios::app);
+}
+
+int64_t RealCommunicator::member(const Ranks& ranks) const {
+  for (size_t k = 0; k < ranks.size(); ++k)
+    if (ranks[k] == rank_) return static_cast<int64_t>(k);
+  return -1;
+}
+
+void RealCommunicator::begin(const char* what, const Ranks& ranks) {
+  const int64_t n = ++stats_.collectives;
+  if ((fault_.kind == Fault::Kind::Kill || fault_.kind == Fault::Kind::Hang) && fault_.rank == rank_ && fault_.at == n) {
+    if (fault_.kind == Fault::Kind::Kill) ::kill(::getpid(), SIGKILL);
+    for (;;) std::this_thread::sleep_for(std::chrono::hours(1));  // Hang: until killed
+  }
+  if (progress_.is_open()) {
+    // A line when this rank enters a collective and one when it leaves, flushed, so that whoever
+    // watches the rank sees where it is: a rank that hangs before a collective has left the
+    // previous one; its peers are in the next.
+    progress_ << "in collective #" << n << " (" << what << " over ranks";
+    for (auto r : ranks) progress_ << ' ' << r;
+    progress_ << ")" << std::endl;
+  }
+  started_ = std::chrono::steady_clock::now();
+}
+
+at::Tensor RealCommunicator::end(const at::Tensor& mine, at::Tensor result) {
+  stats_.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count();
+  stats_.bytes += mine.numel() * static_cast<int64_t>(mine.element_size());
+  if (progress_.is_open()) progress_ << "after collective #" << stats_.collectives << std::endl;
+  if (fault_.kind == Fault::Kind::Corrupt && fault_.rank == rank_ && fault_.at == stats_.collectives && result.numel()) {
+    result = result.clone(at::MemoryFormat::Contiguous);
+    result.view(-1)[0].add_(1);
+  }
+  return result;
+}
+
+void RealCommunicator::note_reduction(const Locals& group, ReduceOp op) {
+  if (op != ReduceOp::Sum && op != ReduceOp::Avg) return;  // max and min are exact in any order
+  for (const auto& t : group)
+    if (t.numel() && !at::equal(t, at::round(t))) {
+      ++stats_.inexact_reductions;
+      return;
+    }
+}
+
+Locals RealCommunicator::all_gather(const Ranks& ranks, const Locals& group, int64_t dim) {
+  Locals out = sim_.all_gather(ranks, group, dim);
+  const int64_t k = member(ranks);
+  if (k < 0) return out;
+  begin("all_gather", ranks);
+  out[k] = end(group[k], real_all_gather(ranks, static_cast<size_t>(k), group, dim));
+  return out;
+}
+
+Locals RealCommunicator::all_reduce(const Ranks& ranks, const Locals& group, ReduceOp op) {
+  Locals out = sim_.all_reduce(ranks, group, op);
+  const int64_t k = member(ranks);
+  if (k < 0) return out;
+  note_reduction(group, op);
+  begin("all_reduce", ranks);
+  out[k] = end(group[k], real_all_reduce(ranks, static_cast<size_t>(k), group[k], op));
+  return out;
+}
+
+Locals RealCommunicator::reduce_scatter(const Ranks& ranks, const Locals& group, ReduceOp op, int64_t dim) {
+  Locals out = sim_.reduce_scatter(ranks, group, op, dim);
+  const int64_t k = member(ranks);
+  if (k < 0) return out;
+  note_reduction(group, op);
+  begin("reduce_scatter", ranks);
+  out[k] = end(group[k], real_reduce_scatter(ranks, static_cast<size_t>(k), group, op, dim));
+  return out;
+}
+
+Locals RealCommunicator::all_to_all(const Ranks& ranks, const Locals& group, int64_t split_dim, int64_t concat_dim) {
+  Locals out = sim_.all_to_all(ranks, group, split_dim, concat_dim);
+  const int64_t k = member(ranks);
+  if (k < 0) return out;
+  begin("all_to_all", ranks);
+  out[k] = end(group[k], real_all_to_all(ranks, static_cast<size_t>(k), group, split_dim, concat_dim));
+  return out;
+}
+
+at::Tensor RealCommunicator::real_reduce_scatter(const Ranks& ranks, size_t k, const Locals& group, ReduceOp op,
+                                                 int64_t dim) {
+  at::Tensor full = real_all_reduce(ranks, k, group[k], op);
+  return chunk_piece(full, dim, static_cast<int64_t>(ranks.size()), static_cast<int64_t>(k)).clone();
+}
+
+}  // namespace meshsim

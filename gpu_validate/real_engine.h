@@ -1,0 +1,85 @@
+// What every real engine shares. A worker process of a real engine runs the whole scenario, as
+// the simulation does, but answers for one rank only: at a collective over a group that holds
+// its rank, its own local goes to the engine and the engine's result becomes its local; the
+// other members' locals (simulated in the same process, never sent anywhere) only keep the
+// program's shapes flowing. So the worker's rank computes from its own inputs and what the engine
+// delivered, as a process of a real job does, and that rank alone is compared with the simulation.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <fstream>
+#include <string>
+
+#include "sim/communicator.h"
+
+namespace meshsim {
+
+// A fault planted in one worker, for testing that failures are reported by rank, that nothing
+// hangs, and that a wrong result is caught: at the `at`-th collective (1-based) of rank `rank`, the
+// worker kills itself (SIGKILL), hangs (sleeps until killed), or corrupts the engine's result (adds
+// 1 to its first element: an engine bug). Spelled "kill:RANK:AT", "hang:RANK:AT", "corrupt:RANK:AT".
+struct Fault {
+  enum class Kind { None, Kill, Hang, Corrupt } kind = Kind::None;
+  int64_t rank = -1;
+  int64_t at = 0;
+};
+// Throws std::invalid_argument for a malformed spec.
+Fault parse_fault(const std::string& spec);
+
+struct EngineStats {
+  int64_t collectives = 0;         // collectives this rank ran on the engine
+  int64_t bytes = 0;               // bytes this rank sent into them (its locals)
+  int64_t inexact_reductions = 0;  // sums whose terms were not all integers (order matters)
+  double seconds = 0;              // time spent inside the engine's calls
+};
+
+class RealCommunicator : public Communicator {
+ public:
+  RealCommunicator(int64_t rank, Fault fault, std::string progress_file);
+
+  Locals all_gather(const Ranks& ranks, const Locals& group, int64_t dim) override;
+  Locals all_reduce(const Ranks& ranks, const Locals& group, ReduceOp op) override;
+  Locals reduce_scatter(const Ranks& ranks, const Locals& group, ReduceOp op, int64_t dim) override;
+  Locals all_to_all(const Ranks& ranks, const Locals& group, int64_t split_dim, int64_t concat_dim) override;
+
+  // After the run: waits until every rank is done (a closing barrier), so none leaves early.
+  virtual void finish() {}
+
+  int64_t rank() const { return rank_; }
+  const EngineStats& stats() const { return stats_; }
+
+ protected:
+  // The engine's part: `k` is this rank's position in `ranks`, `group` every member's local (the
+  // peers' only for their shapes, which a real job knows from the program). Each returns this
+  // rank's result.
+  virtual at::Tensor real_all_gather(const Ranks& ranks, size_t k, const Locals& group, int64_t dim) = 0;
+  virtual at::Tensor real_all_reduce(const Ranks& ranks, size_t k, const at::Tensor& mine, ReduceOp op) = 0;
+  virtual at::Tensor real_all_to_all(const Ranks& ranks, size_t k, const Locals& group, int64_t split_dim,
+                                     int64_t concat_dim) = 0;
+  // reduce_scatter by default: the engine's all_reduce, then this rank's torch.chunk piece (the
+  // values a reduce_scatter delivers; engines with a native one override it).
+  virtual at::Tensor real_reduce_scatter(const Ranks& ranks, size_t k, const Locals& group, ReduceOp op, int64_t dim);
+
+ private:
+  // Position of this rank in `ranks`, or -1.
+  int64_t member(const Ranks& ranks) const;
+  void begin(const char* what, const Ranks& ranks);
+  // Books the call; returns the engine's result, corrupted when the planted fault says so.
+  at::Tensor end(const at::Tensor& mine, at::Tensor result);
+  void note_reduction(const Locals& group, ReduceOp op);
+
+  SimCommunicator sim_;
+  int64_t rank_;
+  Fault fault_;
+  std::ofstream progress_;
+  std::chrono::steady_clock::time_point started_;
+  EngineStats stats_;
+};
+
+// An engine that is not usable here (no GPU, no library): validate reports it and skips.
+struct EngineUnavailable : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+}  // namespace meshsim

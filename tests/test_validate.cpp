@@ -1,0 +1,223 @@
+// `meshsim validate` on the Gloo engine (one process per rank, run as real processes here): every
+// example agrees with the simulation; a corrupted engine result is caught and located; a killed or
+// hung worker is reported by rank within the timeout and no process is left behind; workers started
+// by hand meet through a TCP store; the NCCL engine skips cleanly where there is no GPU.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <algorithm>
+#include <random>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "tests/process_support.h"
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+using namespace meshsim::testing;
+
+namespace {
+
+const fs::path kExamples = fs::path(MESHSIM_SOURCE_DIR) / "examples";
+
+fs::path fresh_dir(const std::string& name) {
+  const fs::path dir = fs::temp_directory_path() / ("meshsim_test_validate_" + std::to_string(getpid())) / name;
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir;
+}
+
+// Processes whose command line mentions `part` (a test's private path): none may outlive a run.
+std::vector<std::string> processes_mentioning(const std::string& part) {
+  std::vector<std::string> found;
+  for (const auto& entry : fs::directory_iterator("/proc")) {
+    const std::string pid = entry.path().filename().string();
+    if (pid.find_first_not_of("0123456789") != std::string::npos || pid == std::to_string(getpid())) continue;
+    std::string cmdline = read_text(entry.path() / "cmdline");
+    for (auto& c : cmdline)
+      if (c == '\0') c = ' ';
+    if (contains(cmdline, part) && contains(cmdline, "validate")) found.push_back(pid + ": " + cmdline);
+  }
+  return found;
+}
+
+class Validate : public ::testing::Test {
+ protected:
+  fs::path dir;
+  void SetUp() override { dir = fresh_dir(::testing::UnitTest::GetInstance()->current_test_info()->name()); }
+  void TearDown() override {
+    if (!HasFailure()) fs::remove_all(dir);
+  }
+  Outcome meshsim(const std::string& args, int limit_s = 120, const std::string& tag = "") const {
+    return run_process(dir, MESHSIM_BIN, args, limit_s, tag);
+  }
+  // A copy of an example in this test's directory (so its path names this test's processes).
+  std::string example(const std::string& name) const {
+    fs::copy_file(kExamples / name, dir / name, fs::copy_options::overwrite_existing);
+    return (dir / name).string();
+  }
+  // Removes the directory a failed run kept, named in its output.
+  static void remove_kept(const Outcome& o) {
+    const std::string key = "workers' files kept in ";
+    const auto at = o.out.find(key);
+    if (at == std::string::npos) return;
+    const auto end = o.out.find('\n', at);
+    fs::remove_all(o.out.substr(at + key.size(), end - at - key.size()));
+  }
+};
+
+// Every bundled example, on 4 worker processes (3 for the one 3-rank mesh; the 2x2 meshes among
+// them): the same exit code as `meshsim run`, and every rank agrees with the simulation.
+class EveryExample : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(EveryExample, ValidatesOnGloo) {
+  const fs::path d = fresh_dir("example_" + GetParam());
+  const std::string file = (kExamples / (GetParam() + ".json")).string();
+  const Outcome run = run_process(d, MESHSIM_BIN, "run " + q(file), 120, "run");
+  const Outcome v = run_process(d, MESHSIM_BIN, "validate " + q(file) + " --backend gloo", 120, "validate");
+  EXPECT_EQ(v.code, run.code) << v;
+  if (run.code == 0) {
+    EXPECT_TRUE(contains(v.out, "status: pass")) << v;
+    EXPECT_FALSE(contains(v.out, ": fail")) << v;
+  } else {
+    EXPECT_EQ(run.code, 3) << run;  // an illegal scenario has nothing to validate
+  }
+  if (!HasFailure()) fs::remove_all(d);
+}
+
+std::vector<std::string> example_names() {
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(kExamples))
+    if (e.path().extension() == ".json") names.push_back(e.path().stem().string());
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+INSTANTIATE_TEST_SUITE_P(Examples, EveryExample, ::testing::ValuesIn(example_names()),
+                         [](const auto& info) { return info.param; });
+
+TEST_F(Validate, TheExamplesCoverEveryCollectiveAndATwoByTwoMesh) {
+  // So that "every example validates" means something: the set holds each collective and 2x2.
+  std::set<std::string> ops;
+  bool two_by_two = false;
+  for (const auto& name : example_names()) {
+    const json doc = json::parse(read_text(kExamples / (name + ".json")));
+    two_by_two |= doc["mesh"]["shape"] == json::array({2, 2});
+    for (const auto& op : doc["program"]) {
+      ops.insert(op["op"].get<std::string>());
+      if (op.contains("body"))
+        for (const auto& b : op["body"]) ops.insert(b["op"].get<std::string>());
+    }
+  }
+  EXPECT_TRUE(two_by_two);
+  for (const char* c : {"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "redistribute"})
+    EXPECT_TRUE(ops.count(c)) << c;
+}
+
+TEST_F(Validate, ACorruptedEngineResultIsCaughtAndLocated) {
+  const Outcome o = meshsim("validate " + q(example("fsdp_reduced.json")) + " --fault corrupt:2:1");
+  EXPECT_EQ(o.code, 1) << o;
+  EXPECT_TRUE(contains(o.out, "rank 2: fail")) << o;
+  EXPECT_TRUE(contains(o.out, "first difference at event")) << o;
+  EXPECT_TRUE(contains(o.out, "all_gather")) << o;
+  EXPECT_TRUE(contains(o.out, "rank 0: pass")) << o;
+  EXPECT_TRUE(contains(o.out, "status: fail")) << o;
+}
+
+TEST_F(Validate, AKilledWorkerIsReportedByRankAndNothingIsLeft) {
+  const std::string file = example("fsdp_reduced.json");
+  const Outcome o = meshsim("validate " + q(file) + " --fault kill:1:2 --timeout 20");
+  remove_kept(o);
+  EXPECT_EQ(o.code, 4) << o;
+  EXPECT_LT(o.seconds, 20) << o;  // reported when it dies, not at the timeout
+  EXPECT_TRUE(contains(o.out, "rank 1: error: died (signal 9")) << o;
+  EXPECT_TRUE(contains(o.out, "after collective #1")) << o;
+  EXPECT_TRUE(contains(o.out, "status: error")) << o;
+  EXPECT_TRUE(processes_mentioning(file).empty()) << processes_mentioning(file).front();
+}
+
+TEST_F(Validate, AHungWorkerIsReportedWithinTheTimeoutAndNothingIsLeft) {
+  const std::string file = example("fsdp_reduced.json");
+  const Outcome o = meshsim("validate " + q(file) + " --fault hang:1:2 --timeout 3", 60);
+  remove_kept(o);
+  EXPECT_EQ(o.code, 4) << o;
+  EXPECT_LT(o.seconds, 30) << o;
+  // The hung rank left collective 1 and never entered 2; a peer timed out in 2.
+  EXPECT_TRUE(contains(o.out, "rank 1: error: still running after collective #1")) << o;
+  EXPECT_TRUE(contains(o.out, "timed out")) << o;
+  EXPECT_TRUE(processes_mentioning(file).empty()) << processes_mentioning(file).front();
+}
+
+TEST_F(Validate, NonIntegerDataAgreeWithinTheStatedTolerance) {
+  json doc = json::parse(read_text(kExamples / "fsdp_reduced.json"));
+  for (auto& in : doc["inputs"]) in["init"] = "randn";
+  std::ofstream(dir / "randn.json") << doc.dump(2);
+  const Outcome o = meshsim("validate " + q((dir / "randn.json").string()) + " --json");
+  ASSERT_EQ(o.code, 0) << o;
+  const json r = json::parse(o.out);
+  EXPECT_EQ(r["format"], "meshsim.validate/1");
+  EXPECT_EQ(r["status"], "pass");
+  ASSERT_EQ(r["rank_results"].size(), 4u);
+  for (const auto& v : r["rank_results"]) {
+    EXPECT_FALSE(v["exact"].get<bool>()) << v;  // the gradient's reduce_scatter sums non-integers
+    EXPECT_TRUE(v["tolerance"].is_object()) << v;
+  }
+}
+
+TEST_F(Validate, Float32RunsOnGlooToo) {
+  const Outcome o = meshsim("validate " + q(example("fsdp_tp_2d.json")) + " --option dtype=float32");
+  EXPECT_EQ(o.code, 0) << o;
+  EXPECT_TRUE(contains(o.out, "status: pass")) << o;
+}
+
+TEST_F(Validate, WorkersStartedByHandMeetThroughATcpStore) {
+  const std::string file = example("q1_shard_reduced_2d.json");
+  const int port = 20000 + static_cast<int>(std::random_device{}() % 30000);
+  std::vector<std::thread> threads;
+  std::vector<Outcome> outcomes(4);
+  for (int r = 0; r < 4; ++r)
+    threads.emplace_back([&, r] {
+      outcomes[r] = meshsim("validate " + q(file) + " --rank " + std::to_string(r) + " --ranks 4 --master-addr 127.0.0.1 --master-port " +
+                                std::to_string(port) + " --hostname 127.0.0.1 --timeout 30",
+                            90, std::to_string(r));
+    });
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_EQ(outcomes[r].code, 0) << outcomes[r];
+    EXPECT_TRUE(contains(outcomes[r].out, "rank " + std::to_string(r) + ": pass")) << outcomes[r];
+  }
+}
+
+TEST_F(Validate, BadRequestsAreUnusableInput) {
+  Outcome o = meshsim("validate " + q(example("fsdp_reduced.json")) + " --ranks 8");
+  EXPECT_EQ(o.code, 2) << o;
+  EXPECT_TRUE(contains(o.err, "fsdp_reduced.json: /mesh/shape:")) << o;
+  EXPECT_TRUE(contains(o.err, "--ranks asks for 8")) << o;
+  o = meshsim("validate " + q(example("fsdp_reduced.json")) + " --fault explode:1:1");
+  EXPECT_EQ(o.code, 2) << o;
+  EXPECT_TRUE(contains(o.err, "kill:RANK:AT")) << o;
+  o = meshsim("validate " + q(example("fsdp_reduced.json")) + " --backend mpi");
+  EXPECT_EQ(o.code, 2) << o;
+  o = meshsim("validate " + q(example("fsdp_reduced.json")) + " --rank 1");
+  EXPECT_EQ(o.code, 2) << o;
+  EXPECT_TRUE(contains(o.err, "--store")) << o;
+}
+
+TEST_F(Validate, NcclSkipsCleanlyWithoutGpus) {
+  const Outcome o = meshsim("validate " + q(example("fsdp_reduced.json")) + " --backend nccl");
+  if (o.code == 0) {  // a machine with 4 GPUs or more
+    EXPECT_TRUE(contains(o.out, "status: pass")) << o;
+    return;
+  }
+  EXPECT_EQ(o.code, 5) << o;
+  EXPECT_TRUE(contains(o.out, "on nccl: skipped: ")) << o;
+  EXPECT_TRUE(processes_mentioning(dir.string()).empty());
+}
+
+}  // namespace
