@@ -13,6 +13,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <sstream>
 #include <thread>
 
@@ -262,7 +263,11 @@ int validate_coordinator(const Scenario& sc, const RunOptions& options, const Va
   if (!config.fault.empty()) parse_fault(config.fault);  // malformed: std::invalid_argument, exit 2
   const std::string why = engine_unavailable(config.backend, world);
   if (!why.empty()) {
-    out << "validate " << sc.file << " on " << config.backend << ": skipped: " << why << "\n";
+    if (config.json)
+      out << json{{"format", "meshsim.validate/1"}, {"scenario", sc.name}, {"backend", config.backend}, {"ranks", world},
+                  {"status", "skipped"}, {"reason", why}}.dump(2) << "\n";
+    else
+      out << "validate " << sc.file << " on " << config.backend << ": skipped: " << why << "\n";
     return kExitEngineSkipped;
   }
   run_distributed(sc, options);  // an illegal scenario stops here (SemanticError, exit 3)
@@ -351,8 +356,9 @@ int validate_coordinator(const Scenario& sc, const RunOptions& options, const Va
       }
   }
 
-  out << "validate " << sc.file << " on " << config.backend << ": " << world << " worker processes (mesh "
-      << sc.mesh.str() << "), timeout " << config.timeout_s << " s per collective\n";
+  if (!config.json)
+    out << "validate " << sc.file << " on " << config.backend << ": " << world << " worker processes (mesh "
+        << sc.mesh.str() << "), timeout " << config.timeout_s << " s per collective\n";
   json report{{"format", "meshsim.validate/1"}, {"scenario", sc.name}, {"backend", config.backend},
               {"ranks", world}, {"timeout_s", config.timeout_s}};
   json ranks = json::array();
@@ -361,10 +367,14 @@ int validate_coordinator(const Scenario& sc, const RunOptions& options, const Va
   for (const auto& w : workers) {
     json v;
     if (w.stopped) {
+      // A rank that left a collective and never entered the next, while its peers wait in a
+      // collective, is the one that hangs.
+      const std::string at = where(w);
+      const bool between = at.rfind("after", 0) == 0 || at.rfind("before", 0) == 0;
       v = {{"rank", w.rank}, {"status", "error"},
-           {"error", {{"kind", hung ? "hung" : "stopped"},
-                      {"message", std::string(hung ? "hung " : "still running ") + where(w) +
-                                      ", stopped by the coordinator"}}}};
+           {"error", {{"kind", between ? "hung" : "stopped"},
+                      {"message", between ? "hung " + at + ": never entered its next collective, stopped by the coordinator"
+                                          : "still running " + at + ", stopped by the coordinator"}}}};
     } else if (WIFSIGNALED(w.status)) {
       v = {{"rank", w.rank}, {"status", "error"},
            {"error", {{"kind", "died"}, {"message", std::string("died (signal ") + std::to_string(WTERMSIG(w.status)) + ", " +
@@ -402,7 +412,7 @@ int validate_coordinator(const Scenario& sc, const RunOptions& options, const Va
     if (hung) out << " (hung: no rank started a collective for " << idle_limit << " s)";
     out << "\n";
   }
-  if (config.keep || engine_failed) out << "workers' files kept in " << dir.string() << "\n";
+  if (config.keep || engine_failed) (config.json ? std::cerr : out) << "workers' files kept in " << dir.string() << "\n";
   else fs::remove_all(dir);
   return all_pass ? 0 : engine_failed ? kExitEngineFailure : 1;
 }
