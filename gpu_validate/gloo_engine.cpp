@@ -89,21 +89,12 @@ void GlooCommunicator::finish() {
 }
 
 at::Tensor GlooCommunicator::real_all_gather(const Ranks& ranks, size_t k, const Locals& group, int64_t dim) {
-  // Gloo gathers equal sizes: every member pads its piece to the widest along dim, then the
-  // padding is cut off again (the members' sizes follow from the program, as in a real job).
-  int64_t widest = 0;
-  for (const auto& t : group) widest = std::max(widest, t.size(dim));
-  auto padded_shape = group[k].sizes().vec();
-  padded_shape[dim] = widest;
-  at::Tensor mine = at::zeros(padded_shape, group[k].options().requires_grad(false));
-  mine.narrow(dim, 0, group[k].size(dim)).copy_(group[k].detach());
+  at::Tensor mine = padded_for_gather(group, k, dim);
   std::vector<at::Tensor> inputs{mine};
   std::vector<std::vector<at::Tensor>> outputs(1);
   for (size_t s = 0; s < group.size(); ++s) outputs[0].push_back(at::empty_like(mine));
   wait(impl_->group(ranks).allgather(outputs, inputs), "all_gather", ranks, impl_->timeout);
-  std::vector<at::Tensor> pieces;
-  for (size_t s = 0; s < group.size(); ++s) pieces.push_back(outputs[0][s].narrow(dim, 0, group[s].size(dim)));
-  return at::cat(pieces, dim);
+  return unpad_gathered(outputs[0], group, dim);
 }
 
 at::Tensor GlooCommunicator::real_all_reduce(const Ranks& ranks, size_t k, const at::Tensor& mine, ReduceOp op) {

@@ -101,13 +101,7 @@ class NcclCommunicator : public RealCommunicator {
 
  protected:
   at::Tensor real_all_gather(const Ranks& ranks, size_t k, const Locals& group, int64_t dim) override {
-    // Equal sizes, as for Gloo: pad to the widest piece, cut the padding off after.
-    int64_t widest = 0;
-    for (const auto& t : group) widest = std::max(widest, t.size(dim));
-    auto shape = group[k].sizes().vec();
-    shape[dim] = widest;
-    at::Tensor mine = at::zeros(shape, group[k].options().requires_grad(false));
-    mine.narrow(dim, 0, group[k].size(dim)).copy_(group[k].detach());
+    at::Tensor mine = padded_for_gather(group, k, dim);
     const size_t bytes = static_cast<size_t>(mine.numel()) * mine.element_size();
     DeviceBuffer send(bytes), recv(bytes * ranks.size());
     to_device(send, mine);
@@ -118,8 +112,8 @@ class NcclCommunicator : public RealCommunicator {
     from_device(all, recv);
     std::vector<at::Tensor> pieces;
     for (size_t s = 0; s < group.size(); ++s)
-      pieces.push_back(all.narrow(0, static_cast<int64_t>(s) * mine.numel(), mine.numel()).view(shape).narrow(dim, 0, group[s].size(dim)));
-    return at::cat(pieces, dim);
+      pieces.push_back(all.narrow(0, static_cast<int64_t>(s) * mine.numel(), mine.numel()).view(mine.sizes()));
+    return unpad_gathered(pieces, group, dim);
   }
 
   at::Tensor real_all_reduce(const Ranks& ranks, size_t, const at::Tensor& mine, ReduceOp op) override {

@@ -119,4 +119,20 @@ at::Tensor RealCommunicator::real_reduce_scatter(const Ranks& ranks, size_t k, c
   return chunk_piece(full, dim, static_cast<int64_t>(ranks.size()), static_cast<int64_t>(k)).clone();
 }
 
+at::Tensor padded_for_gather(const Locals& group, size_t k, int64_t dim) {
+  int64_t widest = 0;
+  for (const auto& t : group) widest = std::max(widest, t.size(dim));
+  auto shape = group[k].sizes().vec();
+  shape[dim] = widest;
+  at::Tensor mine = at::zeros(shape, group[k].options().requires_grad(false));
+  mine.narrow(dim, 0, group[k].size(dim)).copy_(group[k].detach());
+  return mine;
+}
+
+at::Tensor unpad_gathered(const std::vector<at::Tensor>& pieces, const Locals& group, int64_t dim) {
+  std::vector<at::Tensor> cut;
+  for (size_t s = 0; s < group.size(); ++s) cut.push_back(pieces[s].narrow(dim, 0, group[s].size(dim)));
+  return at::cat(cut, dim);
+}
+
 }  // namespace meshsim

@@ -77,6 +77,12 @@ class RealCommunicator : public Communicator {
   EngineStats stats_;
 };
 
+// Engines gather pieces of one size: this rank's local zero-padded to the widest member's along
+// dim (the members' sizes follow from the program, as in a real job) ...
+at::Tensor padded_for_gather(const Locals& group, size_t k, int64_t dim);
+// ... and the gathered pieces (one per member, in group order) cut back and concatenated.
+at::Tensor unpad_gathered(const std::vector<at::Tensor>& pieces, const Locals& group, int64_t dim);
+
 // An engine that is not usable here (no GPU, no library): validate reports it and skips.
 struct EngineUnavailable : std::runtime_error {
   using std::runtime_error::runtime_error;
