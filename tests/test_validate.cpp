@@ -170,6 +170,26 @@ TEST_F(Validate, NonIntegerDataAgreeWithinTheStatedTolerance) {
   }
 }
 
+TEST_F(Validate, UnevenAndEmptyPiecesCrossGloo) {
+  // 5 rows over 4 ranks (torch.chunk: 2, 2, 1, 0) gathered; 6 columns moved to rows by an
+  // all_to_all (pieces 2, 2, 2, 0 one way, 2, 2, 1, 1 the other); the gradients go back the same way.
+  const json doc = json::parse(R"json({"format": "meshsim.scenario/1", "name": "uneven_gather",
+    "mesh": {"axes": ["dp"], "shape": [4]},
+    "inputs": [{"name": "x", "shape": [5, 3], "placements": ["S(0)"], "requires_grad": true},
+               {"name": "y", "shape": [6, 3], "placements": ["S(1)"], "requires_grad": true}],
+    "program": [{"out": "xr", "op": "redistribute", "args": ["x"], "placements": ["R"]},
+                {"out": "yr", "op": "redistribute", "args": ["y"], "placements": ["S(0)"]},
+                {"out": "ys", "op": "redistribute", "args": ["yr"], "placements": ["R"]},
+                {"out": "s1", "op": "sum", "args": ["xr"]},
+                {"out": "s2", "op": "sum", "args": ["ys"]},
+                {"out": "loss", "op": "add", "args": ["s1", "s2"]}],
+    "backward": "loss"})json");
+  std::ofstream(dir / "uneven.json") << doc.dump(2);
+  const Outcome o = meshsim("validate " + q((dir / "uneven.json").string()));
+  EXPECT_EQ(o.code, 0) << o;
+  EXPECT_TRUE(contains(o.out, "rank 3: pass: 8 values and 2 gradients, 10 equal bit for bit; 4 collectives")) << o;
+}
+
 TEST_F(Validate, Float32RunsOnGlooToo) {
   const Outcome o = meshsim("validate " + q(example("fsdp_tp_2d.json")) + " --option dtype=float32");
   EXPECT_EQ(o.code, 0) << o;
