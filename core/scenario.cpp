@@ -530,9 +530,14 @@ class ScenarioParser {
   }
 
   // A name that defines a new value; names are unique across the scenario, local_map bodies
-  // included (a reference's names are its own).
+  // included (a reference's names are its own). A '.' is reserved: the values meshsim makes
+  // itself are named after a user's value with a dotted suffix (y.arg0, y.in0.dp, ...), so no user
+  // name can be one of them.
   std::string new_value(const json& v, const std::string& path) {
     std::string name = r_.name(v, path);
+    if (name.find('.') != std::string::npos)
+      r_.fail(path, "value name " + in_quotes(name) +
+                        " contains '.', which is reserved for the values meshsim makes itself (y.arg0, y.in0.dp, ...)");
     auto [it, inserted] = defined_.emplace(name, path);
     if (!inserted)
       r_.fail(path, "value " + in_quotes(name) + " is already defined at " + it->second);

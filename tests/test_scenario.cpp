@@ -214,6 +214,28 @@ TEST(Scenario, ProgramErrors) {
   for (const auto& c : cases) expect_input_error(c);
 }
 
+// meshsim names the values it makes itself after a user's value with a dotted suffix (the
+// operand of y moved by a rule is "y.arg0", a local_map argument moved to its in_placements
+// "y.in0", a mark_varying before y "y.in0.dp"): a '.' in a user's name could collide with one of
+// them, so every place that defines a value refuses it.
+TEST(Scenario, ValueNamesWithADotAreReserved) {
+  json ex = example();
+  json lm = read_json_file(std::string(MESHSIM_SOURCE_DIR) + "/examples/lm_fsdp_reduced.json");
+  const std::string reserved = "contains '.', which is reserved";
+  std::vector<ErrorCase> cases = {
+      {with(ex, "/inputs/0/name", "x.arg0"), "/inputs/0/name", reserved},
+      {with(ex, "/program/1/out", "y.arg1"), "/program/1/out", reserved},
+      {with(ex, "/program/0/out", "."), "/program/0/out", reserved},
+      {with(lm, "/program/0/out", "loss.in0"), "/program/0/out", reserved},
+      {with(lm, "/program/0/out", json::array({"a.b"})), "/program/0/out/0", reserved},
+      {with(lm, "/program/0/body/0/out", "wf.varying.dp"), "/program/0/body/0/out", reserved},
+      {with(lm, "/program/0/reference/0/out", "y.ref"), "/program/0/reference/0/out", reserved},
+  };
+  for (const auto& c : cases) expect_input_error(c);
+  // Other characters stay allowed.
+  EXPECT_NO_THROW(parse_scenario(with(with(ex, "/program/1/out", "y_1-b/c"), "/program/2/args/0", "y_1-b/c"), kFile));
+}
+
 TEST(Scenario, RedistributeOfAnOpResultSkipsTheRankCheck) {
   json doc = example();
   doc["program"].push_back({{"out", "y2"},
