@@ -233,23 +233,24 @@ Locals BodyContext::collective_node(const std::string& name, const LTensor& x, c
   Locals outs = in;
   if (fwd) {
     outs = apply_step(mesh, *fwd, in);
-    record_step(*fwd, in, outs, out, "");
+    record_step(rt_, *fwd, in, outs, out, "");
   }
   outs = detached(outs);
   if (at::GradMode::is_enabled() && any_requires_grad(x.locals)) {
-    BodyContext* self = this;
+    // The backward runs after the body has returned, when this context is gone: it holds the
+    // Runtime (which outlives the graph) and copies of everything else, never `this`.
     Runtime* rt = &rt_;
     const Locals like = detached(outs);
     const size_t n = x.locals.size();
     const std::string grad_of = x.name;
-    connect("LTensor::" + name, x.locals, outs, [=](variable_list&& g) -> variable_list {
+    connect("LTensor::" + name, x.locals, outs, [rt, like, n, grad_of, name, out, bwd](variable_list&& g) -> variable_list {
       return rt->guarded(n, [&] {
         Locals grads = defined_grads(std::move(g), like);
         if (!bwd.differentiable)
           throw SemanticError(ErrorKind::NotDifferentiable, name + " is not differentiable");
         if (!bwd.step) return grads;  // the identity: nothing moves
         Locals moved = apply_step(rt->mesh(), *bwd.step, grads);
-        self->record_step(*bwd.step, grads, moved, out, "backward of " + name, grad_of);
+        record_step(*rt, *bwd.step, grads, moved, out, "backward of " + name, grad_of);
         return moved;
       });
     });
@@ -257,14 +258,14 @@ Locals BodyContext::collective_node(const std::string& name, const LTensor& x, c
   return outs;
 }
 
-void BodyContext::record_step(const RedistStep& s, const Locals& in, const Locals& out, const std::string& value,
-                              const std::string& note, const std::string& grad_of) {
-  Event e = rt_.make_event(s.communicates() ? "collective" : "local", step_kind_name(s.kind), value, out);
-  e.axis = rt_.mesh().axes()[s.axis];
-  e.bytes = step_bytes(rt_.mesh(), s, in);
+void BodyContext::record_step(Runtime& rt, const RedistStep& s, const Locals& in, const Locals& out,
+                              const std::string& value, const std::string& note, const std::string& grad_of) {
+  Event e = rt.make_event(s.communicates() ? "collective" : "local", step_kind_name(s.kind), value, out);
+  e.axis = rt.mesh().axes()[s.axis];
+  e.bytes = step_bytes(rt.mesh(), s, in);
   e.note = note;
   if (!grad_of.empty()) e.args = {grad_of};
-  rt_.recorder().add(std::move(e));
+  rt.recorder().add(std::move(e));
 }
 
 LTensor BodyContext::varying_on(const LTensor& x, int axis, const std::string& out) {

@@ -95,8 +95,9 @@ class BodyContext {
   };
   Locals collective_node(const std::string& name, const LTensor& x, const std::string& out,
                          const std::optional<RedistStep>& fwd, const Backward& bwd);
-  void record_step(const RedistStep& s, const Locals& in, const Locals& out, const std::string& value,
-                   const std::string& note, const std::string& grad_of = "");
+  // Static: a backward records through the Runtime, after the context is gone.
+  static void record_step(Runtime& rt, const RedistStep& s, const Locals& in, const Locals& out,
+                          const std::string& value, const std::string& note, const std::string& grad_of = "");
   void check_mesh(const std::vector<LTensor>& xs, const std::string& what) const;
 
   Runtime& rt_;

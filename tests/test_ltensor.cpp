@@ -1,7 +1,9 @@
 // LTensor variance tracking inside local_map: propagation, collectives, exclusivity, meshes, and
 // custom Functions in both registration styles (the code of docs/cpp-api.md).
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <new>
 #include <sstream>
 
 #include <gtest/gtest.h>
@@ -165,6 +167,37 @@ TEST(LTensor, CollectiveMetadataRules) {
   // all_reduce of an invariant value over n ranks is n times it (it is made varying first).
   LTensor twice = ctx.all_reduce(inv, 0, ReduceOp::Sum, "n_times");
   EXPECT_TRUE(at::equal(twice.locals[0], inv.locals[0] * 4));
+}
+
+// A collective's backward runs after its BodyContext is gone (the context lives on the stack of
+// run_local_map; the graph outlives it). The backward must reach the Runtime without the context:
+// here the context's memory is overwritten before the backward, which records the all_gather's
+// reduce_scatter and returns the right gradient.
+TEST(LTensor, CollectiveBackwardOutlivesItsBodyContext) {
+  Scenario sc = parse_scenario(
+      scenario({"a"}, {2}, {{{"name", "x"}, {"shape", {4, 3}}, {"placements", {"S(0)"}}, {"requires_grad", true}}},
+               nlohmann::json::array(), ""),
+      "<test>");
+  Runtime rt(sc.mesh, sc.options);
+  std::map<std::string, at::Tensor> globals;
+  DTensor x = make_inputs(sc, sc.options, globals).at(0);
+  DTensor gathered;
+  {
+    alignas(BodyContext) unsigned char storage[sizeof(BodyContext)];
+    auto* ctx = new (storage) BodyContext(rt);
+    LTensor g = ctx->all_gather(ctx->enter(x), 0, 0, /*to_reduced=*/false, "g");
+    gathered = ctx->leave(g, {Placement::partial(ReduceOp::Sum)}, "gathered");
+    ctx->~BodyContext();
+    std::memset(storage, 0xA5, sizeof storage);  // what a later stack frame would leave there
+  }
+  DTensor loss = rt.apply_op("sum", OpAttrs{}, {gathered}, "loss");
+  std::vector<Locals> grads = rt.backward(loss, {x});
+  int scatters = 0;
+  for (const auto& e : rt.events()) scatters += e.phase == "backward" && e.name == "reduce_scatter";
+  EXPECT_EQ(scatters, 1);
+  // d/dx sum(P(sum) of both ranks' gathered x) = 2 on every element (each rank's copy counts).
+  ASSERT_EQ(grads.size(), 1u);
+  for (const auto& g : grads[0]) EXPECT_TRUE(at::equal(g, at::full({2, 3}, 2.0, g.options()))) << g;
 }
 
 TEST(CustomFunctions, BuiltInsPassAndTheUnregisteredKernelIsReported) {
