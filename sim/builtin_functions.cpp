@@ -46,6 +46,14 @@ struct OpaqueAllReduceUnregistered : public torch::autograd::Function<OpaqueAllR
   static variable_list backward(AutogradContext* ctx, variable_list g) { return g; }
 };
 
+// The one argument of a Function that takes one (invalid_scenario otherwise).
+const LTensor& only_arg(const std::vector<LTensor>& xs, const OpDecl& op, const std::string& fn) {
+  if (xs.size() != 1)
+    throw SemanticError(ErrorKind::InvalidScenario, op.path + "/args: " + fn + " takes 1 argument, got " +
+                                                        std::to_string(xs.size()));
+  return xs[0];
+}
+
 int axis_of(const BodyContext& ctx, const OpDecl& op, const std::string& fn) {
   if (!op.attrs.contains("axis"))
     throw SemanticError(ErrorKind::InvalidScenario, op.path + ": call " + fn + " needs \"axis\"");
@@ -62,16 +70,18 @@ void register_builtins() {
     return r;
   });
   register_scenario_function("local_square", [](BodyContext& ctx, const std::vector<LTensor>& xs, const OpDecl& op) {
-    if (xs.size() != 1) throw SemanticError(ErrorKind::InvalidScenario, op.path + ": local_square takes 1 argument");
+    only_arg(xs, op, "local_square");
     return ctx.call<LocalSquare>(xs, op.attrs, op.out);
   });
   register_scenario_function("opaque_all_reduce", [](BodyContext& ctx, const std::vector<LTensor>& xs, const OpDecl& op) {
-    return ctx.call_group<OpaqueAllReduce>(xs.at(0), axis_of(ctx, op, "opaque_all_reduce"), op.attrs, op.out);
+    const LTensor& x = only_arg(xs, op, "opaque_all_reduce");
+    return ctx.call_group<OpaqueAllReduce>(x, axis_of(ctx, op, "opaque_all_reduce"), op.attrs, op.out);
   });
   register_scenario_function("opaque_all_reduce_unregistered",
                              [](BodyContext& ctx, const std::vector<LTensor>& xs, const OpDecl& op) {
+                               const LTensor& x = only_arg(xs, op, "opaque_all_reduce_unregistered");
                                return ctx.call_group<OpaqueAllReduceUnregistered>(
-                                   xs.at(0), axis_of(ctx, op, "opaque_all_reduce_unregistered"), op.attrs, op.out);
+                                   x, axis_of(ctx, op, "opaque_all_reduce_unregistered"), op.attrs, op.out);
                              });
 }
 

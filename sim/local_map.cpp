@@ -358,6 +358,9 @@ LTensor BodyContext::call_on_groups(const std::string& key, const std::optional<
                                     int axis, const nlohmann::json& args, const std::string& out, const GroupFn& f) {
   check_mesh({x}, key);
   const Mesh& mesh = rt_.mesh();
+  // The kernel communicates over `axis` as a collective does: an input invariant there is made
+  // varying first (its backward all_reduces the gradient of every replica's contribution).
+  x = varying_on(x, axis, out);
   Locals locals(x.locals.size());
   for (const auto& ranks : mesh.groups(axis)) {
     Locals group;

@@ -55,7 +55,8 @@ class BodyContext {
                            [](const std::vector<at::Tensor>& in) { return Fn::apply(at::TensorList(in))[0]; });
   }
   // Communicating (an opaque kernel): runs once per group of `axis` and sees every member's
-  // local of the input; without a strategy its output is flagged untracked.
+  // local of the input, made varying on `axis` first as a collective's is; without a strategy its
+  // output is flagged untracked.
   template <class Fn>
   LTensor call_group(const LTensor& x, int axis, const nlohmann::json& args, const std::string& out) {
     return call_on_groups(function_key<Fn>(), strategy_for<Fn>(), x, axis, args, out,

@@ -208,6 +208,56 @@ TEST(CustomFunctions, BuiltInsPassAndTheUnregisteredKernelIsReported) {
   EXPECT_EQ(bad.exit_code, 1);
 }
 
+// An opaque all_reduce kernel over an axis on which its input is invariant (R over tp) sees n
+// equal locals and returns n times x, as all_reduce does; its input is made varying first
+// (mark_varying), whose backward all_reduces the gradient: the gradient of x is n (the oracle's),
+// not the 1 of the kernel's identity backward alone.
+TEST(CustomFunctions, OpaqueAllReduceOfAnInvariantInputMakesItVaryingFirst) {
+  for (const char* fn : {"opaque_all_reduce", "opaque_all_reduce_unregistered"}) {
+    SCOPED_TRACE(fn);
+    auto r = run(scenario({"tp"}, {4}, {{{"name", "x"}, {"shape", {3, 2}}, {"placements", {"R"}}, {"requires_grad", true}}},
+                          {op("total", "local_map", {"x"},
+                              {{"out_placements", {{"R"}}},
+                               {"body", {op("red", "call", {"x"}, {{"function", fn}, {"axis", "tp"}})}},
+                               {"returns", {"red"}},
+                               {"reference", {op("red", "scale", {"x"}, {{"value", 4}})}}}),
+                           op("loss", "sum", {"total"})}));
+    EXPECT_EQ(r.result["values"]["red.varying.tp"]["variant"], nlohmann::json({"tp"})) << r.result.dump(2);
+    bool marked = false, reduced_back = false;
+    for (const auto& e : r.events) {
+      marked |= e.phase == "forward" && e.name == "mark_varying";
+      reduced_back |= e.phase == "backward" && e.kind == "collective" && e.name == "all_reduce";
+    }
+    EXPECT_TRUE(marked);
+    EXPECT_TRUE(reduced_back);
+    if (std::string(fn) == "opaque_all_reduce") {
+      EXPECT_EQ(r.result["status"], "pass") << r.result.dump(2);
+      EXPECT_EQ(r.result["values"]["red"]["variant"], nlohmann::json::array());
+    } else {  // untracked (no strategy), but the values and the gradient are right
+      EXPECT_EQ(r.result["checks"]["variance_tracking"], false) << r.result.dump(2);
+      EXPECT_EQ(r.result["checks"]["forward_equivalence"], true) << r.result.dump(2);
+      EXPECT_EQ(r.result["checks"]["gradient_equivalence"], true) << r.result.dump(2);
+    }
+  }
+}
+
+// The opaque kernels take exactly one argument: none, or two, is invalid input (exit 2) naming the
+// call's args, not a crash or a run that "raised".
+TEST(CustomFunctions, OpaqueAllReduceWithoutItsOneArgumentIsInvalidScenario) {
+  for (const char* fn : {"opaque_all_reduce", "opaque_all_reduce_unregistered", "local_square"})
+    for (const std::vector<std::string>& args : {std::vector<std::string>{}, std::vector<std::string>{"p", "p"}}) {
+      SCOPED_TRACE(std::string(fn) + " with " + std::to_string(args.size()) + " args");
+      auto doc = all_reduce_call(fn);
+      doc["program"][0]["body"][0]["args"] = args;
+      auto r = run(doc);
+      EXPECT_EQ(r.result["status"], "error") << r.result.dump(2);
+      EXPECT_EQ(r.result["error"]["kind"], "invalid_scenario");
+      EXPECT_EQ(r.result["error"]["message"],
+                "/program/0/body/0/args: " + std::string(fn) + " takes 1 argument, got " + std::to_string(args.size()));
+      EXPECT_EQ(r.exit_code, 2);
+    }
+}
+
 TEST(CustomFunctions, BothRegistrationStylesOfTheDocs) {
   user::register_user_functions();
   for (const char* fn : {"fused_all_reduce", "fused_all_reduce_mixin"}) {
