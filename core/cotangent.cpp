@@ -23,6 +23,12 @@ Cotangent cotangent(const Placement& primal) {
   return {primal, false};
 }
 
+bool has_cotangent(const Spec& primal) {
+  for (const auto& p : primal)
+    if (p.is_partial() && (p.op == ReduceOp::Max || p.op == ReduceOp::Min)) return false;
+  return true;
+}
+
 Spec cotangent_spec(const Spec& primal) {
   Spec out;
   out.reserve(primal.size());

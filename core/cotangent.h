@@ -17,6 +17,8 @@ struct Cotangent {
 // S(d) -> S(d), R -> R, P(sum) -> Rd, Rd -> P(sum), P(avg) -> Rd scaled by 1/n.
 // P(max) and P(min) throw SemanticError(NotDifferentiable).
 Cotangent cotangent(const Placement& primal);
+// Whether every placement has a cotangent (no P(max), no P(min)); never throws.
+bool has_cotangent(const Spec& primal);
 Spec cotangent_spec(const Spec& primal);
 // The product of the group sizes of the P(avg) axes: the local cotangent is the assembled global
 // cotangent divided by this.

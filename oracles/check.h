@@ -17,7 +17,15 @@ struct CheckedRun {
   int exit_code = 0;      // 0 pass, 1 a check failed, 2 or 3 an error (contract 1)
 };
 
-// Never throws for a scenario that parsed: errors of the semantics become status "error".
+// Never throws for a scenario that parsed: errors of the semantics become status "error", and
+// whatever libtorch raises (in the run, the oracle or the comparison) a failed check or an error.
 CheckedRun check_scenario(const Scenario& sc, const RunOptions& options);
+
+// How far the mesh's values and gradients may differ from the oracle's, relative to the largest
+// finite magnitude of the oracle's (at least 1): 0 (bit for bit) for float64 integer data on meshes
+// whose axis sizes are powers of two when every op of the program, local_map bodies and references
+// included, is exact on integers (no exp, tanh, sin, softmax, div or mean; scale by an integer or
+// a power of two); else 1e-12, and 1e-4 in float32.
+double comparison_tolerance(const Scenario& sc, const RunOptions& options);
 
 }  // namespace meshsim

@@ -2,11 +2,31 @@
 
 #include <torch/csrc/autograd/autograd.h>
 
+#include "core/error.h"
 #include "sim/local_ops.h"
 
 namespace meshsim {
 
 namespace {
+
+std::string first_line(const std::string& text) { return text.substr(0, text.find('\n')); }
+
+// One op on global tensors. What libtorch refuses (c10::Error, or any std::exception) is raised
+// again as a SemanticError naming the op's JSON path: in a local_map's reference, which only the
+// oracle runs, that is invalid input (`invalid_scenario`, exit 2); elsewhere the mesh ran the op
+// and the oracle could not, which check_scenario reports as a failed run.
+at::Tensor global_op(const OpDecl& op, const std::vector<at::Tensor>& xs, bool in_reference) {
+  if (op.op == "redistribute") return xs.at(0);
+  try {
+    return local_op(op.op, op_attrs(op), xs);
+  } catch (const SemanticError&) {
+    throw;
+  } catch (const std::exception& e) {
+    const std::string what = op.op + " cannot run on the global tensors: " + first_line(e.what());
+    if (in_reference) throw SemanticError(ErrorKind::InvalidScenario, op.path + ": the local_map reference's " + what);
+    throw std::runtime_error(op.path + ": the mesh ran it, but " + what);
+  }
+}
 
 // A local_map's `reference`: the same computation on global tensors. Without one, its results
 // are unknown (undefined tensors), and so is everything computed from them.
@@ -30,7 +50,7 @@ std::vector<at::Tensor> reference(const OpDecl& op, const std::vector<at::Tensor
       xs.push_back(env.at(a));
       defined &= env.at(a).defined();
     }
-    env[r.out] = !defined ? at::Tensor() : r.op == "redistribute" ? xs.at(0) : local_op(r.op, op_attrs(r), xs);
+    env[r.out] = !defined ? at::Tensor() : global_op(r, xs, true);
   }
   std::vector<at::Tensor> out;
   for (const auto& r : op.returns) out.push_back(env.at(r));
@@ -61,7 +81,7 @@ OracleRun run_oracle(const Scenario& sc, const std::map<std::string, at::Tensor>
     }
     bool known = true;
     for (const auto& x : xs) known &= x.defined();
-    run.values[op.out] = !known ? at::Tensor() : op.op == "redistribute" ? xs.at(0) : local_op(op.op, op_attrs(op), xs);
+    run.values[op.out] = !known ? at::Tensor() : global_op(op, xs, false);
   }
   if (!sc.backward.empty() && !leaves.empty()) {
     const at::Tensor& loss = run.values.at(sc.backward);

@@ -16,6 +16,8 @@ struct OracleRun {
   std::map<std::string, at::Tensor> grads;  // inputs that require grad
 };
 
+// A local_map reference that libtorch refuses throws SemanticError(InvalidScenario) naming its JSON
+// path; a program op the oracle cannot run (the mesh could) throws std::runtime_error.
 OracleRun run_oracle(const Scenario& sc, const std::map<std::string, at::Tensor>& input_globals);
 
 }  // namespace meshsim

@@ -124,6 +124,19 @@ Locals distribute(const Mesh& mesh, const Spec& spec, const at::Tensor& global, 
   return cur;
 }
 
+namespace {
+
+// Equal shapes and values, NaN equal to NaN: replicas of a NaN (the mean of an empty tensor)
+// hold the same value.
+bool same_local(const at::Tensor& a, const at::Tensor& b) {
+  if (a.sizes() != b.sizes()) return false;
+  if (a.is_same(b) || at::equal(a, b)) return true;
+  if (!a.is_floating_point() || !b.is_floating_point()) return false;
+  return at::eq(a, b).logical_or(at::isnan(a).logical_and(at::isnan(b))).all().item<bool>();
+}
+
+}  // namespace
+
 // Ranks that differ only on a Replicate or Reduced axis must hold equal locals (checked first, on
 // the locals themselves); then Shard axes are gathered innermost first (nested chunks) and Partial
 // axes reduced outermost first (as a redistribution to Replicate plans them).
@@ -132,7 +145,7 @@ at::Tensor assemble(const Mesh& mesh, const Spec& spec, const Locals& locals, st
     if (!spec[a].is_replicate()) continue;
     for_groups(mesh, a, [&](const std::vector<int64_t>& g) {
       for (auto r : g)
-        if (problem->empty() && (locals[r].sizes() != locals[g[0]].sizes() || !at::equal(locals[r], locals[g[0]])))
+        if (problem->empty() && !same_local(locals[r], locals[g[0]]))
           *problem = "ranks " + std::to_string(g[0]) + " and " + std::to_string(r) + " hold different locals across mesh axis \"" +
                      mesh.axes()[a] + "\" where " + spec[a].str() + " says they are equal";
     });

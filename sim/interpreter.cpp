@@ -89,7 +89,7 @@ SimRun run_distributed(const Scenario& sc, const RunOptions& options) {
     auto grads = rt.backward(run.values.at(sc.backward), grad_leaves);
     for (size_t i = 0; i < grad_leaves.size(); ++i) {
       run.grads[grad_leaves[i].name] = grads[i];
-      run.grad_specs[grad_leaves[i].name] = rt.grad_spec(grad_leaves[i].name, grad_leaves[i].spec);
+      if (auto gs = rt.input_grad_spec(grad_leaves[i].name, grad_leaves[i].spec)) run.grad_specs[grad_leaves[i].name] = *gs;
     }
     run.ran_backward = true;
   }

@@ -19,7 +19,7 @@ struct SimRun {
   std::map<std::string, at::Tensor> input_globals;
   std::vector<std::string> grad_inputs;     // inputs that require grad, in scenario order
   std::map<std::string, Locals> grads;
-  std::map<std::string, GradSpec> grad_specs;
+  std::map<std::string, GradSpec> grad_specs;  // but inputs with no cotangent no gradient reached
   bool ran_backward = false;
   bool has_local_map = false;
 };

@@ -20,8 +20,6 @@ namespace {
 
 using torch::autograd::variable_list;
 
-using torch::autograd::variable_list;
-
 std::string attrs_key(const OpAttrs& a) { return a.str(); }
 
 
@@ -82,6 +80,13 @@ GradSpec Runtime::grad_spec(const std::string& value, const Spec& primal) const 
   auto it = grad_specs_.find(value);
   if (it != grad_specs_.end()) return it->second;
   return {cotangent_spec(primal), cotangent_scale_divisor(mesh_, primal)};
+}
+
+std::optional<GradSpec> Runtime::input_grad_spec(const std::string& value, const Spec& primal) const {
+  auto it = grad_specs_.find(value);
+  if (it != grad_specs_.end()) return it->second;
+  if (!has_cotangent(primal)) return std::nullopt;
+  return grad_spec(value, primal);
 }
 
 Locals Runtime::to_cotangent(Locals grads, const GradSpec& from, const Spec& primal,
@@ -300,9 +305,13 @@ std::vector<Locals> Runtime::backward(const DTensor& loss, const std::vector<DTe
     for (size_t r = 0; r < inputs[i].locals.size(); ++r, ++k)
       grads[i].push_back(flat[k].defined() ? flat[k] : at::zeros_like(inputs[i].locals[r]));
     Event g = make_event("input_grad", "grad", inputs[i].name, grads[i]);
-    GradSpec gs = grad_spec(inputs[i].name, inputs[i].spec);
-    g.out_spec = spec_str(gs.spec);
-    g.note = "cotangent " + spec_str(cotangent_spec(inputs[i].spec));
+    if (auto gs = input_grad_spec(inputs[i].name, inputs[i].spec)) {
+      g.out_spec = spec_str(gs->spec);
+      g.note = "cotangent " + spec_str(cotangent_spec(inputs[i].spec));
+    } else {
+      g.out_spec = "none";
+      g.note = "no gradient reached it (" + spec_str(inputs[i].spec) + " has no cotangent)";
+    }
     recorder_.add(std::move(g));
   }
   return grads;

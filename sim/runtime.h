@@ -7,6 +7,7 @@
 
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -57,6 +58,10 @@ class Runtime {
   // The tracked layout of the gradient of a value (its cotangent unless a contribution said
   // otherwise); problems found while tracking (two contributions with different layouts).
   GradSpec grad_spec(const std::string& value, const Spec& primal) const;
+  // The same for an input after the backward: nothing when no gradient reached it and its primal
+  // has no cotangent (a P(max) or P(min) input off the backward path is not an error; one on it
+  // raised not_differentiable where the gradient arrived).
+  std::optional<GradSpec> input_grad_spec(const std::string& value, const Spec& primal) const;
   const std::vector<std::string>& tracking_problems() const { return tracking_problems_; }
 
   // LTensors of local_map bodies, for the result: their sets and local shapes.

@@ -737,6 +737,107 @@ TEST(Errors, MmInnerDimsMismatch) {
   expect_error(doc, "shape_mismatch", 2);
 }
 
+// A P(max) input that requires grad but that no gradient reaches (it feeds a value off the
+// loss's path) has no cotangent, and needs none: the run passes, listing its gradient without
+// placements; the oracle agrees that its gradient is zero.
+TEST(Errors, PartialMaxOffTheBackwardPathIsNoError) {
+  json doc = scenario_doc("pmax_off_path", mesh_of({2}));
+  doc["inputs"] = {input("x", {4, 3}, {P(ReduceOp::Max)}, true), input("w", {4, 3}, {S(0)}, true)};
+  doc["program"] = {redistribute_op("y", "x", {kR}), op("loss", "sum", {"w"})};
+  doc["backward"] = "loss";
+  CheckedRun run = check_doc(doc);
+  ASSERT_TRUE(passes(run));
+  EXPECT_EQ(run.result["grads"]["x"], json({{"placements", nullptr}, {"cotangent", nullptr}}));
+  EXPECT_EQ(run.result["grads"]["w"]["placements"], json({"S(0)"}));
+  bool listed = false;
+  for (const auto& e : run.events)
+    if (e.kind == "input_grad" && e.value == "x") {
+      listed = true;
+      EXPECT_EQ(e.out_spec, "none");
+    }
+  EXPECT_TRUE(listed);
+  // On the path it still is an error (Errors.PartialMaxReachingTheBackwardIsNotDifferentiable).
+  doc["program"] = {redistribute_op("y", "x", {kR}), op("s", "add", {"y", "w"}), op("loss", "sum", {"s"})};
+  expect_error(doc, "not_differentiable", 3);
+}
+
+// ---------------------------------------------------------------------------------------------
+// 6b. The oracle's verdicts
+
+// One local_map on dp=2: x [4, 3] S(0) (arange, so x[0][0] is 0) enters, `body` makes "y",
+// returned as S(0); `reference` (when not null) is the oracle's "y"; loss = sum(y).
+json local_map_doc(const json& body, const json& reference) {
+  json doc = scenario_doc("lm", mesh_of({2}));
+  doc["inputs"] = {input("x", {4, 3}, {S(0)}, true)};
+  doc["inputs"][0]["init"] = "arange";
+  json lm = {{"out", "y"}, {"op", "local_map"}, {"args", {"x"}}, {"out_placements", {{"S(0)"}}},
+             {"body", body}, {"returns", {"z"}}};
+  if (!reference.is_null()) lm["reference"] = reference;
+  doc["program"] = {lm, op("loss", "sum", {"y"})};
+  doc["backward"] = "loss";
+  return doc;
+}
+
+// Without a reference the oracle knows nothing after the local_map: those comparisons do not
+// run, so the checks that hold them are null (not true) and the status is "unchecked" (not
+// "pass"); nothing failed, so the exit code stays 0.
+TEST(Oracle, LocalMapWithoutReferenceIsUncheckedNotPass) {
+  json scale2 = {{"out", "z"}, {"op", "scale"}, {"args", {"x"}}, {"value", 2}};
+  CheckedRun run = check_doc(local_map_doc(json::array({scale2}), nullptr));
+  const json& r = run.result;
+  EXPECT_EQ(r["status"], "unchecked") << r.dump();
+  EXPECT_EQ(run.exit_code, 0);
+  EXPECT_TRUE(r["checks"]["forward_equivalence"].is_null()) << r.dump();
+  EXPECT_TRUE(r["checks"]["gradient_equivalence"].is_null()) << r.dump();
+  EXPECT_EQ(r["checks"]["duality"], true);
+  EXPECT_EQ(r["unchecked"], json({"y", "loss", "grad x"}));
+  // With the reference every check runs and passes.
+  json ref = {{"out", "z"}, {"op", "scale"}, {"args", {"x"}}, {"value", 2}};
+  EXPECT_TRUE(passes(check_doc(local_map_doc(json::array({scale2}), json::array({ref})))));
+  // A comparison that runs and fails makes the check false, skipped ones or not.
+  json wrong = {{"out", "z"}, {"op", "scale"}, {"args", {"x"}}, {"value", 3}};
+  CheckedRun failed = check_doc(local_map_doc(json::array({scale2}), json::array({wrong})));
+  EXPECT_EQ(failed.result["status"], "fail");
+  EXPECT_EQ(failed.result["checks"]["forward_equivalence"], false);
+  EXPECT_EQ(failed.exit_code, 1);
+}
+
+// A reference libtorch refuses (shapes mm cannot multiply) is invalid input naming the op's JSON
+// path, reported in the result: check_scenario does not throw (the command does not abort).
+TEST(Oracle, AReferenceLibtorchRefusesIsInvalidScenario) {
+  json scale2 = {{"out", "z"}, {"op", "scale"}, {"args", {"x"}}, {"value", 2}};
+  json mm = {{"out", "z"}, {"op", "mm"}, {"args", {"x", "x"}}};
+  CheckedRun run;
+  ASSERT_NO_THROW(run = check_doc(local_map_doc(json::array({scale2}), json::array({mm}))));
+  EXPECT_EQ(run.result["status"], "error") << run.result.dump();
+  EXPECT_EQ(run.result["error"]["kind"], "invalid_scenario");
+  const std::string message = run.result["error"].value("message", "");
+  EXPECT_NE(message.find("/program/0/reference/0: "), std::string::npos) << message;
+  EXPECT_NE(message.find("mm"), std::string::npos) << message;
+  EXPECT_EQ(run.exit_code, 2);
+  EXPECT_FALSE(run.events.empty());  // the mesh's run, for the trace
+}
+
+// NaN where the oracle has a number (0/0 on the mesh, 1 in the reference) is a mismatch, and
+// max_abs_error says so (null: not a finite number) instead of dropping it; NaN on both sides at
+// the same place is agreement.
+TEST(Oracle, NaNOnOneSideIsAMismatchAndOnBothAnAgreement) {
+  json div = {{"out", "z"}, {"op", "div"}, {"args", {"x", "x"}}};  // x[0][0] = 0: NaN there, 1 elsewhere
+  json ones = {{"out", "z0"}, {"op", "scale"}, {"args", {"x"}}, {"value", 0}};
+  json exp0 = {{"out", "z"}, {"op", "exp"}, {"args", {"z0"}}};
+  CheckedRun one_side = check_doc(local_map_doc(json::array({div}), json::array({ones, exp0})));
+  const json& r = one_side.result;
+  EXPECT_EQ(r["status"], "fail") << r.dump();
+  EXPECT_EQ(r["checks"]["forward_equivalence"], false);
+  EXPECT_TRUE(r["max_abs_error"].is_null()) << r.dump();  // was 0.0: std::max dropped the NaN
+  bool named = false;
+  for (const auto& f : r["failures"]) named |= f.get<std::string>().rfind("y: differs from the oracle by nan", 0) == 0;
+  EXPECT_TRUE(named) << r["failures"].dump();
+
+  CheckedRun both = check_doc(local_map_doc(json::array({div}), json::array({div})));
+  EXPECT_EQ(both.result["checks"]["forward_equivalence"], true) << both.result.dump();
+}
+
 // ---------------------------------------------------------------------------------------------
 // 7. Propagation
 

@@ -319,8 +319,8 @@ struct Facts {
   std::string name = "trace";
   Mesh mesh{{"rank"}, {1}};
   bool mesh_from_scenario = false;
-  std::string status;  // "" (no result), pass, fail, error
-  std::vector<std::string> passed_checks, failed_checks;
+  std::string status;  // "" (no result), pass, unchecked, fail, error
+  std::vector<std::string> passed_checks, failed_checks, unchecked_checks;  // unchecked: null, not (fully) run
   std::string error_kind, error_message;
   std::map<std::string, std::vector<int64_t>> global_shape;
   std::map<std::string, std::pair<std::string, std::string>> grads;  // name -> tracked, cotangent
@@ -412,7 +412,8 @@ Facts facts_of(const Trace& t) {
   }
   f.status = show(r.value("status", json("")));
   if (r.value("checks", json()).is_object()) {
-    for (const auto& [name, ok] : r["checks"].items()) (ok == true ? f.passed_checks : f.failed_checks).push_back(name);
+    for (const auto& [name, ok] : r["checks"].items())
+      (ok == true ? f.passed_checks : ok.is_null() ? f.unchecked_checks : f.failed_checks).push_back(name);
   }
   const json error = r.value("error", json());
   if (error.is_object()) {
@@ -604,6 +605,10 @@ std::string title(const Trace& t, const Facts& f, const std::string& view_line) 
     std::string checks;
     for (const auto& c : f.passed_checks) checks += (checks.empty() ? "" : " \u00b7 ") + c;
     verdict = font(esc("\u2713 pass" + (checks.empty() ? "" : ": " + checks)), kGreen, 11);
+  } else if (f.status == "unchecked") {
+    std::string checks;
+    for (const auto& c : f.unchecked_checks) checks += (checks.empty() ? "" : ", ") + c;
+    verdict = font(esc("? unchecked (no oracle value)" + (checks.empty() ? "" : ": " + checks)), kGray, 11);
   } else if (f.status == "fail") {
     std::string checks;
     for (const auto& c : f.failed_checks) checks += (checks.empty() ? "" : ", ") + c;
