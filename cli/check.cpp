@@ -86,7 +86,14 @@ int cmd_check(const CheckArgs& args, std::ostream& out) {
     out << (o.status == PropertyOutcome::Status::Failed ? "  FAIL  " : "  GAVE UP  ") << p->name
         << " after " << pr.cases << " cases (" << pr.shrinks << " shrinks tried): " << o.description << "\n";
     for (const auto& [type, value] : o.counterexample) out << "        " << type << ": " << value << "\n";
-    std::string trace = write_counterexample(o.failure, args.out_dir, p->name);
+    // The property failed either way: a trace that cannot be written (an --out that is not a
+    // directory, a full disk) is reported and the run goes on.
+    std::string trace;
+    try {
+      trace = write_counterexample(o.failure, args.out_dir, p->name);
+    } catch (const std::exception& e) {
+      out << "        counterexample trace not written: " << e.what() << "\n";
+    }
     if (!trace.empty()) out << "        counterexample trace: " << trace << "\n        reproduce: meshsim replay " << trace << "\n";
     out << "        rerun: meshsim check --property " << p->name << " --seed " << seed << " --cases " << args.cases
         << (args.mutant.empty() ? "" : " --mutant " + args.mutant) << "\n";

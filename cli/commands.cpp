@@ -31,38 +31,70 @@ namespace {
 std::string join_specs(const nlohmann::json& placements) {
   if (!placements.is_array()) return "none";
   std::string out = "[";
-  for (size_t i = 0; i < placements.size(); ++i) out += (i ? ", " : "") + placements[i].get<std::string>();
+  for (size_t i = 0; i < placements.size(); ++i)
+    out += (i ? ", " : "") + (placements[i].is_string() ? placements[i].get<std::string>() : placements[i].dump());
   return out + "]";
 }
 
-// The human summary of a result.
+// A JSON string, or `fallback` when it is missing or not a string.
+std::string text_of(const nlohmann::json& obj, const char* key, const std::string& fallback = "?") {
+  if (!obj.is_object()) return fallback;
+  auto it = obj.find(key);
+  return it != obj.end() && it->is_string() ? it->get<std::string>() : fallback;
+}
+
+// The members of an object or array (an empty object for anything else).
+const nlohmann::json& members(const nlohmann::json& r, const char* key) {
+  static const nlohmann::json none = nlohmann::json::object();
+  auto it = r.find(key);
+  return it != r.end() && (it->is_object() || it->is_array()) ? *it : none;
+}
+
+// The human summary of a result; a result without values, collectives, grads or an error
+// (a run that raised) prints what it has.
 void print_summary(const Scenario& sc, const RunOptions& options, const nlohmann::json& r) {
-  std::cout << sc.name << ": " << r["status"].get<std::string>() << "   (mesh " << sc.mesh.str()
-            << ", seed " << options.seed << ")\n";
-  if (r["status"] == "error") {
-    std::cout << "  error " << r["error"]["kind"].get<std::string>() << ": "
-              << r["error"]["message"].get<std::string>() << "\n";
+  std::cout << sc.name << ": " << text_of(r, "status") << "   (mesh " << sc.mesh.str() << ", seed " << options.seed
+            << ")\n";
+  if (text_of(r, "status") == "error") {
+    const nlohmann::json& e = members(r, "error");
+    std::cout << "  error " << text_of(e, "kind") << ": " << text_of(e, "message", "") << "\n";
     return;
   }
-  for (const auto& [name, v] : r["values"].items()) {
+  for (const auto& [name, v] : members(r, "values").items()) {
+    if (!v.is_object()) continue;
     if (v.contains("placements"))
-      std::cout << "  value " << name << " " << join_specs(v["placements"]) << " shape " << v["shape"].dump() << "\n";
+      std::cout << "  value " << name << " " << join_specs(v["placements"]) << " shape " << v.value("shape", nlohmann::json()).dump() << "\n";
     else  // an LTensor of a local_map body
-      std::cout << "  value " << name << " (local_map body) variant " << join_specs(v["variant"]) << " reduced "
-                << join_specs(v["reduced"]) << (v.value("untracked", false) ? " UNTRACKED" : "") << "\n";
+      std::cout << "  value " << name << " (local_map body) variant " << join_specs(v.value("variant", nlohmann::json()))
+                << " reduced " << join_specs(v.value("reduced", nlohmann::json()))
+                << (v.value("untracked", false) ? " UNTRACKED" : "") << "\n";
   }
-  for (const auto& c : r["collectives"])
-    std::cout << "  " << c["phase"].get<std::string>() << " " << c["op"].get<std::string>() << " over "
-              << c["axis"].get<std::string>() << ", " << c["bytes"].get<int64_t>() << " B per rank ("
-              << c["value"].get<std::string>() << ")\n";
-  for (const auto& [name, g] : r["grads"].items())
-    std::cout << "  grad " << name << " " << join_specs(g["placements"]) << " (cotangent "
-              << join_specs(g["cotangent"]) << ")\n";
+  for (const auto& c : members(r, "collectives")) {
+    if (!c.is_object()) continue;
+    const auto bytes = c.find("bytes");
+    std::cout << "  " << text_of(c, "phase") << " " << text_of(c, "op") << " over " << text_of(c, "axis") << ", "
+              << (bytes != c.end() && bytes->is_number() ? bytes->dump() : "?") << " B per rank (" << text_of(c, "value")
+              << ")\n";
+  }
+  for (const auto& [name, g] : members(r, "grads").items()) {
+    if (!g.is_object()) continue;
+    std::cout << "  grad " << name << " " << join_specs(g.value("placements", nlohmann::json())) << " (cotangent "
+              << join_specs(g.value("cotangent", nlohmann::json())) << ")\n";
+  }
   std::cout << "  checks:";
-  for (const auto& [name, ok] : r["checks"].items()) std::cout << " " << name << "=" << (ok.get<bool>() ? "ok" : "FAIL");
-  std::cout << "   max_abs_error " << r["max_abs_error"].get<double>() << "\n";
-  if (r.contains("failures"))
-    for (const auto& f : r["failures"]) std::cout << "  failure: " << f.get<std::string>() << "\n";
+  for (const auto& [name, ok] : members(r, "checks").items())  // null: the check did not (fully) run
+    std::cout << " " << name << "=" << (ok == true ? "ok" : ok.is_null() ? "unchecked" : "FAIL");
+  const auto err = r.find("max_abs_error");
+  if (err != r.end() && err->is_number()) std::cout << "   max_abs_error " << err->get<double>();
+  else if (err != r.end()) std::cout << "   max_abs_error not finite";  // null: NaN or infinity
+  std::cout << "\n";
+  if (r.contains("unchecked")) {
+    std::cout << "  unchecked (no oracle value: a local_map without reference):";
+    for (const auto& u : members(r, "unchecked")) std::cout << " " << (u.is_string() ? u.get<std::string>() : u.dump());
+    std::cout << "\n";
+  }
+  for (const auto& f : members(r, "failures"))
+    std::cout << "  failure: " << (f.is_string() ? f.get<std::string>() : f.dump()) << "\n";
 }
 
 Scenario scenario_from_trace(const Trace& t, const std::string& file, RunOptions& options) {

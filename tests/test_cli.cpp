@@ -189,6 +189,72 @@ TEST_F(Cli, RunOptionOverridesTheScenario) {
   EXPECT_TRUE(contains(bad.err, "colour")) << bad;
 }
 
+// A scenario with one local_map over x [4, 3] S(0) on dp=2 whose body makes "z" (returned as
+// S(0)); `reference` is added when not null; loss = sum(y).
+json local_map_scenario(const json& body, const json& reference) {
+  json lm = {{"out", "y"}, {"op", "local_map"}, {"args", {"x"}}, {"out_placements", {{"S(0)"}}},
+             {"body", body}, {"returns", {"z"}}};
+  if (!reference.is_null()) lm["reference"] = reference;
+  return {{"format", "meshsim.scenario/1"},
+          {"name", "lm"},
+          {"mesh", {{"axes", {"dp"}}, {"shape", {2}}}},
+          {"inputs", {{{"name", "x"}, {"shape", {4, 3}}, {"placements", {"S(0)"}}, {"requires_grad", true}}}},
+          {"program", {lm, {{"out", "loss"}, {"op", "sum"}, {"args", {"y"}}}}},
+          {"backward", "loss"}};
+}
+
+// Without a reference, the comparisons after the local_map do not run: the summary says
+// "unchecked", never "pass" or "ok", for them (exit 0: nothing failed).
+TEST_F(Cli, RunWithoutReferenceSaysUnchecked) {
+  write("noref.json", local_map_scenario(json::array({{{"out", "z"}, {"op", "scale"}, {"args", {"x"}}, {"value", 2}}}), nullptr));
+  Outcome o = meshsim("run noref.json");
+  EXPECT_EQ(o.code, 0) << o;
+  EXPECT_TRUE(contains(o.out, "lm: unchecked")) << o;
+  EXPECT_TRUE(contains(o.out, "gradient_equivalence=unchecked")) << o;
+  EXPECT_TRUE(contains(o.out, "forward_equivalence=unchecked")) << o;
+  EXPECT_TRUE(contains(o.out, "unchecked (no oracle value: a local_map without reference): y loss grad x")) << o;
+  Outcome j = meshsim("run noref.json --json");
+  json r = json::parse(j.out);
+  EXPECT_EQ(r["status"], "unchecked");
+  EXPECT_TRUE(r["checks"]["gradient_equivalence"].is_null()) << j;
+}
+
+// A run that libtorch stops (a body mm whose local shapes do not fit) is a failed check whose
+// result has no values, collectives or grads: the summary prints what there is (it used to abort
+// on the missing keys).
+TEST_F(Cli, RunThatRaisedPrintsItsSummary) {
+  write("raises.json", local_map_scenario(json::array({{{"out", "z"}, {"op", "mm"}, {"args", {"x", "x"}}}}), nullptr));
+  Outcome o = meshsim("run raises.json");
+  EXPECT_EQ(o.code, 1) << o;
+  EXPECT_TRUE(contains(o.out, "lm: fail")) << o;
+  EXPECT_TRUE(contains(o.out, "runs=FAIL")) << o;
+  EXPECT_TRUE(contains(o.out, "failure: the run raised: ")) << o;
+}
+
+// A reference that libtorch refuses is unusable input: exit 2 with the JSON path, no abort.
+TEST_F(Cli, RunWithAReferenceLibtorchRefusesExits2) {
+  write("badref.json", local_map_scenario(json::array({{{"out", "z"}, {"op", "scale"}, {"args", {"x"}}, {"value", 2}}}),
+                                          json::array({{{"out", "z"}, {"op", "mm"}, {"args", {"x", "x"}}}})));
+  for (const char* flags : {"", " --json"}) {
+    Outcome o = meshsim(std::string("run badref.json") + flags);
+    EXPECT_EQ(o.code, 2) << o;
+    EXPECT_TRUE(contains(o.out, "invalid_scenario")) << o;
+    EXPECT_TRUE(contains(o.out, "/program/0/reference/0: ")) << o;
+  }
+}
+
+// The opaque all_reduce kernel called with no argument is unusable input (exit 2), not a crash.
+TEST_F(Cli, CallWithoutArgumentsExits2) {
+  json doc = local_map_scenario(
+      json::array({{{"out", "z"}, {"op", "call"}, {"args", json::array()}, {"function", "opaque_all_reduce"}, {"axis", "dp"}}}),
+      nullptr);
+  doc["program"][0]["out_placements"] = {{"R"}};
+  write("noargs.json", doc);
+  Outcome o = meshsim("run noargs.json");
+  EXPECT_EQ(o.code, 2) << o;
+  EXPECT_TRUE(contains(o.out, "invalid_scenario: /program/0/body/0/args: opaque_all_reduce takes 1 argument, got 0")) << o;
+}
+
 // ---------------------------------------------------------------------------------------------
 // traces and replay
 
@@ -345,6 +411,16 @@ TEST_F(Cli, CheckOneProperty) {
 
 // Every planted bug is found by the default check, and its counterexample trace replays: the replay
 // reproduces the recorded failure (exit 0).
+// A counterexample trace that cannot be written (--out names a path under a file) is reported,
+// and the run still ends with the property's failure (exit 1): no abort.
+TEST_F(Cli, CheckReportsACounterexampleItCannotWrite) {
+  write("afile", std::string("not a directory"));
+  Outcome o = meshsim("check --property dtensor_duality --mutant cotangent_psum_as_r --seed 1 --cases 50 --out afile/sub");
+  EXPECT_EQ(o.code, 1) << o;
+  EXPECT_TRUE(contains(o.out, "counterexample trace not written: ")) << o;
+  EXPECT_TRUE(contains(o.out, "planted bug cotangent_psum_as_r found")) << o;
+}
+
 TEST_F(Cli, CheckFindsEveryMutantAndItsTraceReplays) {
   const auto mutants = listed(meshsim("check --list").out, "mutants:");
   ASSERT_FALSE(mutants.empty());
