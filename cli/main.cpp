@@ -91,6 +91,9 @@ int main(int argc, char** argv) {
   } catch (const SemanticError& e) {
     std::cerr << "meshsim: " << error_kind_name(e.kind()) << ": " << e.what() << "\n";
     return exit_code_for(e.kind());
+  } catch (const std::exception& e) {  // a bug of meshsim's own: said, never an abort
+    std::cerr << "meshsim: internal error: " << e.what() << "\n";
+    return 1;
   }
   return 2;
 }

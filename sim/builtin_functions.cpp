@@ -4,6 +4,7 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include "core/error.h"
+#include "sim/communicator.h"
 #include "sim/local_map.h"
 
 namespace meshsim {
@@ -25,14 +26,14 @@ struct LocalSquare : public torch::autograd::Function<LocalSquare> {
 };
 
 // An opaque all_reduce(sum) kernel over one group: it sees every member's local and returns the
-// sum to each, in rank order. Its backward is the identity (the cotangent of its invariant
-// output is invariant, Megatron's g). Variance tracking cannot see inside it.
+// sum to each, in rank order, through the communicator (on a real engine, its own rank's sum comes
+// from the engine). Its backward is the identity (the cotangent of its invariant output is
+// invariant, Megatron's g). Variance tracking cannot see inside it.
 struct OpaqueAllReduce : public torch::autograd::Function<OpaqueAllReduce> {
   static variable_list forward(AutogradContext* ctx, at::TensorList group) {
-    at::Tensor sum = group[0].clone();
-    for (size_t k = 1; k < group.size(); ++k) sum.add_(group[k]);
+    const Locals sums = communicator().all_reduce(current_group(), Locals(group.begin(), group.end()), ReduceOp::Sum);
     variable_list out;
-    for (size_t k = 0; k < group.size(); ++k) out.push_back(sum.clone());
+    for (const auto& s : sums) out.push_back(s.clone());  // one output tensor per member
     return out;
   }
   static variable_list backward(AutogradContext* ctx, variable_list g) { return g; }

@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "core/mutants.h"
+#include "sim/communicator.h"
 #include "sim/data.h"
 #include "sim/local_ops.h"
 #include "sim/mesh_node.h"
@@ -365,6 +366,7 @@ LTensor BodyContext::call_on_groups(const std::string& key, const std::optional<
   for (const auto& ranks : mesh.groups(axis)) {
     Locals group;
     for (auto r : ranks) group.push_back(x.locals[r]);
+    InGroup in_group(ranks);  // a kernel's own collectives reach the communicator with these ranks
     Locals result = f(group);
     for (size_t k = 0; k < ranks.size(); ++k) locals[ranks[k]] = result.at(k);
   }

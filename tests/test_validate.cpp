@@ -129,6 +129,14 @@ TEST_F(Validate, ACorruptedEngineResultIsCaughtAndLocated) {
   EXPECT_TRUE(contains(o.out, "status: fail")) << o;
 }
 
+TEST_F(Validate, ACustomFunctionsOwnCollectiveGoesThroughTheEngine) {
+  // opaque_all_reduce sums inside a user kernel: on the engine, rank 1's sum is the engine's.
+  const Outcome o = meshsim("validate " + q(example("lm_call_opaque_all_reduce.json")) + " --fault corrupt:1:1");
+  EXPECT_EQ(o.code, 1) << o;
+  EXPECT_TRUE(contains(o.out, "rank 1: fail")) << o;
+  EXPECT_TRUE(contains(o.out, "first difference at event 2 (forward op call opaque_all_reduce")) << o;
+}
+
 TEST_F(Validate, AKilledWorkerIsReportedByRankAndNothingIsLeft) {
   const std::string file = example("fsdp_reduced.json");
   const Outcome o = meshsim("validate " + q(file) + " --fault kill:1:2 --timeout 20");
