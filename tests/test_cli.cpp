@@ -15,38 +15,15 @@
 
 #include <nlohmann/json.hpp>
 
+#include "tests/process_support.h"
+
 namespace fs = std::filesystem;
 using json = nlohmann::json;
+using namespace meshsim::testing;
 
 namespace {
 
 const std::string kExample = std::string(MESHSIM_SOURCE_DIR) + "/examples/fsdp_reduced.json";
-
-std::string read_text(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-// Single-quoted for the shell.
-std::string q(const std::string& s) {
-  std::string out = "'";
-  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return out + "'";
-}
-
-bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
-
-struct Outcome {
-  int code = -1;  // the exit code; 124 when the time limit was hit
-  std::string out, err;
-  double seconds = 0;
-};
-
-std::ostream& operator<<(std::ostream& os, const Outcome& o) {
-  return os << "exit " << o.code << " after " << o.seconds << " s\n--- stdout\n" << o.out << "--- stderr\n" << o.err;
-}
 
 // Each test gets a fresh directory and runs meshsim in it.
 class Cli : public ::testing::Test {
@@ -64,19 +41,7 @@ class Cli : public ::testing::Test {
   }
 
   // Runs `meshsim ARGS` (ARGS already quoted as needed) in `dir`, killed after `limit_s`.
-  Outcome meshsim(const std::string& args, int limit_s = 60) const {
-    const fs::path out = dir / ".stdout", err = dir / ".stderr";
-    const std::string cmd = "cd " + q(dir.string()) + " && timeout " + std::to_string(limit_s) + " " +
-                            q(MESHSIM_BIN) + " " + args + " >" + q(out.string()) + " 2>" + q(err.string());
-    const auto start = std::chrono::steady_clock::now();
-    const int status = std::system(cmd.c_str());
-    Outcome o;
-    o.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    o.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-    o.out = read_text(out);
-    o.err = read_text(err);
-    return o;
-  }
+  Outcome meshsim(const std::string& args, int limit_s = 60) const { return run_process(dir, MESHSIM_BIN, args, limit_s); }
 
   fs::path write(const std::string& name, const std::string& text) const {
     std::ofstream(dir / name, std::ios::binary) << text;
