@@ -19,6 +19,7 @@
 
 #include "bench/bench_common.h"
 #include "gpu_validate/gloo_engine.h"
+#include "gpu_validate/validate.h"
 #include "sim/interpreter.h"
 
 extern char** environ;
@@ -30,12 +31,6 @@ using namespace meshsim;
 
 constexpr int kRanks = 4;
 constexpr int kIterations = 30;
-
-std::string self_exe() {
-  char buf[4096];
-  const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
-  return std::string(buf, n > 0 ? static_cast<size_t>(n) : 0);
-}
 
 std::unique_ptr<GlooCommunicator> engine(const Scenario& sc, int rank, const std::string& store) {
   GlooConfig c;
@@ -67,7 +62,7 @@ void BM_SimVsGloo(benchmark::State& state, const std::string& example) {
   const fs::path dir = fs::temp_directory_path() / ("meshsim_bench_engines_" + std::to_string(::getpid()));
   fs::remove_all(dir);
   fs::create_directories(dir);
-  const std::string store = (dir / "store").string(), exe = self_exe();
+  const std::string store = (dir / "store").string(), exe = self_executable();
   const int runs = static_cast<int>(state.max_iterations) + 1;
   std::vector<pid_t> pids;
   for (int r = 1; r < kRanks; ++r) {

@@ -1,6 +1,4 @@
 // `meshsim validate` (DESIGN.md, contract 1): the command-line side of gpu_validate/validate.h.
-#include <unistd.h>
-
 #include <iostream>
 #include <stdexcept>
 
@@ -22,12 +20,8 @@ int cmd_validate(const ValidateConfig& config) {
       throw InputError("--rank", "", "a worker needs --store PATH or --master-addr HOST");
     return validate_worker(sc, options, config, std::cout);
   }
-  char self[4096];
-  const ssize_t n = ::readlink("/proc/self/exe", self, sizeof self - 1);
-  if (n <= 0) throw std::runtime_error("cannot find this executable (/proc/self/exe)");
-  self[n] = '\0';
   try {
-    return validate_coordinator(sc, options, config, self, std::cout);
+    return validate_coordinator(sc, options, config, std::cout);
   } catch (const std::invalid_argument& e) {  // a malformed --fault
     throw InputError("--fault", "", e.what());
   } catch (const SemanticError&) {

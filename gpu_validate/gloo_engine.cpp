@@ -52,7 +52,7 @@ struct GlooCommunicator::Impl {
 };
 
 GlooCommunicator::GlooCommunicator(const Mesh& mesh, const GlooConfig& config)
-    : RealCommunicator(config.store.rank, config.fault, config.progress_file), impl_(std::make_unique<Impl>()) {
+    : RealCommunicator(config), impl_(std::make_unique<Impl>()) {
   const StoreConfig& sc = config.store;
   impl_->timeout = sc.timeout;
   impl_->store = make_store(sc);
@@ -62,19 +62,10 @@ GlooCommunicator::GlooCommunicator(const Mesh& mesh, const GlooConfig& config)
   options->devices.push_back(host.empty() ? c10d::ProcessGroupGloo::createDefaultDevice()
                                           : c10d::ProcessGroupGloo::createDeviceForHostname(host));
   options->threads = 1;
-  // Every group this rank belongs to, axis by axis, groups in order: the same order on every
-  // rank, so that each group's members meet at its rendezvous.
-  for (int axis = 0; axis < mesh.ndim(); ++axis)
-    for (const auto& ranks : mesh.groups(axis)) {
-      if (ranks.size() < 2 || impl_->groups.count(ranks)) continue;
-      int position = -1;
-      for (size_t k = 0; k < ranks.size(); ++k)
-        if (ranks[k] == sc.rank) position = static_cast<int>(k);
-      if (position < 0) continue;
-      auto prefixed = c10::make_intrusive<c10d::PrefixStore>(group_key(ranks), impl_->store);
-      impl_->groups[ranks] = c10::make_intrusive<c10d::ProcessGroupGloo>(
-          prefixed, position, static_cast<int>(ranks.size()), options);
-    }
+  for (const auto& g : member_groups(mesh, sc.rank))
+    impl_->groups[g.ranks] = c10::make_intrusive<c10d::ProcessGroupGloo>(
+        c10::make_intrusive<c10d::PrefixStore>(group_key(g.ranks), impl_->store), static_cast<int>(g.position),
+        static_cast<int>(g.ranks.size()), options);
   if (sc.world > 1)
     impl_->world = c10::make_intrusive<c10d::ProcessGroupGloo>(
         c10::make_intrusive<c10d::PrefixStore>("meshsim/world", impl_->store), static_cast<int>(sc.rank),

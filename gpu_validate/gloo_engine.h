@@ -12,16 +12,12 @@
 
 #include "core/mesh.h"
 #include "gpu_validate/real_engine.h"
-#include "gpu_validate/store.h"
 
 namespace meshsim {
 
-struct GlooConfig {
-  StoreConfig store;          // rank, world, timeout (every collective and the rendezvous)
+struct GlooConfig : EngineConfig {
   std::string hostname;       // the address this worker listens on; default 127.0.0.1 with a
                               // FileStore, this machine's hostname with a TCPStore
-  Fault fault;
-  std::string progress_file;
 };
 
 class GlooCommunicator : public RealCommunicator {

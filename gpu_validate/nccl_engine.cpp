@@ -62,7 +62,7 @@ struct DeviceBuffer {
 class NcclCommunicator : public RealCommunicator {
  public:
   NcclCommunicator(const Mesh& mesh, const NcclConfig& config)
-      : RealCommunicator(config.store.rank, config.fault, config.progress_file), timeout_(config.store.timeout) {
+      : RealCommunicator(config), timeout_(config.store.timeout) {
     ::setenv("NCCL_ALGO", "Ring", 0);
     ::setenv("NCCL_PROTO", "Simple", 0);
     int count = 0;
@@ -70,28 +70,23 @@ class NcclCommunicator : public RealCommunicator {
     check_cuda(cudaSetDevice(static_cast<int>(config.store.rank % count)), "cudaSetDevice");
     check_cuda(cudaStreamCreate(&stream_), "cudaStreamCreate");
     auto store = make_store(config.store);
-    // One communicator per group of this rank, in the same order on every rank; the group's
-    // first member makes the id and publishes it.
-    for (int axis = 0; axis < mesh.ndim(); ++axis)
-      for (const auto& ranks : mesh.groups(axis)) {
-        if (ranks.size() < 2 || comms_.count(ranks)) continue;
-        int position = -1;
-        for (size_t k = 0; k < ranks.size(); ++k)
-          if (ranks[k] == config.store.rank) position = static_cast<int>(k);
-        if (position < 0) continue;
-        ncclUniqueId id;
-        const std::string key = group_key(ranks) + "/nccl_id";
-        if (position == 0) {
-          check_nccl(ncclGetUniqueId(&id), "ncclGetUniqueId");
-          store->set(key, std::vector<uint8_t>(id.internal, id.internal + sizeof id.internal));
-        } else {
-          const std::vector<uint8_t> bytes = store->get(key);
-          std::copy(bytes.begin(), bytes.end(), id.internal);
-        }
-        ncclComm_t comm;
-        check_nccl(ncclCommInitRank(&comm, static_cast<int>(ranks.size()), id, position), "ncclCommInitRank");
-        comms_[ranks] = comm;
+    // One communicator per group of this rank (member_groups' order); the group's first member
+    // makes the id and publishes it.
+    for (const auto& g : member_groups(mesh, config.store.rank)) {
+      ncclUniqueId id;
+      const std::string key = group_key(g.ranks) + "/nccl_id";
+      if (g.position == 0) {
+        check_nccl(ncclGetUniqueId(&id), "ncclGetUniqueId");
+        store->set(key, std::vector<uint8_t>(id.internal, id.internal + sizeof id.internal));
+      } else {
+        const std::vector<uint8_t> bytes = store->get(key);
+        std::copy(bytes.begin(), bytes.end(), id.internal);
       }
+      ncclComm_t comm;
+      check_nccl(ncclCommInitRank(&comm, static_cast<int>(g.ranks.size()), id, static_cast<int>(g.position)),
+                 "ncclCommInitRank");
+      comms_[g.ranks] = comm;
+    }
   }
   ~NcclCommunicator() override {
     for (auto& [ranks, comm] : comms_) ncclCommDestroy(comm);

@@ -11,15 +11,10 @@
 
 #include "core/mesh.h"
 #include "gpu_validate/real_engine.h"
-#include "gpu_validate/store.h"
 
 namespace meshsim {
 
-struct NcclConfig {
-  StoreConfig store;
-  Fault fault;
-  std::string progress_file;
-};
+using NcclConfig = EngineConfig;
 
 // Why NCCL cannot run `world` ranks on this machine (not built, no CUDA device, fewer GPUs than
 // ranks: NCCL refuses two ranks on one GPU), or "" when it can.

@@ -27,15 +27,28 @@ Fault parse_fault(const std::string& spec) {
   return f;
 }
 
-RealCommunicator::RealCommunicator(int64_t rank, Fault fault, std::string progress_file)
-    : rank_(rank), fault_(fault) {
-  if (!progress_file.empty()) progress_.open(progress_file, std::ios::app);
+int64_t position_of(const Ranks& ranks, int64_t rank) {
+  for (size_t k = 0; k < ranks.size(); ++k)
+    if (ranks[k] == rank) return static_cast<int64_t>(k);
+  return -1;
 }
 
-int64_t RealCommunicator::member(const Ranks& ranks) const {
-  for (size_t k = 0; k < ranks.size(); ++k)
-    if (ranks[k] == rank_) return static_cast<int64_t>(k);
-  return -1;
+std::vector<MemberGroup> member_groups(const Mesh& mesh, int64_t rank) {
+  std::vector<MemberGroup> out;
+  for (int axis = 0; axis < mesh.ndim(); ++axis)
+    for (const auto& ranks : mesh.groups(axis)) {
+      const int64_t k = position_of(ranks, rank);
+      if (ranks.size() < 2 || k < 0) continue;
+      // Two axes of size 1 around one real axis give the same group twice: one communicator.
+      bool seen = false;
+      for (const auto& g : out) seen = seen || g.ranks == ranks;
+      if (!seen) out.push_back({ranks, k});
+    }
+  return out;
+}
+
+RealCommunicator::RealCommunicator(const EngineConfig& config) : rank_(config.store.rank), fault_(config.fault) {
+  if (!config.progress_file.empty()) progress_.open(config.progress_file, std::ios::app);
 }
 
 void RealCommunicator::begin(const char* what, const Ranks& ranks) {
@@ -77,7 +90,7 @@ void RealCommunicator::note_reduction(const Locals& group, ReduceOp op) {
 
 Locals RealCommunicator::all_gather(const Ranks& ranks, const Locals& group, int64_t dim) {
   Locals out = sim_.all_gather(ranks, group, dim);
-  const int64_t k = member(ranks);
+  const int64_t k = position_of(ranks, rank_);
   if (k < 0) return out;
   begin("all_gather", ranks);
   out[k] = end(group[k], real_all_gather(ranks, static_cast<size_t>(k), group, dim));
@@ -86,7 +99,7 @@ Locals RealCommunicator::all_gather(const Ranks& ranks, const Locals& group, int
 
 Locals RealCommunicator::all_reduce(const Ranks& ranks, const Locals& group, ReduceOp op) {
   Locals out = sim_.all_reduce(ranks, group, op);
-  const int64_t k = member(ranks);
+  const int64_t k = position_of(ranks, rank_);
   if (k < 0) return out;
   note_reduction(group, op);
   begin("all_reduce", ranks);
@@ -96,7 +109,7 @@ Locals RealCommunicator::all_reduce(const Ranks& ranks, const Locals& group, Red
 
 Locals RealCommunicator::reduce_scatter(const Ranks& ranks, const Locals& group, ReduceOp op, int64_t dim) {
   Locals out = sim_.reduce_scatter(ranks, group, op, dim);
-  const int64_t k = member(ranks);
+  const int64_t k = position_of(ranks, rank_);
   if (k < 0) return out;
   note_reduction(group, op);
   begin("reduce_scatter", ranks);
@@ -106,7 +119,7 @@ Locals RealCommunicator::reduce_scatter(const Ranks& ranks, const Locals& group,
 
 Locals RealCommunicator::all_to_all(const Ranks& ranks, const Locals& group, int64_t split_dim, int64_t concat_dim) {
   Locals out = sim_.all_to_all(ranks, group, split_dim, concat_dim);
-  const int64_t k = member(ranks);
+  const int64_t k = position_of(ranks, rank_);
   if (k < 0) return out;
   begin("all_to_all", ranks);
   out[k] = end(group[k], real_all_to_all(ranks, static_cast<size_t>(k), group, split_dim, concat_dim));

@@ -11,6 +11,8 @@
 #include <fstream>
 #include <string>
 
+#include "core/mesh.h"
+#include "gpu_validate/store.h"
 #include "sim/communicator.h"
 
 namespace meshsim {
@@ -34,9 +36,29 @@ struct EngineStats {
   double seconds = 0;              // time spent inside the engine's calls
 };
 
+// What every engine is told: where to meet (rank, world, timeout, store), a planted fault, and
+// where to write its progress lines.
+struct EngineConfig {
+  StoreConfig store;
+  Fault fault;
+  std::string progress_file;
+};
+
+// Position of `rank` in `ranks`, or -1.
+int64_t position_of(const Ranks& ranks, int64_t rank);
+
+// A mesh group that `rank` belongs to, and its position there.
+struct MemberGroup {
+  Ranks ranks;
+  int64_t position;
+};
+// Every group of two or more ranks that `rank` belongs to, axis by axis, groups in order: the same
+// order on every rank, so that engines making one communicator per group meet at each rendezvous.
+std::vector<MemberGroup> member_groups(const Mesh& mesh, int64_t rank);
+
 class RealCommunicator : public Communicator {
  public:
-  RealCommunicator(int64_t rank, Fault fault, std::string progress_file);
+  explicit RealCommunicator(const EngineConfig& config);
 
   Locals all_gather(const Ranks& ranks, const Locals& group, int64_t dim) override;
   Locals all_reduce(const Ranks& ranks, const Locals& group, ReduceOp op) override;
@@ -62,8 +84,6 @@ class RealCommunicator : public Communicator {
   virtual at::Tensor real_reduce_scatter(const Ranks& ranks, size_t k, const Locals& group, ReduceOp op, int64_t dim);
 
  private:
-  // Position of this rank in `ranks`, or -1.
-  int64_t member(const Ranks& ranks) const;
   void begin(const char* what, const Ranks& ranks);
   // Books the call; returns the engine's result, corrupted when the planted fault says so.
   at::Tensor end(const at::Tensor& mine, at::Tensor result);

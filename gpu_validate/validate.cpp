@@ -9,7 +9,6 @@
 #include <unistd.h>
 
 #include <chrono>
-#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -20,6 +19,7 @@
 #include "core/error.h"
 #include "gpu_validate/gloo_engine.h"
 #include "gpu_validate/nccl_engine.h"
+#include "sim/data.h"
 #include "sim/interpreter.h"
 
 namespace meshsim {
@@ -41,21 +41,20 @@ std::unique_ptr<RealCommunicator> make_engine(const Mesh& mesh, const ValidateCo
   store.file = c.store;
   store.master_addr = c.master_addr;
   store.master_port = c.master_port;
-  const Fault fault = c.fault.empty() ? Fault{} : parse_fault(c.fault);
-  if (c.backend == "nccl") return make_nccl_communicator(mesh, {store, fault, c.progress_file});
-  return std::make_unique<GlooCommunicator>(mesh, GlooConfig{store, c.hostname, fault, c.progress_file});
-}
-
-bool same_bits(const at::Tensor& a, const at::Tensor& b) {
-  if (a.scalar_type() != b.scalar_type() || !a.sizes().equals(b.sizes())) return false;
-  const at::Tensor ca = a.detach().contiguous(), cb = b.detach().contiguous();
-  return std::memcmp(ca.data_ptr(), cb.data_ptr(), static_cast<size_t>(ca.numel()) * ca.element_size()) == 0;
+  const EngineConfig engine{store, c.fault.empty() ? Fault{} : parse_fault(c.fault), c.progress_file};
+  if (c.backend == "nccl") return make_nccl_communicator(mesh, engine);
+  GlooConfig gloo{engine};
+  gloo.hostname = c.hostname;
+  return std::make_unique<GlooCommunicator>(mesh, gloo);
 }
 
 // The tolerance when some sum was over non-integers: the engine may add in another order (Gloo's
 // ring, NCCL's trees), so results may differ in the last bits; relative to the largest magnitude.
 double tolerance_for(at::ScalarType t) { return t == at::kFloat ? 1e-4 : 1e-9; }
 
+// Equal means the same bits (tensor_hash); otherwise the largest difference (max_abs_diff, which
+// counts NaN against a number as one) and, when some sum was inexact, whether it is within the
+// tolerance.
 json compare_local(const std::string& name, const char* of, const at::Tensor& real, const at::Tensor& sim,
                    bool exact) {
   json c{{"name", name}, {"of", of}};
@@ -64,27 +63,12 @@ json compare_local(const std::string& name, const char* of, const at::Tensor& re
     c["max_abs_diff"] = 0.0;
     return c;
   }
-  if (!real.sizes().equals(sim.sizes())) {
-    c["equal"] = false;
-    c["max_abs_diff"] = nullptr;
-    c["note"] = "local shapes differ";
-    return c;
-  }
-  const bool bits = same_bits(real, sim);
-  double diff = 0;
-  if (!bits && real.numel()) {
-    const at::Tensor r = real.detach().to(at::kDouble), s = sim.detach().to(at::kDouble);
-    const at::Tensor d = (r - s).abs();
-    // NaN against a number is a difference; NaN against NaN is not.
-    const at::Tensor nan_mismatch = at::isnan(r) ^ at::isnan(s);
-    diff = nan_mismatch.any().item<bool>() ? INFINITY : at::nan_to_num(d, 0.0).max().item<double>();
-    if (!exact) {
-      const double scale = std::max(1.0, at::nan_to_num(s.abs(), 0.0).max().item<double>());
-      c["within_tolerance"] = diff <= tolerance_for(real.scalar_type()) * scale;
-    }
-  }
+  const bool bits = tensor_hash(real) == tensor_hash(sim);
+  const double diff = bits ? 0.0 : max_abs_diff(real, sim);  // JSON: null when not finite
   c["equal"] = bits;
   c["max_abs_diff"] = diff;
+  if (!real.sizes().equals(sim.sizes())) c["note"] = "local shapes differ";
+  else if (!bits && !exact) c["within_tolerance"] = within(diff, tolerance_for(real.scalar_type()), sim);
   return c;
 }
 
@@ -227,27 +211,26 @@ struct Worker {
   bool stopped = false;     // killed by the coordinator
 };
 
-std::string last_line(const std::string& path) {
+std::vector<std::string> lines_of(const std::string& path) {
   std::ifstream f(path);
-  std::string line, last;
-  while (std::getline(f, line))
-    if (!line.empty()) last = line;
-  return last;
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(f, line);)
+    if (!line.empty()) lines.push_back(line);
+  return lines;
 }
 
-std::string tail(const std::string& path, size_t lines) {
-  std::ifstream f(path);
-  std::vector<std::string> all;
-  for (std::string line; std::getline(f, line);) all.push_back(line);
+// The last `n` lines of a worker's log, indented for the report.
+std::string tail(const std::string& path, size_t n) {
+  const std::vector<std::string> all = lines_of(path);
   std::string out;
-  for (size_t i = all.size() > lines ? all.size() - lines : 0; i < all.size(); ++i) out += "      " + all[i] + "\n";
+  for (size_t i = all.size() > n ? all.size() - n : 0; i < all.size(); ++i) out += "      " + all[i] + "\n";
   return out;
 }
 
 // Where a worker is, from its progress lines (real_engine.cpp).
 std::string where(const Worker& w) {
-  const std::string l = last_line(w.progress);
-  return l.empty() ? "before its first collective" : l;
+  const std::vector<std::string> lines = lines_of(w.progress);
+  return lines.empty() ? "before its first collective" : lines.back();
 }
 
 off_t file_size(const std::string& path) {
@@ -257,8 +240,15 @@ off_t file_size(const std::string& path) {
 
 }  // namespace
 
-int validate_coordinator(const Scenario& sc, const RunOptions& options, const ValidateConfig& config,
-                         const std::string& self_exe, std::ostream& out) {
+std::string self_executable() {
+  std::error_code ec;
+  const fs::path self = fs::read_symlink("/proc/self/exe", ec);
+  if (ec) throw std::runtime_error("cannot find this executable (/proc/self/exe): " + ec.message());
+  return self.string();
+}
+
+int validate_coordinator(const Scenario& sc, const RunOptions& options, const ValidateConfig& config, std::ostream& out) {
+  const std::string self_exe = self_executable();
   const int64_t world = sc.mesh.size();
   if (!config.fault.empty()) parse_fault(config.fault);  // malformed: std::invalid_argument, exit 2
   const std::string why = engine_unavailable(config.backend, world);

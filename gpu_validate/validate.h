@@ -49,8 +49,10 @@ std::string engine_unavailable(const std::string& backend, int64_t world);
 // Worker: validates one rank; prints its verdict, writes it to result_file, returns its exit code.
 int validate_worker(const Scenario& sc, const RunOptions& options, const ValidateConfig& config, std::ostream& out);
 
-// Coordinator: starts the workers (argv0: this executable), returns the exit code.
-int validate_coordinator(const Scenario& sc, const RunOptions& options, const ValidateConfig& config,
-                         const std::string& self_exe, std::ostream& out);
+// Coordinator: starts the workers (this executable again, as workers), returns the exit code.
+int validate_coordinator(const Scenario& sc, const RunOptions& options, const ValidateConfig& config, std::ostream& out);
+
+// The path of the running executable (/proc/self/exe), which starts its own workers.
+std::string self_executable();
 
 }  // namespace meshsim

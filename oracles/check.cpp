@@ -52,32 +52,9 @@ bool exact_op(const OpDecl& op) {
 
 std::string first_line(const std::string& text) { return text.substr(0, text.find('\n')); }
 
-// The largest |a - b|: infinity where the shapes differ, NaN where a NaN or an infinity stands on
-// one side only (a difference that is not a number is a mismatch). Where both sides hold NaN, or
-// the same infinity, they agree (the mean of an empty tensor is NaN on the mesh and in the oracle).
-double max_abs_diff(const at::Tensor& a, const at::Tensor& b) {
-  if (a.sizes() != b.sizes()) return std::numeric_limits<double>::infinity();
-  if (a.numel() == 0) return 0.0;
-  const at::Tensor x = a.detach().to(at::kDouble), y = b.detach().to(at::kDouble);
-  const at::Tensor agree = at::eq(x, y).logical_or(at::isnan(x).logical_and(at::isnan(y)));
-  const at::Tensor diff = at::where(agree, at::zeros_like(x), (x - y).abs());
-  if (at::isnan(diff).any().item<bool>()) return std::numeric_limits<double>::quiet_NaN();
-  return diff.max().item<double>();
-}
-
 // The larger of two errors, NaN winning (std::max would drop it).
 double worse(double a, double b) {
   return std::isnan(a) || std::isnan(b) ? std::numeric_limits<double>::quiet_NaN() : std::max(a, b);
-}
-
-bool within(double err, double tol, const at::Tensor& reference) {
-  if (std::isnan(err)) return false;
-  if (tol == 0.0) return err == 0.0;
-  // Relative to the largest finite magnitude of the reference (an infinity would excuse anything).
-  const at::Tensor ref = reference.detach().to(at::kDouble);
-  const at::Tensor finite = ref.masked_select(at::isfinite(ref));
-  const double scale = finite.numel() ? std::max(1.0, finite.abs().max().item<double>()) : 1.0;
-  return err <= tol * scale;
 }
 
 std::string format_error(double err) {

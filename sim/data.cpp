@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <unordered_map>
 
 #include <xxhash.h>
@@ -246,6 +247,26 @@ std::string tensor_hash(const at::Tensor& t) {
                                             t.storage_offset(), t.sizes().vec(), t.strides().vec(), t.scalar_type(),
                                             t._version(), h});
   return h;
+}
+
+double max_abs_diff(const at::Tensor& a, const at::Tensor& b) {
+  if (a.sizes() != b.sizes()) return std::numeric_limits<double>::infinity();
+  if (a.numel() == 0) return 0.0;
+  const at::Tensor x = a.detach().to(at::kDouble), y = b.detach().to(at::kDouble);
+  const at::Tensor agree = at::eq(x, y).logical_or(at::isnan(x).logical_and(at::isnan(y)));
+  const at::Tensor diff = at::where(agree, at::zeros_like(x), (x - y).abs());
+  if (at::isnan(diff).any().item<bool>()) return std::numeric_limits<double>::quiet_NaN();
+  return diff.max().item<double>();
+}
+
+bool within(double err, double tol, const at::Tensor& reference) {
+  if (std::isnan(err)) return false;
+  if (tol == 0.0) return err == 0.0;
+  // Relative to the largest finite magnitude of the reference (an infinity would excuse anything).
+  const at::Tensor ref = reference.detach().to(at::kDouble);
+  const at::Tensor finite = ref.masked_select(at::isfinite(ref));
+  const double scale = finite.numel() ? std::max(1.0, finite.abs().max().item<double>()) : 1.0;
+  return err <= tol * scale;
 }
 
 }  // namespace meshsim

@@ -41,7 +41,17 @@ Locals distribute(const Mesh& mesh, const Spec& spec, const at::Tensor& global, 
 at::Tensor assemble(const Mesh& mesh, const Spec& spec, const Locals& locals,
                     std::string* problem = nullptr);
 
-// FNV-1a 64 over the shape and the bytes of a tensor, as 16 hex digits.
+// XXH64 of a tensor's bytes seeded with FNV-1a 64 of its shape, as 16 hex digits: equal hashes
+// mean the same shape and the same bits.
 std::string tensor_hash(const at::Tensor& t);
+
+// The largest |a - b|: infinity where the shapes differ, NaN where a NaN or an infinity stands on
+// one side only (a difference that is not a number is a mismatch). Where both sides hold NaN, or
+// the same infinity, they agree (the mean of an empty tensor is NaN on the mesh and in the oracle).
+double max_abs_diff(const at::Tensor& a, const at::Tensor& b);
+
+// Whether an error `err` (max_abs_diff) is within `tol` relative to max(1, the largest finite
+// magnitude of `reference`); tol 0 asks for no error at all, and NaN is never within.
+bool within(double err, double tol, const at::Tensor& reference);
 
 }  // namespace meshsim
