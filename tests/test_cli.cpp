@@ -15,6 +15,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "tests/json_support.h"
 #include "tests/process_support.h"
 
 namespace fs = std::filesystem;
@@ -51,18 +52,6 @@ class Cli : public ::testing::Test {
 };
 
 json example() { return json::parse(read_text(kExample)); }
-
-// `doc` with the value at JSON pointer `at` replaced.
-json with(json doc, const std::string& at, json value) {
-  doc[json::json_pointer(at)] = std::move(value);
-  return doc;
-}
-
-json without(json doc, const std::string& at) {
-  json::json_pointer p(at);
-  doc[p.parent_pointer()].erase(p.back());
-  return doc;
-}
 
 // The names listed under a heading ("properties:", "mutants:") of `check --list`.
 std::vector<std::string> listed(const std::string& text, const std::string& heading) {

@@ -8,29 +8,19 @@
 
 #include "core/error.h"
 #include "core/scenario.h"
+#include "tests/json_support.h"
 
 namespace meshsim {
 namespace {
 
 using json = nlohmann::json;
+using meshsim::testing::with;
+using meshsim::testing::without;
 
 const std::string kExample = std::string(MESHSIM_SOURCE_DIR) + "/examples/fsdp_reduced.json";
 const std::string kFile = "examples/x.json";
 
 json example() { return read_json_file(kExample); }
-
-// `doc` with the value at JSON pointer `at` replaced (or added).
-json with(json doc, const std::string& at, json value) {
-  doc[json::json_pointer(at)] = std::move(value);
-  return doc;
-}
-
-// `doc` without the value at JSON pointer `at`.
-json without(json doc, const std::string& at) {
-  json::json_pointer p(at);
-  doc[p.parent_pointer()].erase(p.back());
-  return doc;
-}
 
 struct ErrorCase {
   json doc;

@@ -799,6 +799,17 @@ std::string sketch(const Facts& f, std::string& edges) {
                  body);
 }
 
+// The redistribution steps waiting for the op that consumes `value`, removed from `pending`
+// (both views draw a chain of steps where its consumer is drawn).
+std::vector<const Event*> take_pending(std::map<std::string, std::vector<const Event*>>& pending,
+                                       const std::string& value) {
+  auto it = pending.find(value);
+  if (it == pending.end()) return {};
+  auto chain = std::move(it->second);
+  pending.erase(it);
+  return chain;
+}
+
 // ---------------------------------------------------------------------------------------------
 // The logical view
 // ---------------------------------------------------------------------------------------------
@@ -960,13 +971,7 @@ class Logical {
     return current_[name] = value_id(name);
   }
 
-  std::vector<const Event*> take(const std::string& value) {
-    auto it = pending_.find(value);
-    if (it == pending_.end()) return {};
-    auto chain = std::move(it->second);
-    pending_.erase(it);
-    return chain;
-  }
+  std::vector<const Event*> take(const std::string& value) { return take_pending(pending_, value); }
 
   std::string chained_arg(const Event& op, const Event& first_step) const {
     for (const auto& arg : op.args) {
@@ -1263,13 +1268,7 @@ class RankView {
     }
   }
 
-  std::vector<const Event*> take(const std::string& value) {
-    auto it = pending_.find(value);
-    if (it == pending_.end()) return {};
-    auto chain = std::move(it->second);
-    pending_.erase(it);
-    return chain;
-  }
+  std::vector<const Event*> take(const std::string& value) { return take_pending(pending_, value); }
 
   void op(const Event& e) {
     std::string args;
