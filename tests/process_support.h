@@ -2,6 +2,7 @@
 #pragma once
 
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdlib>
@@ -25,6 +26,15 @@ inline std::string q(const std::string& s) {
   std::string out = "'";
   for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
   return out + "'";
+}
+
+// A fresh, empty directory for one test: TMPDIR/PREFIX_PID/NAME.
+inline std::filesystem::path fresh_dir(const std::string& prefix, const std::string& name) {
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / (prefix + "_" + std::to_string(::getpid())) / name;
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir;
 }
 
 inline bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }

@@ -31,12 +31,7 @@ class Cli : public ::testing::Test {
  protected:
   fs::path dir;
 
-  void SetUp() override {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    dir = fs::temp_directory_path() / ("meshsim_test_cli_" + std::to_string(getpid())) / info->name();
-    fs::remove_all(dir);
-    fs::create_directories(dir);
-  }
+  void SetUp() override { dir = fresh_dir("meshsim_test_cli", ::testing::UnitTest::GetInstance()->current_test_info()->name()); }
   void TearDown() override {
     if (!HasFailure()) fs::remove_all(dir);
   }
@@ -79,13 +74,6 @@ std::pair<int, int> tally(const std::string& text) {
   std::smatch m;
   if (!std::regex_search(text, m, std::regex(R"((\d+) passed, (\d+) failed)"))) return {-1, -1};
   return {std::stoi(m[1]), std::stoi(m[2])};
-}
-
-// The PATH of "reproduce: meshsim replay PATH", or "".
-std::string reproduce_path(const std::string& text) {
-  std::smatch m;
-  if (!std::regex_search(text, m, std::regex(R"(reproduce: meshsim replay (\S+))"))) return {};
-  return m[1];
 }
 
 // Every "reproduce: meshsim replay PATH" of an output.
@@ -363,8 +351,6 @@ TEST_F(Cli, CheckOneProperty) {
   EXPECT_EQ(tally(o.out), std::make_pair(1, 0)) << o;
 }
 
-// Every planted bug is found by the default check, and its counterexample trace replays: the replay
-// reproduces the recorded failure (exit 0).
 // A counterexample trace that cannot be written (--out names a path under a file) is reported,
 // and the run still ends with the property's failure (exit 1): no abort.
 TEST_F(Cli, CheckReportsACounterexampleItCannotWrite) {
@@ -375,6 +361,8 @@ TEST_F(Cli, CheckReportsACounterexampleItCannotWrite) {
   EXPECT_TRUE(contains(o.out, "planted bug cotangent_psum_as_r found")) << o;
 }
 
+// Every planted bug is found by the default check, and its counterexample trace replays: the replay
+// reproduces the recorded failure (exit 0).
 TEST_F(Cli, CheckFindsEveryMutantAndItsTraceReplays) {
   const auto mutants = listed(meshsim("check --list").out, "mutants:");
   ASSERT_FALSE(mutants.empty());
@@ -387,14 +375,13 @@ TEST_F(Cli, CheckFindsEveryMutantAndItsTraceReplays) {
     std::printf("[   INFO   ] %s found in %.1f s\n", m.c_str(), o.seconds);
     EXPECT_TRUE(contains(o.out, "planted bug " + m + " found")) << o;
     EXPECT_GE(tally(o.out).second, 1) << o;
-    // The smallest counterexample after shrinking has at most 3 ops.
+    // Every failing property wrote its counterexample; the smallest after shrinking has at most 3 ops.
+    const std::vector<std::string> paths = reproduce_paths(o.out);
+    ASSERT_FALSE(paths.empty()) << o;
     int smallest = 1000;
-    for (const auto& t : reproduce_paths(o.out)) smallest = std::min(smallest, drawn_ops(json::parse(read_text(dir / t))));
-    if (!reproduce_paths(o.out).empty()) {
-      EXPECT_LE(smallest, 3) << o;
-    }
-    const std::string trace = reproduce_path(o.out);
-    if (trace.empty()) continue;
+    for (const auto& t : paths) smallest = std::min(smallest, drawn_ops(json::parse(read_text(dir / t))));
+    EXPECT_LE(smallest, 3) << o;
+    const std::string trace = paths.front();
     ++traces;
     ASSERT_TRUE(fs::exists(dir / trace)) << trace;
     EXPECT_EQ(json::parse(read_text(dir / trace))["options"]["mutant"], m);
