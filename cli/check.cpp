@@ -67,7 +67,7 @@ int cmd_check(const CheckArgs& args, std::ostream& out) {
   out.flush();
 
   const bool tty = isatty(STDERR_FILENO);
-  planted_mutant() = mutant == Mutant::None ? "" : args.mutant;
+  ScopedOverride<std::string> planted(planted_mutant(), mutant == Mutant::None ? "" : args.mutant);
   int passed = 0, failed = 0;
   for (const Property* p : selected) {
     auto show = [&](const Progress& pr) {

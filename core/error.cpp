@@ -45,4 +45,6 @@ InputError::InputError(const std::string& file, const std::string& json_path,
       detail_(message),
       kind_(kind) {}
 
+std::string first_line(const std::string& text) { return text.substr(0, text.find('\n')); }
+
 }  // namespace meshsim

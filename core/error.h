@@ -18,6 +18,9 @@ enum class ErrorKind {
   OutSpecMismatch,  // a local_map returns a value whose variance contradicts its out placement
 };
 
+// The first line of a message (libtorch's carry a backtrace after it).
+std::string first_line(const std::string& text);
+
 // The spelling used in result JSON: "illegal_redistribute", ...
 const char* error_kind_name(ErrorKind kind);
 

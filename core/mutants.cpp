@@ -58,7 +58,6 @@ Mutant parse_mutant(const std::string& name) {
 Mutant active_mutant() { return g_active; }
 bool mutant_on(Mutant m) { return g_active == m; }
 
-MutantScope::MutantScope(Mutant m) : previous_(g_active) { g_active = m; }
-MutantScope::~MutantScope() { g_active = previous_; }
+MutantScope::MutantScope(Mutant m) : ScopedOverride(g_active, m) {}
 
 }  // namespace meshsim

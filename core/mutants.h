@@ -5,6 +5,8 @@
 #include <string>
 #include <vector>
 
+#include "core/scoped.h"
+
 namespace meshsim {
 
 enum class Mutant {
@@ -44,15 +46,9 @@ Mutant active_mutant();
 bool mutant_on(Mutant m);
 
 // Switches a mutant on for a scope.
-class MutantScope {
+class MutantScope : ScopedOverride<Mutant> {
  public:
   explicit MutantScope(Mutant m);
-  ~MutantScope();
-  MutantScope(const MutantScope&) = delete;
-  MutantScope& operator=(const MutantScope&) = delete;
-
- private:
-  Mutant previous_;
 };
 
 }  // namespace meshsim

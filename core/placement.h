@@ -12,6 +12,8 @@ namespace meshsim {
 enum class ReduceOp { Sum, Avg, Max, Min };
 
 const char* reduce_op_name(ReduceOp op);
+// Sum and avg are linear (differentiable, and commute with sums); max and min are not.
+inline bool is_linear(ReduceOp op) { return op == ReduceOp::Sum || op == ReduceOp::Avg; }
 // Parses "sum" | "avg" | "max" | "min"; throws std::invalid_argument otherwise.
 ReduceOp parse_reduce_op(std::string_view text);
 

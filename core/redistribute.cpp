@@ -51,7 +51,7 @@ std::string axis_illegal(const Placement& f, const Placement& t, bool gradient) 
     return f.str() + " -> " + t.str() + " is illegal: a shard cannot become a partial";
   }
   if (f.is_partial()) {
-    const bool linear = (f.op == ReduceOp::Sum || f.op == ReduceOp::Avg) && (t.op == ReduceOp::Sum || t.op == ReduceOp::Avg);
+    const bool linear = is_linear(f.op) && is_linear(t.op);
     if (gradient && linear) return {};
     return f.str() + " -> " + t.str() + " is illegal: a partial cannot change its reduce op";
   }
@@ -113,8 +113,7 @@ struct Planner {
   }
 
   static bool commute(ReduceOp x, ReduceOp y) {
-    auto linear = [](ReduceOp op) { return op == ReduceOp::Sum || op == ReduceOp::Avg; };
-    return x == y || (linear(x) && linear(y));
+    return x == y || (is_linear(x) && is_linear(y));
   }
 
   bool all_to_all_allowed(size_t a, int64_t i, int64_t j) const {

@@ -50,8 +50,6 @@ bool exact_op(const OpDecl& op) {
   return exact.count(op.op) > 0;
 }
 
-std::string first_line(const std::string& text) { return text.substr(0, text.find('\n')); }
-
 // The larger of two errors, NaN winning (std::max would drop it).
 double worse(double a, double b) {
   return std::isnan(a) || std::isnan(b) ? std::numeric_limits<double>::quiet_NaN() : std::max(a, b);

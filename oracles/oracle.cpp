@@ -9,8 +9,6 @@ namespace meshsim {
 
 namespace {
 
-std::string first_line(const std::string& text) { return text.substr(0, text.find('\n')); }
-
 // One op on global tensors. What libtorch refuses (c10::Error, or any std::exception) is raised
 // again as a SemanticError naming the op's JSON path: in a local_map's reference, which only the
 // oracle runs, that is invalid input (`invalid_scenario`, exit 2); elsewhere the mesh ran the op

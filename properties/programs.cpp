@@ -404,7 +404,7 @@ json local_map_program(const ProgramOptions& o, json* twin) {
   json reference = b.reference;
   if (ret->ref != ret->name && ret->name != "x" && ret->name != "w" && ret->name != "z")
     reference.push_back(op(ret->name, "redistribute", {ret->ref}, {{"placements", spec_json(out)}}));
-  lm["reference"] = live_ops(reference, {ret->name == ret->ref ? ret->name : ret->name});
+  lm["reference"] = live_ops(reference, {ret->name});
   json program = {lm, op("weighted", "mul", {"y", "c"}), op("loss", "sum", {"weighted"})};
   json options = draw_options({});
   if (o.float32_randn) options["dtype"] = "float32";

@@ -40,13 +40,12 @@ nlohmann::json draw_options() {
   return o;
 }
 
-std::string active_mutant_name() { return planted_mutant(); }
 
 // Runs a generated scenario against the oracle; a failing case is kept for the trace.
 void assert_scenario_passes(const nlohmann::json& doc) {
   Scenario sc = parse_scenario(doc, "<generated>");
   RunOptions options = sc.options;
-  options.mutant = active_mutant_name();
+  options.mutant = planted_mutant();
   CheckedRun run = check_scenario(sc, options);
   if (run.result["status"] != "pass") {
     latest_failure() = {doc, options.to_json()};
@@ -98,7 +97,7 @@ void redistribute_roundtrip() {
 CheckedRun run_generated(const nlohmann::json& doc) {
   Scenario sc = parse_scenario(doc, "<generated>");
   RunOptions options = sc.options;
-  options.mutant = active_mutant_name();
+  options.mutant = planted_mutant();
   CheckedRun run = check_scenario(sc, options);
   if (run.result["status"] != "pass") latest_failure() = {doc, options.to_json()};
   return run;
@@ -188,7 +187,7 @@ void adjoint_identity() {
   const uint64_t seed = *rc::gen::inRange<uint64_t>(0, 1000);
   RunOptions options;
   options.partial_from_replicate = *rc::gen::element(PartialFromReplicate::Divide, PartialFromReplicate::Rank0);
-  MutantScope planted(parse_mutant(active_mutant_name()));
+  MutantScope planted(parse_mutant(planted_mutant()));
   Runtime rt(mesh, options);
   Rng rng(seed, 1);
   DTensor x{"x", shape, p, distribute(mesh, p, make_init("int", shape, DType::Float64, rng), &rng)};

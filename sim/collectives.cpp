@@ -4,6 +4,7 @@
 #include <random>
 #include <cstring>
 #include <type_traits>
+#include <typeinfo>
 
 #include "core/cost_model.h"
 #include "core/layout.h"
@@ -18,10 +19,14 @@ namespace {
 // dispatcher (detach, narrow and select cost about as much as copying a few KiB, and a
 // collective over n ranks makes n of them). For locals outside autograd only: it shares t's
 // version counter, as detach() does, and is not recorded as a view (nothing in meshsim writes a
-// local in place).
+// local in place). Only for what meshsim makes itself: a dense float64 or float32 CPU tensor whose
+// impl is a plain TensorImpl (no subclass, no wrapper), so that copying its key set is all there is.
 bool raw_viewable(const at::Tensor& t) {
-  return t.defined() && t.has_storage() && !t.requires_grad() && !t.is_conj() && !t.is_neg() && !t.is_inference() &&
-         t.layout() == at::kStrided;
+  if (!t.defined()) return false;
+  const c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+  return typeid(*impl) == typeid(c10::TensorImpl) && t.has_storage() && t.device().is_cpu() &&
+         t.layout() == at::kStrided && (t.scalar_type() == at::kDouble || t.scalar_type() == at::kFloat) &&
+         !t.requires_grad() && !t.is_conj() && !t.is_neg() && !t.is_inference();
 }
 
 at::Tensor raw_view(const at::Tensor& t, at::IntArrayRef sizes, at::IntArrayRef strides, int64_t offset) {
@@ -111,17 +116,14 @@ bool same_sizes(const Locals& group) {
   return true;
 }
 
-at::Tensor reduce(const Locals& group, ReduceOp op) {
-  if (mutant_on(Mutant::Float32RandomReductionOrder) && group[0].scalar_type() == at::kFloat &&
-      (op == ReduceOp::Sum || op == ReduceOp::Avg)) {
-    Locals order = group;  // planted bug: the order of a float32 sum depends on a hidden random draw
-    std::shuffle(order.begin(), order.end(), std::mt19937(std::random_device{}()));
-    at::Tensor acc = order[0].clone();
-    for (size_t k = 1; k < order.size(); ++k) acc.add_(order[k]);
-    if (op == ReduceOp::Avg) acc.div_(static_cast<double>(order.size()));
-    return acc;
+at::Tensor reduce(const Locals& in_rank_order, ReduceOp op) {
+  Locals shuffled;
+  if (mutant_on(Mutant::Float32RandomReductionOrder) && in_rank_order[0].scalar_type() == at::kFloat && is_linear(op)) {
+    shuffled = in_rank_order;  // planted bug: the order of a float32 sum depends on a hidden random draw
+    std::shuffle(shuffled.begin(), shuffled.end(), std::mt19937(std::random_device{}()));
   }
-  if ((op == ReduceOp::Sum || op == ReduceOp::Avg) && plain_group(group) && same_sizes(group)) {
+  const Locals& group = shuffled.empty() ? in_rank_order : shuffled;
+  if (is_linear(op) && plain_group(group) && same_sizes(group)) {
     at::Tensor acc = at::empty(group[0].sizes(), group[0].options());
     if (acc.scalar_type() == at::kDouble) sum_in_rank_order<double>(group, acc);
     else sum_in_rank_order<float>(group, acc);

@@ -1,7 +1,5 @@
 #include "sim/communicator.h"
 
-#include <utility>
-
 namespace meshsim {
 
 namespace {
@@ -15,11 +13,9 @@ Ranks g_group;
 
 Communicator& communicator() { return g_current ? *g_current : simulation(); }
 
-UseCommunicator::UseCommunicator(Communicator& c) : previous_(g_current) { g_current = &c; }
-UseCommunicator::~UseCommunicator() { g_current = previous_; }
+UseCommunicator::UseCommunicator(Communicator& c) : ScopedOverride(g_current, &c) {}
 
 const Ranks& current_group() { return g_group; }
-InGroup::InGroup(Ranks ranks) : previous_(std::exchange(g_group, std::move(ranks))) {}
-InGroup::~InGroup() { g_group = std::move(previous_); }
+InGroup::InGroup(Ranks ranks) : ScopedOverride(g_group, std::move(ranks)) {}
 
 }  // namespace meshsim

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/scoped.h"
 #include "sim/collectives.h"
 
 namespace meshsim {
@@ -44,29 +45,17 @@ Communicator& communicator();
 
 // Installs `c` for the scope's lifetime (runs are single-threaded; libtorch runs a CPU backward on
 // the thread that calls it), then restores the previous engine.
-class UseCommunicator {
+class UseCommunicator : ScopedOverride<Communicator*> {
  public:
   explicit UseCommunicator(Communicator& c);
-  ~UseCommunicator();
-  UseCommunicator(const UseCommunicator&) = delete;
-  UseCommunicator& operator=(const UseCommunicator&) = delete;
-
- private:
-  Communicator* previous_;
 };
 
 // The group a custom Function's kernel runs over (set by local_map's per-group calls), so that an
 // opaque kernel's own collective reaches the communicator with its ranks. Empty outside one.
 const Ranks& current_group();
-class InGroup {
+class InGroup : ScopedOverride<Ranks> {
  public:
   explicit InGroup(Ranks ranks);
-  ~InGroup();
-  InGroup(const InGroup&) = delete;
-  InGroup& operator=(const InGroup&) = delete;
-
- private:
-  Ranks previous_;
 };
 
 }  // namespace meshsim

@@ -298,7 +298,7 @@ LTensor BodyContext::all_reduce(const LTensor& in, int axis, ReduceOp op, const 
   LTensor x = varying_on(in, axis, out);
   // sum: the backward is the identity (Megatron's g); avg: the gradient divided by n; max, min:
   // not differentiable.
-  Backward bwd{op == ReduceOp::Sum || op == ReduceOp::Avg, std::nullopt};
+  Backward bwd{is_linear(op), std::nullopt};
   if (op == ReduceOp::Avg) bwd.step = step(StepKind::PartialFromReplicate, axis);
   if (op == ReduceOp::Sum && mutant_on(Mutant::AllReduceBackwardAllReduces)) bwd.step = step(StepKind::AllReduce, axis);
   Locals locals = collective_node("all_reduce", x, out, step(StepKind::AllReduce, axis, 0, op), bwd);
