@@ -161,6 +161,24 @@ TEST_F(Cli, RunWithoutReferenceSaysUnchecked) {
   EXPECT_TRUE(r["checks"]["gradient_equivalence"].is_null()) << j;
 }
 
+// The values the runtime names for an operand are drawn as such, with what they stand for: a
+// local_map argument moved to its in_placements ("y.in0") and a body input cast reduced ->
+// invariant ("z.in1.invariant.dp").
+TEST_F(Cli, RenderNamesEveryKindOfImplicitValue) {
+  json doc = local_map_scenario(json::array({{{"out", "z"}, {"op", "mm"}, {"args", {"x", "w"}}}}),
+                                json::array({{{"out", "z"}, {"op", "mm"}, {"args", {"x", "w"}}}}));
+  doc["inputs"].push_back({{"name", "w"}, {"shape", {3, 2}}, {"placements", {"Rd"}}, {"requires_grad", true}});
+  doc["program"][0]["args"] = {"x", "w"};
+  doc["program"][0]["in_placements"] = {{"R"}, {"Rd"}};
+  doc["program"][0]["out_placements"] = {{"R"}};
+  write("implicit.json", doc);
+  ASSERT_EQ(meshsim("render implicit.json -o implicit.dot").code, 0);
+  const std::string dot = read_text(dir / "implicit.dot");
+  EXPECT_TRUE(contains(dot, "x as operand 0 of y")) << dot;
+  EXPECT_TRUE(contains(dot, "operand 1 of z, cast reduced -&gt; invariant over dp")) << dot;
+  EXPECT_FALSE(contains(dot, "over invariant.dp")) << dot;
+}
+
 // A run that libtorch stops (a body mm whose local shapes do not fit) is a failed check whose
 // result has no values, collectives or grads: the summary prints what there is (it used to abort
 // on the missing keys).

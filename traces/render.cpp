@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <memory>
 #include <set>
 #include <stdexcept>
@@ -472,47 +473,77 @@ Facts facts_of(const Trace& t) {
   return f;
 }
 
-// The operand an implicit value "y.arg1" stands for: argument 1 of the program op producing y.
-std::string implicit_source(const Facts& f, const std::string& name) {
-  const auto dot = name.rfind(".arg");
-  if (dot == std::string::npos || dot + 4 >= name.size()) return "";
-  const std::string out = name.substr(0, dot);
-  size_t k = 0;
-  for (size_t i = dot + 4; i < name.size(); ++i) {
-    if (!std::isdigit(static_cast<unsigned char>(name[i])) || k > 1000) return "";
-    k = k * 10 + static_cast<size_t>(name[i] - '0');
+bool digits_only(const std::string& text) {
+  return !text.empty() && std::all_of(text.begin(), text.end(), [](char c) { return std::isdigit(static_cast<unsigned char>(c)); });
+}
+
+// The names the runtime gives an op's operand, OUT.SUFFIX (user value names hold no '.'):
+//   OUT.argK                 argument K of program op OUT, redistributed for it (sim/runtime.cpp)
+//   OUT.inK                  argument K of local_map OUT, moved to its in_placements (sim/interpreter.cpp)
+//   OUT.inK.AXIS             made varying over AXIS in the body (sim/local_map.cpp)
+//   OUT.inK.invariant.AXIS   cast reduced -> invariant over AXIS in the body (sim/local_map.cpp)
+struct ImplicitName {
+  std::string of, operand, axis;
+  bool redistributed = false;  // argK or inK
+  bool invariant_cast = false;
+};
+
+std::optional<ImplicitName> parse_implicit(const std::string& name) {
+  const auto dot = name.find('.');
+  if (dot == std::string::npos || dot == 0) return std::nullopt;
+  ImplicitName n;
+  n.of = name.substr(0, dot);
+  const std::string rest = name.substr(dot + 1);
+  if (rest.compare(0, 3, "arg") == 0 && digits_only(rest.substr(3))) {
+    n.operand = rest.substr(3);
+    n.redistributed = true;
+    return n;
   }
+  if (rest.compare(0, 2, "in") != 0) return std::nullopt;
+  const auto end = rest.find('.');
+  n.operand = rest.substr(2, end == std::string::npos ? std::string::npos : end - 2);
+  if (!digits_only(n.operand) || n.operand.size() > 6) return std::nullopt;
+  if (end == std::string::npos) {
+    n.redistributed = true;
+    return n;
+  }
+  n.axis = rest.substr(end + 1);
+  if (n.axis.compare(0, 10, "invariant.") == 0) {
+    n.invariant_cast = true;
+    n.axis = n.axis.substr(10);
+  }
+  if (n.axis.empty()) return std::nullopt;
+  return n;
+}
+
+bool is_implicit(const std::string& name) { return parse_implicit(name).has_value(); }
+
+// The operand a redistributed implicit value ("y.arg1", "y.in1") stands for: argument 1 of the
+// program op producing y; "" for the others.
+std::string implicit_source(const Facts& f, const std::string& name) {
+  const auto n = parse_implicit(name);
+  if (!n || !n->redistributed || n->operand.size() > 6) return "";
+  const size_t k = std::stoul(n->operand);
   for (const auto& op : f.program) {
-    if (!op.is_object() || op.value("out", json()) != out) continue;
+    if (!op.is_object() || op.value("out", json()) != n->of) continue;
     const json args = op.value("args", json());
     if (args.is_array() && k < args.size() && args[k].is_string()) return args[k].get<std::string>();
   }
   return "";
 }
-// Values the runtime names for an op's operand: "y.arg1" (redistributed for y) or "y.in1.dp" (made
-// varying over dp for y, in a local_map body).
-bool digits_only(const std::string& text) {
-  return !text.empty() && std::all_of(text.begin(), text.end(), [](char c) { return std::isdigit(static_cast<unsigned char>(c)); });
-}
-bool is_implicit(const std::string& name) {
-  const auto arg = name.rfind(".arg");
-  if (arg != std::string::npos && arg > 0 && digits_only(name.substr(arg + 4))) return true;
-  const auto in = name.rfind(".in");
-  if (in == std::string::npos || in == 0) return false;
-  const auto dot = name.find('.', in + 3);
-  return dot != std::string::npos && dot + 1 < name.size() && digits_only(name.substr(in + 3, dot - in - 3));
-}
-// "w as operand 1 of y"
+
+// "w as operand 1 of y", "operand 1 of y, over dp"
 std::string implicit_text(const Facts& f, const std::string& name) {
-  const auto arg = name.rfind(".arg");
-  if (arg != std::string::npos && digits_only(name.substr(arg + 4))) {
+  const auto n = parse_implicit(name);
+  if (!n) return "";
+  if (n->redistributed) {
     const std::string src = implicit_source(f, name);
-    return (src.empty() ? "" : src + " as ") + "operand " + name.substr(arg + 4) + " of " + name.substr(0, arg);
+    return (src.empty() ? "" : src + " as ") + "operand " + n->operand + " of " + n->of;
   }
-  const auto in = name.rfind(".in");
-  const auto dot = name.find('.', in + 3);
-  return "operand " + name.substr(in + 3, dot - in - 3) + " of " + name.substr(0, in) + ", over " + name.substr(dot + 1);
+  return "operand " + n->operand + " of " + n->of + (n->invariant_cast ? ", cast reduced -> invariant over " : ", over ") +
+         n->axis;
 }
+
 bool is_ltensor_spec(const std::string& spec) { return spec.compare(0, 8, "variant=") == 0; }
 
 // "mm: S(0), R -> S(0); mm: R, S(1) -> S(1)" -> one line per mesh axis, "dp: S(0), R → S(0)".
