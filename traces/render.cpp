@@ -316,6 +316,9 @@ std::string cluster(const std::string& name, const Attrs& attrs, const std::stri
 // What the diagram needs to know besides the events: mesh, shapes, gradients, verdicts
 // ---------------------------------------------------------------------------------------------
 
+// An LTensor's spec in a trace ("variant=[...] reduced=[...]"), not a DTensor placement list.
+bool is_ltensor_spec(const std::string& spec) { return spec.compare(0, 8, "variant=") == 0; }
+
 struct Facts {
   std::string name = "trace";
   Mesh mesh{{"rank"}, {1}};
@@ -330,7 +333,6 @@ struct Facts {
   std::map<std::string, std::map<int64_t, std::vector<std::string>>> rank_errors;
   std::set<std::string> dtensor_values;  // values drawn at least once as a DTensor
   std::vector<std::string> all_failures, other_failures;
-  size_t marked_failures = 0;  // failures attached to a node
   json program = json::array();  // the scenario's program, for implicit operands and sketches
   json inputs = json::array();
 };
@@ -429,7 +431,7 @@ Facts facts_of(const Trace& t) {
   for (const auto& e : t.events) {
     if (e.phase == "forward" && (e.kind == "input" || e.kind == "op")) {
       values.insert(e.value);
-      if (e.out_spec.compare(0, 8, "variant=") != 0) f.dtensor_values.insert(e.value);
+      if (!is_ltensor_spec(e.out_spec)) f.dtensor_values.insert(e.value);
     }
     if (e.kind == "input_grad") input_grads.insert(e.value);
   }
@@ -448,7 +450,6 @@ Facts facts_of(const Trace& t) {
         subject = message.substr(0, inner);
         message = category + ": " + message.substr(inner + 2);
       }
-      ++f.marked_failures;
       if (subject.compare(0, 5, "grad ") == 0 && input_grads.count(subject.substr(5))) {
         f.grad_errors[subject.substr(5)].push_back(message);
       } else if (input_grads.count(subject) && message.compare(0, 11, "gradient is") == 0) {
@@ -458,7 +459,6 @@ Facts facts_of(const Trace& t) {
         const int64_t rank = rank_named(message);
         if (rank >= 0) f.rank_errors[subject][rank].push_back(message);
       } else {
-        --f.marked_failures;
         f.other_failures.push_back(line);
       }
     }
@@ -544,7 +544,6 @@ std::string implicit_text(const Facts& f, const std::string& name) {
          n->axis;
 }
 
-bool is_ltensor_spec(const std::string& spec) { return spec.compare(0, 8, "variant=") == 0; }
 
 // "mm: S(0), R -> S(0); mm: R, S(1) -> S(1)" -> one line per mesh axis, "dp: S(0), R → S(0)".
 std::vector<std::string> rule_lines(const Event& e, const Mesh& mesh) {
@@ -660,7 +659,7 @@ std::string status_note(const Facts& f, bool list_all_failures) {
     body = font(bold("\u2717 the run fails its checks"), kRed, 11);
     for (const auto& c : f.failed_checks) body += kBr + font(esc("failed: " + c), kRed, 10);
     const auto& listed = list_all_failures ? f.all_failures : f.other_failures;
-    const size_t marked = f.marked_failures;
+    const size_t marked = f.all_failures.size() - f.other_failures.size();  // attached to a node
     if (marked > 0) {
       body += kBr + font(esc(std::to_string(marked) + (marked == 1 ? " problem" : " problems") +
                              " marked in red on the diagram"), kRed, 9);
