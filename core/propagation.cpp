@@ -5,6 +5,7 @@
 #include <limits>
 #include <sstream>
 #include <stdexcept>
+#include <unordered_map>
 
 #include "core/cost_model.h"
 #include "core/error.h"
@@ -95,10 +96,17 @@ OpAttrs with_global_shape(const OpAttrs& attrs, const Shape& global_in) {
 
 namespace {
 
+// Rows are parsed once per text: every op's forward and every backward step per axis asks for
+// its family's table again.
 std::vector<RuleRow> parse_rows(const std::vector<std::string>& texts) {
+  thread_local std::unordered_map<std::string, RuleRow> parsed;
   std::vector<RuleRow> rows;
   rows.reserve(texts.size());
-  for (const auto& t : texts) rows.push_back(RuleRow::parse(t));
+  for (const auto& t : texts) {
+    auto it = parsed.find(t);
+    if (it == parsed.end()) it = parsed.emplace(t, RuleRow::parse(t)).first;
+    rows.push_back(it->second);
+  }
   return rows;
 }
 
