@@ -43,9 +43,7 @@ std::unique_ptr<RealCommunicator> make_engine(const Mesh& mesh, const ValidateCo
   store.master_port = c.master_port;
   const EngineConfig engine{store, c.fault.empty() ? Fault{} : parse_fault(c.fault), c.progress_file};
   if (c.backend == "nccl") return make_nccl_communicator(mesh, engine);
-  GlooConfig gloo{engine};
-  gloo.hostname = c.hostname;
-  return std::make_unique<GlooCommunicator>(mesh, gloo);
+  return std::make_unique<GlooCommunicator>(mesh, GlooConfig{engine, c.hostname});
 }
 
 // The tolerance when some sum was over non-integers: the engine may add in another order (Gloo's
