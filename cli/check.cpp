@@ -3,10 +3,13 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <iomanip>
 #include <iostream>
 #include <random>
+#include <set>
 
 #include "cli/trace_of.h"
+#include "core/coverage.h"
 #include "core/error.h"
 #include "core/mutants.h"
 #include "properties/runner.h"
@@ -47,6 +50,43 @@ std::string write_counterexample(const Failure& f, const std::string& dir, const
   return path;
 }
 
+// The rule-coverage report: every key of the universe with the number of cases that exercised it,
+// grouped by section; returns the number of problems (a reachable rule never exercised, an
+// unreachable one exercised, a key outside the universe).
+int report_coverage(const CoverageCounts& counts, std::ostream& out) {
+  int never = 0, wrong_reason = 0, unknown = 0;
+  std::set<std::string> known;
+  std::string section;
+  out << "rule coverage (cases that exercised each rule):\n";
+  for (const auto& row : coverage_universe()) {
+    known.insert(row.key);
+    const std::string head = row.key.substr(0, row.key.find_first_of(" :"));
+    if (head != section) out << "  " << (section = head) << ":\n";
+    auto it = counts.find(row.key);
+    const int64_t hits = it == counts.end() ? 0 : it->second;
+    out << "    " << std::setw(7) << hits << "  " << row.key;
+    if (!row.unreachable.empty()) {
+      out << "   [unreachable: " << row.unreachable << "]";
+      if (hits > 0) {
+        out << "  REACHED, the reason is wrong";
+        ++wrong_reason;
+      }
+    } else if (hits == 0) {
+      out << "  NEVER";
+      ++never;
+    }
+    out << "\n";
+  }
+  for (const auto& [key, hits] : counts)
+    if (!known.count(key)) {
+      out << "    " << std::setw(7) << hits << "  " << key << "  OUTSIDE the universe (core/coverage.cpp)\n";
+      ++unknown;
+    }
+  out << "coverage: " << known.size() << " rules, " << never << " reachable never exercised, " << wrong_reason
+      << " listed unreachable but exercised, " << unknown << " outside the universe\n";
+  return never + wrong_reason + unknown;
+}
+
 }  // namespace
 
 int cmd_check(const CheckArgs& args, std::ostream& out) {
@@ -69,12 +109,13 @@ int cmd_check(const CheckArgs& args, std::ostream& out) {
   const bool tty = isatty(STDERR_FILENO);
   ScopedOverride<std::string> planted(planted_mutant(), mutant == Mutant::None ? "" : args.mutant);
   int passed = 0, failed = 0;
+  CoverageCounts coverage;
   for (const Property* p : selected) {
     auto show = [&](const Progress& pr) {
       if (tty) std::cerr << "\r  " << p->name << ": " << pr.cases << "/" << args.cases << " cases, "
                          << pr.discards << " discards, " << pr.shrinks << " shrinks   " << std::flush;
     };
-    PropertyOutcome o = run_property(*p, seed, args.cases, show);
+    PropertyOutcome o = run_property(*p, seed, args.cases, show, args.coverage ? &coverage : nullptr);
     if (tty) std::cerr << "\r\033[K" << std::flush;
     const auto& pr = o.progress;
     if (o.status == PropertyOutcome::Status::Passed) {
@@ -100,8 +141,9 @@ int cmd_check(const CheckArgs& args, std::ostream& out) {
   }
   if (mutant != Mutant::None)
     out << (failed ? "planted bug " + args.mutant + " found\n" : "planted bug " + args.mutant + " SURVIVED\n");
+  const int gaps = args.coverage ? report_coverage(coverage, out) : 0;
   out << passed << " passed, " << failed << " failed\n";
-  return failed ? 1 : 0;
+  return failed || gaps ? 1 : 0;
 }
 
 }  // namespace meshsim::cli

@@ -17,6 +17,7 @@ struct CheckArgs {
   std::string mutant;
   std::string out_dir = "meshsim-counterexamples";
   bool list = false;
+  bool coverage = false;  // report rule coverage; a reachable rule never exercised fails the run
 };
 
 int cmd_check(const CheckArgs& args, std::ostream& out);

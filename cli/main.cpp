@@ -32,6 +32,9 @@ int main(int argc, char** argv) {
   check_cmd->add_option("--mutant", check.mutant, "Switch on a planted bug; the run must then fail");
   check_cmd->add_option("--out", check.out_dir, "Where counterexample traces are written");
   check_cmd->add_flag("--list", check.list, "Print the property and mutant names");
+  check_cmd->add_flag("--coverage", check.coverage,
+                      "Report how many cases exercised each rule row, backward rule and redistribution "
+                      "transition; fail when a reachable one was never exercised");
 
   cli::ReplayArgs replay;
   auto* replay_cmd = app.add_subcommand("replay", "Re-run a trace and compare it event by event");

@@ -37,6 +37,9 @@ const std::vector<MutantInfo>& mutant_catalog() {
       {Mutant::PsumFromReplicateNoDivide, "psum_from_replicate_no_divide", "R -> P(sum) without the divide"},
       {Mutant::ReduceScatterBackwardWrongDim, "reduce_scatter_backward_wrong_dim",
        "local_map: reduce_scatter's backward gathers along the wrong dim"},
+      {Mutant::ReducedLabelDropped, "reduced_label_dropped",
+       "the Reduced policy drops the Rd label of an op whose operands are all Rd (values right, an extra "
+       "backward all_reduce)"},
       {Mutant::StrategyRegistryIgnored, "strategy_registry_ignored",
        "variance-tracking strategies (registry and static) are ignored"},
       {Mutant::UnevenArraySplit, "uneven_array_split",

@@ -27,6 +27,7 @@ enum class Mutant {
   PavgBackwardUnscaled,            // P(avg)'s local cotangent not scaled by 1/n
   PsumFromReplicateNoDivide,       // R -> P(sum) without the divide
   ReduceScatterBackwardWrongDim,   // local_map: reduce_scatter's backward gathers along another dim
+  ReducedLabelDropped,             // the Reduced policy does not restore Rd when every operand is Rd
   StrategyRegistryIgnored,         // variance-tracking strategies are ignored
   UnevenArraySplit,                // collectives chunk uneven dims as numpy.array_split
 };

@@ -1,13 +1,15 @@
 #include "core/propagation.h"
 
-#include <tuple>
 #include <iomanip>
 #include <limits>
+#include <map>
+#include <set>
 #include <sstream>
 #include <stdexcept>
 #include <unordered_map>
 
 #include "core/cost_model.h"
+#include "core/coverage.h"
 #include "core/error.h"
 
 namespace meshsim {
@@ -29,6 +31,7 @@ RuleRow RuleRow::parse(const std::string& text) {
   std::string item;
   while (std::getline(lhs, item, ',')) row.ins.push_back(parse_placement(item));
   row.out = parse_placement(text.substr(arrow + 2));
+  row.rule = row.str();
   return row;
 }
 
@@ -96,15 +99,28 @@ OpAttrs with_global_shape(const OpAttrs& attrs, const Shape& global_in) {
 
 namespace {
 
+// A row's text and, when its table writes it by role (S(d)), that form.
+struct RowText {
+  std::string text, rule;
+  RowText(std::string t) : text(std::move(t)) {}  // NOLINT: a fixed row is its own rule
+  RowText(const char* t) : text(t) {}             // NOLINT
+  RowText(std::string t, std::string r) : text(std::move(t)), rule(std::move(r)) {}
+};
+
 // Rows are parsed once per text: every op's forward and every backward step per axis asks for
 // its family's table again.
-std::vector<RuleRow> parse_rows(const std::vector<std::string>& texts) {
+std::vector<RuleRow> parse_rows(const std::vector<RowText>& texts) {
   thread_local std::unordered_map<std::string, RuleRow> parsed;
   std::vector<RuleRow> rows;
   rows.reserve(texts.size());
   for (const auto& t : texts) {
-    auto it = parsed.find(t);
-    if (it == parsed.end()) it = parsed.emplace(t, RuleRow::parse(t)).first;
+    const std::string key = t.text + "|" + t.rule;
+    auto it = parsed.find(key);
+    if (it == parsed.end()) {
+      RuleRow row = RuleRow::parse(t.text);
+      if (!t.rule.empty()) row.rule = t.rule;
+      it = parsed.emplace(key, std::move(row)).first;
+    }
     rows.push_back(it->second);
   }
   return rows;
@@ -120,9 +136,9 @@ std::vector<RuleRow> pointwise_rows(int64_t rank, int arity, const std::vector<s
     for (int i = 0; i < arity; ++i) lhs += (i ? ", " : "") + p;
     return lhs + " -> " + p;
   };
-  std::vector<std::string> t;
-  for (int64_t d = 0; d < rank; ++d) t.push_back(alike(S(d)));
-  t.push_back(alike("R"));
+  std::vector<RowText> t;
+  for (int64_t d = 0; d < rank; ++d) t.emplace_back(alike(S(d)), alike("S(d)"));
+  t.emplace_back(alike("R"));
   t.insert(t.end(), own.begin(), own.end());
   return parse_rows(t);
 }
@@ -170,10 +186,13 @@ std::vector<RuleRow> mm_rows() {
 
 // transpose {dim0, dim1}: a shard follows its dim; a permutation keeps every Partial.
 std::vector<RuleRow> transpose_rows(int64_t rank, const OpAttrs& a) {
-  std::vector<std::string> t;
-  for (int64_t d = 0; d < rank; ++d)
-    t.push_back(S(d) + " -> " + S(d == a.dim0 ? a.dim1 : d == a.dim1 ? a.dim0 : d));
-  for (const char* p : {"R", "P(sum)", "P(avg)", "P(max)", "P(min)"}) t.push_back(std::string(p) + " -> " + p);
+  std::vector<RowText> t;
+  for (int64_t d = 0; d < rank; ++d) {
+    if (d == a.dim0) t.emplace_back(S(d) + " -> " + S(a.dim1), "S(dim0) -> S(dim1)");
+    else if (d == a.dim1) t.emplace_back(S(d) + " -> " + S(a.dim0), "S(dim1) -> S(dim0)");
+    else t.emplace_back(S(d) + " -> " + S(d), "S(d) -> S(d)");
+  }
+  for (const char* p : {"R", "P(sum)", "P(avg)", "P(max)", "P(min)"}) t.emplace_back(std::string(p) + " -> " + p);
   return parse_rows(t);
 }
 
@@ -183,28 +202,28 @@ std::vector<RuleRow> transpose_rows(int64_t rank, const OpAttrs& a) {
 // makes it P(avg) of local means, which is wrong for uneven shards and NaN for empty ones,
 // pytorch/pytorch#162692; its fix, #163241, replicates an unevenly sharded operand first.)
 std::vector<RuleRow> reduction_rows(int64_t rank, const OpAttrs& a) {
-  std::vector<std::string> t;
+  std::vector<RowText> t;
   for (int64_t d = 0; d < rank; ++d) {
     if (reduces(a, d)) {
-      t.push_back(S(d) + " -> P(sum)");
+      t.emplace_back(S(d) + " -> P(sum)", a.dim ? "S(dim) -> P(sum)" : "S(d) -> P(sum), every dim reduced");
     } else {
       int64_t out = (a.keepdim || d < *a.dim) ? d : d - 1;
-      t.push_back(S(d) + " -> " + S(out));
+      t.emplace_back(S(d) + " -> " + S(out), out == d ? "S(d) -> S(d)" : "S(d) -> S(d-1)");
     }
   }
-  t.push_back("R -> R");
-  t.push_back("P(sum) -> P(sum)");
-  t.push_back("P(avg) -> P(avg)");
+  t.emplace_back("R -> R");
+  t.emplace_back("P(sum) -> P(sum)");
+  t.emplace_back("P(avg) -> P(avg)");
   return parse_rows(t);
 }
 
 // softmax {dim}: every rank needs whole rows along `dim`: a shard of `dim` is gathered (the
 // single-operand fallback to R), a Partial operand reduced.
 std::vector<RuleRow> softmax_rows(int64_t rank, const OpAttrs& a) {
-  std::vector<std::string> t;
+  std::vector<RowText> t;
   for (int64_t d = 0; d < rank; ++d)
-    if (d != *a.dim) t.push_back(S(d) + " -> " + S(d));
-  t.push_back("R -> R");
+    if (d != *a.dim) t.emplace_back(S(d) + " -> " + S(d), "S(d) -> S(d)");
+  t.emplace_back("R -> R");
   return parse_rows(t);
 }
 
@@ -276,11 +295,17 @@ struct AxisGrad {
 
   Placement operand(size_t i) const { return as_rule_input(ins.at(i)); }
 };
-using Grad = std::pair<Placement, Placement>;  // (grad_in, grad_out)
+// A backward step on one axis: what the incoming gradient must be, the contribution's placement,
+// and the rule read ("mul S(d), S(d) -> S(d)": the table and its row), for rule coverage.
+struct Grad {
+  Placement in, out;
+  std::string rule;
+};
 
-// Among the rows whose operand `1 - g_pos` is `fixed` (any row when `fixed` is null), the one the
-// incoming gradient reaches most cheaply in slot `g_pos`; ties go to the earlier row.
-Grad gradient_row(const std::vector<RuleRow>& rows, size_t g_pos, const Placement* fixed, const AxisGrad& x) {
+// Among the rows of `table` whose operand `1 - g_pos` is `fixed` (any row when `fixed` is null),
+// the one the incoming gradient reaches most cheaply in slot `g_pos`; ties go to the earlier row.
+Grad gradient_row(const char* table, const std::vector<RuleRow>& rows, size_t g_pos, const Placement* fixed,
+                  const AxisGrad& x) {
   const RuleRow* best = nullptr;
   std::pair<int64_t, int64_t> best_cost{std::numeric_limits<int64_t>::max(), 0};
   for (const auto& row : rows) {
@@ -293,38 +318,42 @@ Grad gradient_row(const std::vector<RuleRow>& rows, size_t g_pos, const Placemen
   }
   if (!best) throw SemanticError(ErrorKind::IllegalRedistribute, "backward: no rule row for the gradient");
   const Placement& want = best->ins[g_pos];
-  return {same_for_rule(x.g, want) ? x.g : want, best->out};
+  return {same_for_rule(x.g, want) ? x.g : want, best->out, std::string(table) + " " + best->rule};
 }
 
-Grad as_gradient(const AxisGrad& x) { return {x.g, x.g}; }
+Grad as_gradient(const AxisGrad& x) { return {x.g, x.g, "+-g, laid out as g"}; }
 
-Grad own_table(const std::vector<RuleRow>& rows, const AxisGrad& x) { return gradient_row(rows, 0, nullptr, x); }
+Grad own_table(const char* table, const std::vector<RuleRow>& rows, const AxisGrad& x) {
+  return gradient_row(table, rows, 0, nullptr, x);
+}
 
 Grad times_operand(const AxisGrad& x) {
   const Placement fixed = x.operand(0);
-  return gradient_row(mul_rows(x.rank), 1, &fixed, x);
+  return gradient_row("mul", mul_rows(x.rank), 1, &fixed, x);
 }
 
 Grad mul_gradient(const AxisGrad& x) {
   const Placement other = x.operand(1 - x.input);
-  return gradient_row(mul_rows(x.rank), x.input, &other, x);
+  return gradient_row("mul", mul_rows(x.rank), x.input, &other, x);
 }
 
 Grad div_gradient(const AxisGrad& x) {
   const Placement fixed = x.operand(1 - x.input);
-  return x.input == 0 ? gradient_row(div_rows(x.rank), 0, &fixed, x) : gradient_row(mul_rows(x.rank), 1, &fixed, x);
+  return x.input == 0 ? gradient_row("div", div_rows(x.rank), 0, &fixed, x)
+                      : gradient_row("mul", mul_rows(x.rank), 1, &fixed, x);
 }
 
 Grad mm_gradient(const AxisGrad& x) {
   const Placement other = transpose_placement(x.ins.at(1 - x.input));
-  return gradient_row(mm_rows(), x.input, &other, x);
+  return gradient_row("mm", mm_rows(), x.input, &other, x);
 }
 
 Grad reduction_gradient(const AxisGrad& x) {
   const Placement& in = x.ins.at(0);
-  if (!in.is_shard()) return {x.g, x.g};
-  if (reduces(x.attrs, in.dim)) return {x.g.is_replicate() ? x.g : Placement::replicate(), in};
-  return {x.out, in};
+  if (!in.is_shard()) return {x.g, x.g, "operand not sharded: g expanded, laid out as g"};
+  if (reduces(x.attrs, in.dim))
+    return {x.g.is_replicate() ? x.g : Placement::replicate(), in, "S(dim) reduced: g replicated, expanded to S(dim)"};
+  return {x.out, in, "S(d) kept: g laid out as the output, expanded to S(d)"};
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -342,14 +371,14 @@ const std::vector<Family>& registry() {
   static const std::vector<Family> families = {
       {{"linear_binary", {"add", "sub"}}, 2, [](int64_t r, A) { return linear_binary_rows(r); }, as_gradient},
       {{"linear_unary", {"neg", "scale"}}, 1, [](int64_t r, A) { return linear_unary_rows(r); },
-       [](const AxisGrad& x) { return own_table(linear_unary_rows(x.rank), x); }},
+       [](const AxisGrad& x) { return own_table("linear_unary", linear_unary_rows(x.rank), x); }},
       {{"nonlinear_unary", {"exp", "relu", "sin", "tanh"}}, 1, [](int64_t r, A) { return nonlinear_unary_rows(r); },
        times_operand},
       {{"mul", {"mul"}}, 2, [](int64_t r, A) { return mul_rows(r); }, mul_gradient},
       {{"div", {"div"}}, 2, [](int64_t r, A) { return div_rows(r); }, div_gradient},
       {{"mm", {"mm"}}, 2, [](int64_t, A) { return mm_rows(); }, mm_gradient},
       {{"transpose", {"transpose"}}, 1, transpose_rows,
-       [](const AxisGrad& x) { return own_table(transpose_rows(x.rank, x.attrs), x); }},
+       [](const AxisGrad& x) { return own_table("transpose", transpose_rows(x.rank, x.attrs), x); }},
       {{"reduction", {"mean", "sum"}}, 1, reduction_rows, reduction_gradient},
       {{"softmax", {"softmax"}}, 1, softmax_rows, times_operand},
   };
@@ -467,6 +496,7 @@ ShardingDecision propagate(const std::string& op, const Mesh& mesh, const std::v
       if (!same_for_rule(specs[i][a], best->ins[i])) d.in_specs[i][a] = best->ins[i];
     d.out_spec[a] = best->out;
     d.rows.push_back(op + ": " + best->str());
+    if (coverage_sink()) cover("forward " + op + ": " + best->rule);
   }
   return d;
 }
@@ -491,9 +521,119 @@ BackwardDecision backward_rule(const std::string& op, const Mesh& mesh,
     x.out = out_spec[a];
     x.g = grad_in[a];
     x.n = mesh.axis_size(a);
-    std::tie(d.grad_in[a], d.grad_out[a]) = family.backward(x);
+    Grad g = family.backward(x);
+    d.grad_in[a] = g.in;
+    d.grad_out[a] = g.out;
+    if (coverage_sink()) cover("backward " + op + " d" + std::to_string(input) + ": " + g.rule);
   }
   return d;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Rule coverage: every key the tables can give, by running their own functions over every
+// placement, rank and attribute variant (so a row added to a table is a key at once). A backward
+// key is reachable when some forward row gives the operands and the output it reads, with the
+// incoming gradient the cotangent of that output (the gradient hook makes it so).
+
+namespace {
+
+// Attribute variants that reach every row of a table: every dim or none, keepdim or not, every
+// pair of transpose dims.
+std::vector<OpAttrs> attr_variants(int64_t rank) {
+  std::vector<OpAttrs> out;
+  for (int64_t dim = -1; dim < rank; ++dim)
+    for (bool keepdim : {false, true})
+      for (int64_t d0 = 0; d0 < rank; ++d0)
+        for (int64_t d1 = 0; d1 < rank; ++d1) {
+          OpAttrs a;
+          if (dim >= 0) a.dim = dim;
+          a.keepdim = keepdim;
+          a.dim0 = d0;
+          a.dim1 = d1;
+          out.push_back(a);
+        }
+  return out;
+}
+
+// Whether a forward row of `rows` places the operands as `ins` and the output as `out` (Rd read
+// as R, as the rows read it; an R output may carry the Rd label the policy restores).
+bool forward_gives(const std::vector<RuleRow>& rows, const std::vector<Placement>& ins, const Placement& out) {
+  for (const auto& row : rows) {
+    bool fits = as_rule_input(out) == row.out;
+    for (size_t i = 0; i < ins.size() && fits; ++i) fits = as_rule_input(ins[i]) == row.ins[i];
+    if (fits) return true;
+  }
+  return false;
+}
+
+// The cotangent placement kind of a primal (SEMANTICS.md section 2), or nothing for P(max)/P(min).
+std::optional<Placement> cotangent_kind(const Placement& p) {
+  if (p.is_shard() || p.is_plain_replicate()) return p;
+  if (p.is_reduced()) return Placement::partial(ReduceOp::Sum);
+  if (is_linear(p.op)) return Placement::reduced();
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::vector<CoverageRow> propagation_coverage() {
+  std::vector<CoverageRow> forward, backward;
+  std::map<std::string, size_t> index;  // backward key -> position
+  std::set<std::string> seen;
+  const std::vector<Placement> placements = all_placements(2);
+  for (const auto& f : registry())
+    for (const auto& op : f.names.ops) {
+      for (int64_t rank = 1; rank <= 3; ++rank)
+        for (const auto& a : attr_variants(rank)) {
+          if (op == "softmax" && !a.dim) continue;
+          for (const auto& row : f.rows(rank, a))
+            if (seen.insert("forward " + op + ": " + row.rule).second) forward.push_back({"forward " + op + ": " + row.rule, ""});
+        }
+      // Backward: every operand, forward placements, output placement and incoming gradient, on
+      // rank-2 operands (attributes matter to the unary families only).
+      AxisGrad x;
+      x.n = 2;
+      x.bytes = 64;
+      x.rank = 2;
+      const auto attrs = f.arity == 1 ? attr_variants(2) : std::vector<OpAttrs>{OpAttrs{}};
+      const size_t combos = (f.arity == 1 ? 1 : placements.size()) * placements.size();
+      for (size_t input = 0; input < f.arity; ++input)
+        for (const auto& a : attrs) {
+          if (op == "softmax" && !a.dim) continue;
+          const auto rows = f.rows(2, a);
+          x.attrs = a;
+          x.input = input;
+          for (size_t combo = 0; combo < combos; ++combo) {
+            x.ins = {placements[combo % placements.size()]};
+            if (f.arity == 2) x.ins.push_back(placements[combo / placements.size()]);
+            for (const auto& out : placements)
+              for (const auto& g : placements) {
+                x.out = out;
+                x.g = g;
+                std::string key;
+                try {
+                  key = "backward " + op + " d" + std::to_string(input) + ": " + f.backward(x).rule;
+                } catch (const SemanticError&) {
+                  continue;
+                }
+                auto it = index.find(key);
+                if (it == index.end()) {
+                  it = index.emplace(key, backward.size()).first;
+                  backward.push_back({key, "no forward row gives the operands and output it reads"});
+                }
+                std::string& why = backward[it->second].unreachable;
+                if (why.empty() || !forward_gives(rows, x.ins, out)) continue;
+                const auto cot = cotangent_kind(out);
+                if (cot && *cot == g) why.clear();
+                else
+                  why = "the incoming gradient would have to be " + g.str() +
+                        "; it is the cotangent of the output: S(d), R, P(sum) or Rd, never P(avg), P(max) or P(min)";
+              }
+          }
+        }
+    }
+  forward.insert(forward.end(), backward.begin(), backward.end());
+  return forward;
 }
 
 }  // namespace meshsim

@@ -22,6 +22,9 @@ namespace meshsim {
 struct RuleRow {
   std::vector<Placement> ins;
   Placement out;
+  // The row as its table writes it, shard dims by role: "S(d), S(d) -> S(d)" for every dim d
+  // alike, "S(dim) -> P(sum)" for the reduced dim. Rule coverage counts rows by this text.
+  std::string rule;
 
   std::string str() const;  // "S(0), R -> S(0)"
   static RuleRow parse(const std::string& text);  // throws std::invalid_argument

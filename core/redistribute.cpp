@@ -1,5 +1,8 @@
 #include "core/redistribute.h"
 
+#include <set>
+
+#include "core/coverage.h"
 #include "core/error.h"
 
 namespace meshsim {
@@ -221,7 +224,57 @@ std::vector<RedistStep> plan_redistribute(const Mesh& mesh, const Spec& from, co
                         "redistribute " + spec_str(from) + " -> " + spec_str(to) + ": " + why);
   Planner p{mesh, from, to, options, {}, {}};
   p.run();
+  if (coverage_sink())
+    for (const auto& s : p.steps) cover(coverage_key(s, options.gradient));
   return p.steps;
+}
+
+std::string coverage_key(const RedistStep& s, bool gradient) {
+  auto kind = [](const Placement& p) { return p.is_shard() ? std::string("S") : p.str(); };
+  std::string key = "redistribute: " + std::string(step_kind_name(s.kind)) + " " + kind(s.from) + " -> " + kind(s.to);
+  if (s.kind == StepKind::PartialFromReplicate && s.op == ReduceOp::Sum)
+    key += std::string(" ") + partial_from_replicate_name(s.convention);
+  return gradient ? key + " (gradient)" : key;
+}
+
+namespace {
+
+// Why a planner step can never be asked for, or "": a forward step can (any legal pair of
+// placements is a redistribute a program may write); a gradient's are limited by what gradients are.
+std::string unreachable_step(StepKind kind, const Placement& from, const Placement& to, bool gradient) {
+  if (!gradient) return {};
+  if (from.is_partial() && !is_linear(from.op))
+    return "no gradient is P(max) or P(min): they have no cotangent";
+  if (to.is_partial() && to.op != ReduceOp::Sum)
+    return "a gradient is moved only to a cotangent (S(d), R, P(sum), Rd) or to the gradient slot of a backward "
+           "row, and no reachable backward row has P(avg), P(max) or P(min) there";
+  if (kind == StepKind::Relabel && from.is_partial() && from.op == ReduceOp::Avg && to.is_shard())
+    return "on an axis of size 1 every row costs nothing and ties go to the earlier row: an operand sharded there "
+           "fits the shard rows, which come before the rows that give a P(avg) contribution (R, P(avg) of mul "
+           "and mm), so no P(avg) gradient has a sharded source there";
+  if (from.is_reduced() && to.is_shard())
+    return "a gradient laid out Rd is the cotangent of a Partial output; the rows that give one take Partial or "
+           "replicated operands, so neither a backward row nor a hook asks it for a shard";
+  return {};
+}
+
+}  // namespace
+
+std::vector<CoverageRow> redistribution_coverage() {
+  std::vector<CoverageRow> rows;
+  std::set<std::string> seen;
+  const std::vector<Placement> placements = all_placements(2);
+  for (int64_t n : {2, 1})
+    for (bool gradient : {false, true})
+      for (auto convention : {PartialFromReplicate::Divide, PartialFromReplicate::Rank0})
+        for (const auto& from : placements)
+          for (const auto& to : placements) {
+            if (!redistribute_illegal_reason({from}, {to}, gradient).empty()) continue;
+            for (const auto& s : plan_redistribute(Mesh({"a"}, {n}), {from}, {to}, {convention, gradient}))
+              if (seen.insert(coverage_key(s, gradient)).second)
+                rows.push_back({coverage_key(s, gradient), unreachable_step(s.kind, s.from, s.to, gradient)});
+          }
+  return rows;
 }
 
 }  // namespace meshsim

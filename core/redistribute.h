@@ -57,6 +57,9 @@ struct PlanOptions {
 std::vector<RedistStep> plan_redistribute(const Mesh& mesh, const Spec& from, const Spec& to,
                                           const PlanOptions& options = {});
 
+// The rule-coverage key of a planned step (core/coverage.h): "redistribute: all_gather S -> Rd".
+std::string coverage_key(const RedistStep& step, bool gradient);
+
 // Empty string when legal, else why not (the message plan_redistribute throws).
 std::string redistribute_illegal_reason(const Spec& from, const Spec& to, bool gradient = false);
 

@@ -1,6 +1,7 @@
 #include "core/reduced_policy.h"
 
 #include "core/error.h"
+#include "core/mutants.h"
 
 namespace meshsim {
 
@@ -17,6 +18,7 @@ Spec restore_reduced(const std::string& op, const Mesh& mesh, const std::vector<
       throw SemanticError(ErrorKind::ReducedMismatch,
                           op + ": operands disagree on Reduced over mesh axis \"" + mesh.axes()[a] +
                               "\" (reduced_propagation=strict)");
+    if (all && mutant_on(Mutant::ReducedLabelDropped)) continue;  // planted bug
     if (all || policy == ReducedPropagation::Union) result[a] = Placement::reduced();
   }
   return result;

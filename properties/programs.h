@@ -12,18 +12,27 @@ struct ProgramOptions {
   bool float32_randn = false;  // float32 with randn inputs (for the determinism property)
 };
 
-// A DTensor program: inputs a [m, k], b [k, n], d [m, k] (with gradients) and c [m, n] with random
-// differentiable placements; 1..max_ops ops among mm, add, sub, mul, sum and redistribute (to
-// non-Partial targets, always legal), then loss = sum of the last value (times c when shapes
-// allow). Options drawn: redistribute mode, Reduced policy (intersection, union), R -> P(sum).
+// A DTensor program: inputs a [m, k], b [k, n], d [m, k] (with gradients, any differentiable
+// placement) and c [m, n] (no gradient, any placement: P(max) and P(min) too, forward-only); 1..max_ops
+// ops drawn among every DTensor op of the file format with their attributes (dims negative too,
+// keepdim, every-dim reductions, scales negative and zero, transposes of sharded dims, division by
+// positive values) and redistributions to every target legal from where the value is (P(max) and
+// P(min) only off the backward path); then loss = sum of the last value (times c when shapes
+// allow). The generator follows each value's placement by the rows and the drawn Reduced policy,
+// and a bound on its magnitude, so that drawn programs are legal and their data stay exact
+// integers or well-conditioned. Meshes of 1-3 axes (uneven and empty shards; nested shards of one
+// dim). Options drawn: redistribute mode, Reduced policy (intersection, union), R -> P(sum).
+// Every op added to the file format joins this generator (and local_map_program) in the same change.
 nlohmann::json dtensor_program(const ProgramOptions& o = {});
 
 // A local_map program: the body is drawn with a DTensor reading of every body value (S(d) or
 // P(sum) are variant, R invariant, Rd reduced) so that its `reference` is the same program on
-// global tensors with every collective the identity. Body ops: mul, add, mm with a direct row,
+// global tensors with every collective the identity. Body ops: every DTensor op (each where the
+// local result is the global op's under the value's reading: non-linear ops and softmax of values
+// with no Partial axis, mean and softmax over dims no axis shards, division by positive values),
 // all_reduce (or the opaque all_reduce Function) on a P(sum) axis, all_gather to reduced or to
-// varying on an S(d) axis, reduce_scatter on a P(sum) axis, all_to_all between shards, and the
-// rank-local Function local_square. When `twin` is given it receives the same program in
+// varying on an S(d) axis, reduce_scatter on a P(sum) axis, all_to_all between shards,
+// mark_varying of an invariant axis, and the rank-local Function local_square. When `twin` is given it receives the same program in
 // DTensor mode (collectives become redistributions), for the agreement property.
 nlohmann::json local_map_program(const ProgramOptions& o = {}, nlohmann::json* twin = nullptr);
 

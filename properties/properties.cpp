@@ -3,17 +3,20 @@
 #include <rapidcheck.h>
 
 #include "core/cotangent.h"
+#include "core/propagation.h"
 #include "core/mutants.h"
 #include "core/redistribute.h"
 #include "core/scenario.h"
 #include "oracles/check.h"
 #include "properties/generators.h"
+#include "properties/kernels.h"
 #include "properties/programs.h"
 #include "traces/trace.h"
 
 #include <torch/csrc/autograd/autograd.h>
 
 #include "sim/data.h"
+#include "sim/local_ops.h"
 #include "sim/runtime.h"
 
 namespace meshsim {
@@ -21,6 +24,11 @@ namespace meshsim {
 std::string& planted_mutant() {
   static std::string name;
   return name;
+}
+
+CoverageSink*& case_coverage() {
+  static CoverageSink* sink = nullptr;
+  return sink;
 }
 
 Failure& latest_failure() {
@@ -34,6 +42,7 @@ namespace {
 // the `meshsim check` run (the active mutant).
 nlohmann::json draw_options() {
   nlohmann::json o;
+  o["redistribute"] = *rc::gen::element<std::string>("above_autograd", "below_autograd");
   o["partial_from_replicate"] = *rc::gen::element<std::string>("divide", "rank0");
   o["reduced_propagation"] = *rc::gen::element<std::string>("intersection", "union");
   o["seed"] = *rc::gen::inRange<uint64_t>(0, 1000);
@@ -41,14 +50,21 @@ nlohmann::json draw_options() {
 }
 
 
-// Runs a generated scenario against the oracle; a failing case is kept for the trace.
-void assert_scenario_passes(const nlohmann::json& doc) {
+// Runs a generated scenario against the oracle, with the planted bug of the check run on and the
+// rules it exercises covered; a failing case is kept for the trace.
+CheckedRun run_generated(const nlohmann::json& doc) {
   Scenario sc = parse_scenario(doc, "<generated>");
   RunOptions options = sc.options;
   options.mutant = planted_mutant();
+  CoverageScope covered(case_coverage());
   CheckedRun run = check_scenario(sc, options);
+  if (run.result["status"] != "pass") latest_failure() = {doc, options.to_json()};
+  return run;
+}
+
+void assert_scenario_passes(const nlohmann::json& doc) {
+  CheckedRun run = run_generated(doc);
   if (run.result["status"] != "pass") {
-    latest_failure() = {doc, options.to_json()};
     std::string why = run.result.contains("failures") ? run.result["failures"].dump()
                                                        : run.result["error"].dump();
     RC_FAIL(run.result["status"].get<std::string>() + ": " + why);
@@ -67,22 +83,29 @@ void cotangent_involution() {
 }
 
 // p -> q -> p keeps the value, and the gradient of sum(z * c) w.r.t. x equals the oracle's, on
-// random meshes, shapes (uneven and empty chunks) and legal placement pairs.
+// random meshes, shapes (uneven and empty chunks) and legal placement pairs; half of the cases
+// forward only, over every placement.
 void redistribute_roundtrip() {
   const Mesh mesh = *gen::mesh();
   const Shape shape = *gen::shape(1, 3);
   const auto rank = static_cast<int64_t>(shape.size());
-  const Spec p = *gen::spec(mesh, gen::differentiable_placement(rank));
-  const Spec q = *gen::spec(mesh, gen::differentiable_placement(rank));
+  // Half of the cases forward only, over every placement (P(max) and P(min) have no gradient).
+  const bool grad = *rc::gen::arbitrary<bool>();
+  const auto placement = grad ? gen::differentiable_placement(rank) : gen::any_placement(rank);
+  const Spec p = *gen::spec(mesh, placement);
+  const Spec q = *gen::spec(mesh, placement);
   RC_PRE(redistribute_illegal_reason(p, q).empty() && redistribute_illegal_reason(q, p).empty());
+  // The weight c is laid out as p or independently (its product with z then redistributes z, above or
+  // below autograd as drawn, and the backward moves contributions of every kind).
+  const Spec pc = *rc::gen::arbitrary<bool>() ? p : *gen::spec(mesh, placement);
   nlohmann::json doc = {
       {"format", "meshsim.scenario/1"},
       {"name", "redistribute_roundtrip"},
       {"mesh", gen::mesh_json(mesh)},
       {"options", draw_options()},
       {"inputs",
-       {{{"name", "x"}, {"shape", shape}, {"placements", gen::spec_json(p)}, {"requires_grad", true}},
-        {{"name", "c"}, {"shape", shape}, {"placements", gen::spec_json(p)}}}},
+       {{{"name", "x"}, {"shape", shape}, {"placements", gen::spec_json(p)}, {"requires_grad", grad}},
+        {{"name", "c"}, {"shape", shape}, {"placements", gen::spec_json(pc)}}}},
       {"program",
        {{{"out", "y"}, {"op", "redistribute"}, {"args", {"x"}}, {"placements", gen::spec_json(q)}},
         {{"out", "z"}, {"op", "redistribute"}, {"args", {"y"}}, {"placements", gen::spec_json(p)}},
@@ -90,17 +113,6 @@ void redistribute_roundtrip() {
         {{"out", "loss"}, {"op", "sum"}, {"args", {"m"}}}}},
       {"backward", "loss"}};
   assert_scenario_passes(doc);
-}
-
-// Runs a generated scenario and checks one field of its result; a scenario the semantics refuse
-// under its drawn options (strict's reduced_mismatch) is discarded.
-CheckedRun run_generated(const nlohmann::json& doc) {
-  Scenario sc = parse_scenario(doc, "<generated>");
-  RunOptions options = sc.options;
-  options.mutant = planted_mutant();
-  CheckedRun run = check_scenario(sc, options);
-  if (run.result["status"] != "pass") latest_failure() = {doc, options.to_json()};
-  return run;
 }
 
 void assert_check(const CheckedRun& run, const char* check) {
@@ -188,6 +200,7 @@ void adjoint_identity() {
   RunOptions options;
   options.partial_from_replicate = *rc::gen::element(PartialFromReplicate::Divide, PartialFromReplicate::Rank0);
   MutantScope planted(parse_mutant(planted_mutant()));
+  CoverageScope covered(case_coverage());
   Runtime rt(mesh, options);
   Rng rng(seed, 1);
   DTensor x{"x", shape, p, distribute(mesh, p, make_init("int", shape, DType::Float64, rng), &rng)};
@@ -284,6 +297,133 @@ void communication_volume() {
   }
 }
 
+// The same program with every Rd written as R (inputs and redistribution targets).
+nlohmann::json reduced_as_replicate(nlohmann::json doc) {
+  auto relabel = [](nlohmann::json& placements) {
+    for (auto& p : placements)
+      if (p == "Rd") p = "R";
+  };
+  for (auto& in : doc["inputs"]) relabel(in["placements"]);
+  for (auto& op : doc["program"])
+    if (op.contains("placements")) relabel(op["placements"]);
+  return doc;
+}
+
+// The forward of a run as data: per event but relabels, what it is and the hash of every local it
+// made (Rd and R lay out the same data, so their forwards differ in labels only).
+std::vector<std::string> forward_data(const CheckedRun& run) {
+  std::vector<std::string> out;
+  for (const auto& e : run.events) {
+    if (e.phase != "forward" || e.name == "relabel") continue;  // R <-> Rd moves no data
+    std::string line = e.kind + " " + e.name + " " + e.value + " " + e.axis;
+    for (const auto& h : e.hashes) line += " " + h;
+    out.push_back(line);
+  }
+  return out;
+}
+
+int64_t bytes_moved(const CheckedRun& run) {
+  int64_t b = 0;
+  for (const auto& c : run.result.value("collectives", nlohmann::json::array())) b += c["bytes"].get<int64_t>();
+  return b;
+}
+
+// Whether a run's backward makes a gradient Partial that was not: an R -> P(sum) or S(d) -> P(sum)
+// step of a gradient (the cotangent P(sum) of an Rd value receiving a replicated or sharded
+// contribution), or the seed of an Rd loss.
+bool makes_a_gradient_partial(const CheckedRun& run) {
+  for (const auto& e : run.events) {
+    if (e.phase == "backward" && (e.name == "partial_from_replicate" || e.name == "pad_to_partial")) return true;
+    if (e.kind == "seed" && e.out_spec.find("P(sum)") != std::string::npos) {
+      for (const auto& p : run.result["values"][e.value]["placements"])
+        if (p == "Rd") return true;
+    }
+  }
+  return false;
+}
+
+// A lost optimization is a bug too. A program with Rd values computes the same data as the same
+// program with R in their place (the same forward, local by local), both pass the oracle, and the
+// Rd program never moves more bytes when every P(sum) gradient it holds is truly partial: Rd
+// trades the backward all_reduce of a partial gradient for a reduce_scatter or nothing. Where a
+// replicated or sharded gradient is made Partial instead (an Rd loss, an Rd value consumed by
+// replicated or sharded ops), Rd does cost more, by a reduction the R program does not need or
+// does as an all_gather: the case is discarded here and shown in docs/findings.md. Under the intersection policy; under union an Rd and an R operand
+// give an Rd result whose gradient the R operand must all_reduce (docs/findings.md).
+void reduced_never_costs_more() {
+  nlohmann::json doc = gen::dtensor_program();
+  doc["options"]["reduced_propagation"] = "intersection";
+  const nlohmann::json plain = reduced_as_replicate(doc);
+  const bool has_reduced = plain != doc;
+  RC_PRE(has_reduced);
+  const CheckedRun reduced = run_generated(doc), replicated = run_generated(plain);
+  for (const auto* run : {&reduced, &replicated})
+    for (const char* check : {"forward_equivalence", "gradient_equivalence"}) assert_check(*run, check);
+  const auto a = forward_data(reduced), b = forward_data(replicated);
+  if (a != b) {
+    latest_failure() = {doc, reduced.result["options"]};
+    size_t i = 0;
+    while (i < a.size() && i < b.size() && a[i] == b[i]) ++i;
+    RC_FAIL("with Rd and with R the forwards differ at event " + std::to_string(i) + ": " +
+            (i < a.size() ? a[i] : "(none)") + " vs " + (i < b.size() ? b[i] : "(none)"));
+  }
+  const bool made_partial = makes_a_gradient_partial(reduced);
+  RC_PRE(!made_partial);
+  const int64_t rd = bytes_moved(reduced), r = bytes_moved(replicated);
+  if (rd > r) {
+    latest_failure() = {doc, reduced.result["options"]};
+    RC_FAIL("the program with Rd moves " + std::to_string(rd) + " bytes, the same program with R " +
+            std::to_string(r) + ", and every P(sum) gradient of the Rd program is truly partial");
+  }
+}
+
+// The placement of every value after its op is what the op's rows give its operands' placements,
+// with the Rd label restored by the run's policy, as SEMANTICS.md section 4 states it (written out
+// here, not taken from the runtime): on an axis whose row output is R, Rd when every operand is Rd
+// there (intersection) or any is (union). A policy that drops or invents an Rd label leaves the
+// values right and moves bytes it should not; this finds it.
+void placement_follows_rules() {
+  const nlohmann::json doc = gen::dtensor_program();
+  const CheckedRun run = run_generated(doc);
+  if (run.result["status"] == "error") RC_FAIL("error: " + run.result["error"].dump());
+  const Scenario sc = parse_scenario(doc, "<generated>");
+  const bool union_policy = sc.options.reduced_propagation == ReducedPropagation::Union;
+  const auto& values = run.result["values"];
+  auto spec_of = [&](const std::string& name) {
+    Spec s;
+    for (const auto& p : values.at(name).at("placements")) s.push_back(parse_placement(p.get<std::string>()));
+    return s;
+  };
+  for (const auto& op : sc.program) {
+    std::vector<Spec> specs;
+    std::vector<Shape> shapes;
+    for (const auto& a : op.args) {
+      specs.push_back(spec_of(a));
+      shapes.push_back(values.at(a).at("shape").get<Shape>());
+    }
+    Spec want;
+    if (op.op == "redistribute") {
+      for (const auto& p : op.attrs.at("placements")) want.push_back(parse_placement(p.get<std::string>()));
+    } else {
+      want = propagate(op.op, sc.mesh, specs, shapes, op_attrs(op)).out_spec;
+      for (size_t a = 0; a < want.size(); ++a) {
+        if (!want[a].is_plain_replicate()) continue;
+        size_t reduced = 0;
+        for (const auto& s : specs) reduced += s[a].is_reduced() ? 1 : 0;
+        if (reduced == specs.size() || (union_policy && reduced > 0)) want[a] = Placement::reduced();
+      }
+    }
+    const Spec got = spec_of(op.out);
+    if (got != want) {
+      latest_failure() = {doc, run.result["options"]};
+      std::string operands;
+      for (size_t i = 0; i < specs.size(); ++i) operands += (i ? ", " : "") + op.args[i] + " " + spec_str(specs[i]);
+      RC_FAIL(op.out + " = " + op.op + "(" + operands + ") is " + spec_str(got) + "; the rows and the " +
+              (union_policy ? "union" : "intersection") + " policy give " + spec_str(want));
+    }
+  }
+}
+
 }  // namespace
 
 const std::vector<Property>& property_catalog() {
@@ -301,11 +441,17 @@ const std::vector<Property>& property_catalog() {
        dtensor_forward_equivalence},
       {"dtensor_gradient_equivalence", "random DTensor programs of 1-8 ops: input gradients equal the oracle's",
        dtensor_gradient_equivalence},
+      {"kernels_match_definitions", "every op's kernel and its gradients equal the op's definition, element by element",
+       kernels_match_definitions},
       {"local_map_agrees_with_dtensor", "a local_map region and the same program in DTensor mode agree",
        local_map_agrees_with_dtensor},
       {"local_map_equivalence", "random local_map bodies: values, gradients and variance tracking against the reference",
        local_map_equivalence},
       {"local_map_exclusivity", "no LTensor is variant and reduced over one axis", local_map_exclusivity},
+      {"placement_follows_rules", "every value's placement is what the rows and the Reduced policy give its operands",
+       placement_follows_rules},
+      {"reduced_never_costs_more", "a program with Rd computes what it computes with R, and never moves more bytes",
+       reduced_never_costs_more},
       {"redistribute_roundtrip",
        "p -> q -> p keeps values and passes gradient equivalence on 1-3 axis meshes, uneven shapes",
        redistribute_roundtrip},

@@ -9,6 +9,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/coverage.h"
+
 namespace meshsim {
 
 struct Property {
@@ -27,6 +29,10 @@ struct Failure {
   nlohmann::json options;
 };
 Failure& latest_failure();
+
+// The rule-coverage sink of the current test case (null when coverage is off): properties install
+// it (a CoverageScope) around the system under test only, never around a generator or a check.
+CoverageSink*& case_coverage();
 
 // The planted bug of this check run ("" for none). Properties switch it on only around the
 // system under test (a scenario's run, a table under test); the checks use the true rules.

@@ -12,14 +12,22 @@ namespace {
 
 class Listener : public rc::detail::TestListener {
  public:
-  Listener(Progress& p, const std::function<void(const Progress&)>& cb) : progress_(p), cb_(cb) {}
+  Listener(Progress& p, const std::function<void(const Progress&)>& cb, CoverageSink& sink, CoverageCounts* counts)
+      : progress_(p), cb_(cb), sink_(sink), counts_(counts) {}
   void onTestCaseFinished(const rc::detail::CaseDescription& d) override {
-    if (d.result.type == rc::detail::CaseResult::Type::Discard) ++progress_.discards;
-    else ++progress_.cases;
+    if (d.result.type == rc::detail::CaseResult::Type::Discard) {
+      ++progress_.discards;
+    } else {
+      ++progress_.cases;
+      if (counts_)
+        for (const auto& key : sink_) ++(*counts_)[key];
+    }
+    sink_.clear();
     if (cb_) cb_(progress_);
   }
   void onShrinkTried(const rc::detail::CaseDescription&, bool) override {
     ++progress_.shrinks;
+    sink_.clear();
     if (cb_) cb_(progress_);
   }
   void onTestFinished(const rc::detail::TestMetadata&, const rc::detail::TestResult&) override {}
@@ -27,6 +35,8 @@ class Listener : public rc::detail::TestListener {
  private:
   Progress& progress_;
   const std::function<void(const Progress&)>& cb_;
+  CoverageSink& sink_;
+  CoverageCounts* counts_;
 };
 
 }  // namespace
@@ -58,7 +68,7 @@ void load_rapidcheck_configuration_quietly() {
 }  // namespace
 
 PropertyOutcome run_property(const Property& property, uint64_t seed, int cases,
-                             const std::function<void(const Progress&)>& on_progress) {
+                             const std::function<void(const Progress&)>& on_progress, CoverageCounts* coverage) {
   load_rapidcheck_configuration_quietly();
   PropertyOutcome out;
   rc::detail::TestParams params;
@@ -69,7 +79,9 @@ PropertyOutcome run_property(const Property& property, uint64_t seed, int cases,
   rc::detail::TestMetadata metadata;
   metadata.id = property.name;
   metadata.description = property.checks;
-  Listener listener(out.progress, on_progress);
+  CoverageSink sink;
+  ScopedOverride<CoverageSink*> covering(case_coverage(), coverage ? &sink : nullptr);
+  Listener listener(out.progress, on_progress, sink, coverage);
   latest_failure() = {};
   const auto result = rc::detail::checkProperty(rc::detail::toProperty(property.body), metadata, params, listener);
   rc::detail::FailureResult failure;

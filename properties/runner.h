@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -28,7 +29,12 @@ struct PropertyOutcome {
 // every property draws its own stream and `--property` alone reproduces the same cases.
 uint64_t property_seed(uint64_t seed, const std::string& name);
 
+// Rule coverage: per key (core/coverage.h), the number of test cases that exercised it (shrink
+// runs are not counted).
+using CoverageCounts = std::map<std::string, int64_t>;
+
 PropertyOutcome run_property(const Property& property, uint64_t seed, int cases,
-                             const std::function<void(const Progress&)>& on_progress);
+                             const std::function<void(const Progress&)>& on_progress,
+                             CoverageCounts* coverage = nullptr);
 
 }  // namespace meshsim

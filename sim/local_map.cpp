@@ -2,6 +2,7 @@
 
 #include <torch/csrc/autograd/grad_mode.h>
 
+#include "core/coverage.h"
 #include "core/error.h"
 #include "core/mutants.h"
 #include "sim/communicator.h"
@@ -154,6 +155,7 @@ void BodyContext::check_mesh(const std::vector<LTensor>& xs, const std::string& 
 
 LTensor BodyContext::wrap(const std::string& kind, const std::string& name, const std::string& out, Locals locals,
                           AxisSet variant, AxisSet reduced, const std::vector<LTensor>& inputs) {
+  if (coverage_sink()) cover("local_map: " + name);
   LTensor t{out, &rt_.mesh(), std::move(locals), std::move(variant), std::move(reduced), false, {}};
   for (const auto& x : inputs)
     if (x.untracked) {

@@ -16,6 +16,7 @@
 #include <functional>
 #include <map>
 #include <numeric>
+#include <set>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -23,10 +24,12 @@
 
 #include "core/cost_model.h"
 #include "core/cotangent.h"
+#include "core/coverage.h"
 #include "core/error.h"
 #include "core/layout.h"
 #include "core/mesh.h"
 #include "core/placement.h"
+#include "core/propagation.h"
 #include "core/redistribute.h"
 
 using namespace meshsim;
@@ -1173,3 +1176,76 @@ TEST(CostModel, FsdpExample) {
   EXPECT_EQ(collective_bytes(StepKind::ReduceScatter, full_bytes, 4), 384);
   EXPECT_EQ(collective_bytes(StepKind::AllReduce, full_bytes, 4), 768);
 }
+
+// ---------------------------------------------------------------------------------------------
+// Rule coverage (core/coverage.h)
+
+namespace meshsim {
+namespace {
+
+const CoverageRow* find_rule(const std::vector<CoverageRow>& rows, const std::string& key) {
+  for (const auto& r : rows)
+    if (r.key == key) return &r;
+  return nullptr;
+}
+
+// Every row of every table is a key of the universe (so a new row is one the gate asks about),
+// each once.
+TEST(Coverage, UniverseHoldsEveryRowOnce) {
+  const auto rows = coverage_universe();
+  std::set<std::string> keys;
+  for (const auto& r : rows) EXPECT_TRUE(keys.insert(r.key).second) << "twice: " << r.key;
+  for (const auto& f : rule_families())
+    for (const auto& op : f.ops) {
+      OpAttrs a;
+      a.dim = 1;
+      for (const auto& row : rule_rows(op, {2, 2}, a))
+        EXPECT_TRUE(keys.count("forward " + op + ": " + row.rule)) << op << ": " << row.rule;
+    }
+  EXPECT_TRUE(keys.count("redistribute: all_gather S -> Rd"));
+  EXPECT_TRUE(keys.count("redistribute: pad_to_partial S -> P(sum) (gradient)"));
+}
+
+// Reasons are derived from the rules: the operand of a non-linear op is never Partial, and no
+// incoming gradient is P(avg); what a forward row and a cotangent give is reachable.
+TEST(Coverage, UnreachableRulesCarryTheirReason) {
+  const auto rows = coverage_universe();
+  const CoverageRow* partial_exp = find_rule(rows, "backward exp d0: mul P(sum), R -> P(sum)");
+  ASSERT_NE(partial_exp, nullptr);
+  EXPECT_EQ(partial_exp->unreachable, "no forward row gives the operands and output it reads");
+  const CoverageRow* avg_g = find_rule(rows, "backward mm d0: mm P(avg), R -> P(avg)");
+  ASSERT_NE(avg_g, nullptr);
+  EXPECT_NE(avg_g->unreachable.find("incoming gradient would have to be P(avg)"), std::string::npos) << avg_g->unreachable;
+  const CoverageRow* reachable = find_rule(rows, "backward mm d0: mm R, S(1) -> S(1)");
+  ASSERT_NE(reachable, nullptr);
+  EXPECT_EQ(reachable->unreachable, "");
+  const CoverageRow* max_grad = find_rule(rows, "redistribute: all_reduce P(max) -> R (gradient)");
+  ASSERT_NE(max_grad, nullptr);
+  EXPECT_NE(max_grad->unreachable, "");
+  EXPECT_EQ(find_rule(rows, "redistribute: all_reduce P(max) -> R")->unreachable, "");
+}
+
+// The rules report hits only inside a scope, and the keys are the universe's.
+TEST(Coverage, HitsAreRecordedInsideAScopeOnly) {
+  const Mesh mesh({"a"}, {2});
+  const auto decide = [&] {
+    propagate("mm", mesh, {{Placement::shard(1)}, {Placement::shard(0)}}, {{4, 6}, {6, 2}}, {});
+    plan_redistribute(mesh, {Placement::shard(0)}, {Placement::reduced()});
+  };
+  decide();  // no sink
+  CoverageSink sink;
+  {
+    CoverageScope scope(&sink);
+    decide();
+    backward_rule("mm", mesh, {{Placement::shard(1)}, {Placement::shard(0)}}, {Placement::partial()}, {{4, 6}, {6, 2}},
+                  {}, {Placement::reduced()}, 0);
+  }
+  decide();
+  EXPECT_EQ(sink, (CoverageSink{"forward mm: S(1), S(0) -> P(sum)", "redistribute: all_gather S -> Rd",
+                                "backward mm d0: mm R, S(1) -> S(1)"}));
+  const auto rows = coverage_universe();
+  for (const auto& key : sink) EXPECT_NE(find_rule(rows, key), nullptr) << key;
+}
+
+}  // namespace
+}  // namespace meshsim
