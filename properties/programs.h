@@ -2,6 +2,10 @@
 // Every draw shrinks: the op count toward 1, meshes toward one small axis, shapes toward small.
 #pragma once
 
+#include <map>
+#include <string>
+#include <vector>
+
 #include <nlohmann/json.hpp>
 #include <rapidcheck.h>
 
@@ -34,6 +38,13 @@ nlohmann::json dtensor_program(const ProgramOptions& o = {});
 // varying on an S(d) axis, reduce_scatter on a P(sum) axis, all_to_all between shards,
 // mark_varying of an invariant axis, and the rank-local Function local_square. When `twin` is given it receives the same program in
 // DTensor mode (collectives become redistributions), for the agreement property.
-nlohmann::json local_map_program(const ProgramOptions& o = {}, nlohmann::json* twin = nullptr);
+// When `labels` is given it receives, per body value the program draws, the variant and reduced
+// axes the LTensor rules give it (SEMANTICS.md section 5, written out by the generator's own model).
+struct BodyLabels {
+  std::vector<std::string> variant, reduced;
+  bool operator==(const BodyLabels& o) const { return variant == o.variant && reduced == o.reduced; }
+};
+nlohmann::json local_map_program(const ProgramOptions& o = {}, nlohmann::json* twin = nullptr,
+                                 std::map<std::string, BodyLabels>* labels = nullptr);
 
 }  // namespace meshsim::gen

@@ -127,17 +127,40 @@ void dtensor_forward_equivalence() { assert_check(run_generated(gen::dtensor_pro
 void dtensor_gradient_equivalence() { assert_check(run_generated(gen::dtensor_program()), "gradient_equivalence"); }
 void dtensor_duality() { assert_check(run_generated(gen::dtensor_program()), "duality"); }
 
+// Every body value's variant and reduced axes are what the LTensor rules give it (the
+// generator's own model of them).
+void assert_labels(const CheckedRun& run, const std::map<std::string, gen::BodyLabels>& labels,
+                   const nlohmann::json& doc) {
+  const nlohmann::json values = run.result.value("values", nlohmann::json::object());
+  for (const auto& [name, v] : values.items()) {
+    auto want = labels.find(name);
+    if (want == labels.end() || !v.contains("variant")) continue;
+    const gen::BodyLabels got{v["variant"].get<std::vector<std::string>>(), v["reduced"].get<std::vector<std::string>>()};
+    if (!(got == want->second)) {
+      latest_failure() = {doc, run.result["options"]};
+      RC_FAIL(name + " is variant over " + nlohmann::json(got.variant).dump() + " and reduced over " +
+              nlohmann::json(got.reduced).dump() + "; the LTensor rules give variant " +
+              nlohmann::json(want->second.variant).dump() + ", reduced " + nlohmann::json(want->second.reduced).dump());
+    }
+  }
+}
+
 void local_map_equivalence() {
-  CheckedRun run = run_generated(gen::local_map_program());
+  std::map<std::string, gen::BodyLabels> labels;
+  const nlohmann::json doc = gen::local_map_program({}, nullptr, &labels);
+  CheckedRun run = run_generated(doc);
   assert_check(run, "forward_equivalence");
   assert_check(run, "gradient_equivalence");
   assert_check(run, "variance_tracking");
+  assert_labels(run, labels, doc);
 }
 
 // Exclusivity at every LTensor: no body value is both variant and reduced over an axis (a
 // violation is an error of the run; the result's sets are checked too).
 void local_map_exclusivity() {
-  CheckedRun run = run_generated(gen::local_map_program());
+  std::map<std::string, gen::BodyLabels> labels;
+  const nlohmann::json doc = gen::local_map_program({}, nullptr, &labels);
+  CheckedRun run = run_generated(doc);
   if (run.result["status"] == "error") RC_FAIL("error: " + run.result["error"].dump());
   for (const auto& [name, v] : run.result["values"].items()) {
     if (!v.contains("variant")) continue;
@@ -145,6 +168,7 @@ void local_map_exclusivity() {
       for (const auto& b : v["reduced"])
         if (a == b) RC_FAIL(name + " is variant and reduced over " + a.get<std::string>());
   }
+  assert_labels(run, labels, doc);
 }
 
 // A local_map region and the same program in DTensor mode (collectives as redistributions)
@@ -335,8 +359,10 @@ bool makes_a_gradient_partial(const CheckedRun& run) {
   for (const auto& e : run.events) {
     if (e.phase == "backward" && (e.name == "partial_from_replicate" || e.name == "pad_to_partial")) return true;
     if (e.kind == "seed" && e.out_spec.find("P(sum)") != std::string::npos) {
-      for (const auto& p : run.result["values"][e.value]["placements"])
-        if (p == "Rd") return true;
+      const auto values = run.result.value("values", nlohmann::json::object());
+      if (values.contains(e.value))
+        for (const auto& p : values[e.value].value("placements", nlohmann::json::array()))
+          if (p == "Rd") return true;
     }
   }
   return false;
@@ -388,8 +414,9 @@ void placement_follows_rules() {
   if (run.result["status"] == "error") RC_FAIL("error: " + run.result["error"].dump());
   const Scenario sc = parse_scenario(doc, "<generated>");
   const bool union_policy = sc.options.reduced_propagation == ReducedPropagation::Union;
-  const auto& values = run.result["values"];
+  const nlohmann::json values = run.result.value("values", nlohmann::json::object());
   auto spec_of = [&](const std::string& name) {
+    if (!values.contains(name)) RC_FAIL("the result lists no value " + name);
     Spec s;
     for (const auto& p : values.at(name).at("placements")) s.push_back(parse_placement(p.get<std::string>()));
     return s;
@@ -445,9 +472,11 @@ const std::vector<Property>& property_catalog() {
        kernels_match_definitions},
       {"local_map_agrees_with_dtensor", "a local_map region and the same program in DTensor mode agree",
        local_map_agrees_with_dtensor},
-      {"local_map_equivalence", "random local_map bodies: values, gradients and variance tracking against the reference",
+      {"local_map_equivalence",
+       "random local_map bodies: values, gradients and variance tracking against the reference, labels by the LTensor rules",
        local_map_equivalence},
-      {"local_map_exclusivity", "no LTensor is variant and reduced over one axis", local_map_exclusivity},
+      {"local_map_exclusivity", "no LTensor is variant and reduced over one axis; labels by the LTensor rules",
+       local_map_exclusivity},
       {"placement_follows_rules", "every value's placement is what the rows and the Reduced policy give its operands",
        placement_follows_rules},
       {"reduced_never_costs_more", "a program with Rd computes what it computes with R, and never moves more bytes",
