@@ -397,7 +397,10 @@ const Family& family_of(const std::string& op) {
 const std::vector<RuleFamily>& rule_families() {
   static const std::vector<RuleFamily> names = [] {
     std::vector<RuleFamily> out;
-    for (const auto& f : registry()) out.push_back(f.names);
+    for (const auto& f : registry()) {
+      out.push_back(f.names);
+      out.back().arity = f.arity;
+    }
     return out;
   }();
   return names;

@@ -56,6 +56,7 @@ OpAttrs with_global_shape(const OpAttrs& attrs, const Shape& global_in);
 struct RuleFamily {
   std::string name;
   std::vector<std::string> ops;
+  size_t arity = 1;  // operands of each op
 };
 const std::vector<RuleFamily>& rule_families();
 

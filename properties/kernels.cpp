@@ -191,10 +191,10 @@ std::string where(const Mat& got, const Mat& want) {
 }  // namespace
 
 void kernels_match_definitions() {
-  std::vector<std::string> ops;
+  std::vector<std::pair<std::string, size_t>> ops;  // (op, arity)
   for (const auto& f : rule_families())
-    for (const auto& o : f.ops) ops.push_back(o);
-  const std::string op = *rc::gen::elementOf(ops);
+    for (const auto& o : f.ops) ops.emplace_back(o, f.arity);
+  const auto [op, arity] = *rc::gen::elementOf(ops);
   const int64_t m = *rc::gen::inRange<int64_t>(1, 5), k = *rc::gen::inRange<int64_t>(1, 5);
   OpAttrs a;
   a.value = *rc::gen::element(-2.0, -0.5, 0.0, 1.5, 3.0);
@@ -203,7 +203,6 @@ void kernels_match_definitions() {
   a.dim0 = *rc::gen::inRange<int64_t>(0, 2);
   a.dim1 = *rc::gen::inRange<int64_t>(0, 2);
   if (*rc::gen::arbitrary<bool>()) a = with_global_shape(a, {m, k});  // mean by the count, as ranks do
-  const size_t arity = op == "add" || op == "sub" || op == "mul" || op == "div" || op == "mm" ? 2 : 1;
   // Small integers as halves, so no relu sits at its kink; divisors kept away from zero.
   auto draw = [](int64_t rows, int64_t cols, bool positive) {
     Mat x = zeros(rows, cols);

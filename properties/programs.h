@@ -29,6 +29,13 @@ struct ProgramOptions {
 // Every op added to the file format joins this generator (and local_map_program) in the same change.
 nlohmann::json dtensor_program(const ProgramOptions& o = {});
 
+// One op of the file format (drawn among all, with its attributes) on operands laid out in every
+// placement per axis, P(max) and P(min) included (those operands without a gradient), then
+// loss = sum(op * c) with c of the result's shape in a random differentiable placement: every
+// row of every table meets operands of every kind, as DTensor's strategy validation does. A
+// divisor is initialized to ones (no zero, split unevenly over its Partial axes).
+nlohmann::json single_op_program();
+
 // A local_map program: the body is drawn with a DTensor reading of every body value (S(d) or
 // P(sum) are variant, R invariant, Rd reduced) so that its `reference` is the same program on
 // global tensors with every collective the identity. Body ops: every DTensor op (each where the
