@@ -1,6 +1,7 @@
 #include "properties/programs.h"
 
 #include <cmath>
+#include <numeric>
 #include <optional>
 #include <set>
 #include <string>
@@ -311,8 +312,11 @@ json dtensor_program(const ProgramOptions& o) {
   if (o.float32_randn) options["dtype"] = "float32";
   // strict too (JAX's rule): the generator draws no op whose operands it refuses.
   if (*rc::gen::inRange(0, 3) == 0) options["reduced_propagation"] = "strict";
-  const int64_t m = *rc::gen::inRange<int64_t>(1, 7), k = *rc::gen::inRange<int64_t>(1, 7),
-                n = *rc::gen::inRange<int64_t>(1, 7);
+  int64_t unit = 1;  // with `even`, extents are multiples of every axis size
+  if (o.even)
+    for (auto size : mesh.shape()) unit = std::lcm(unit, size);
+  auto extent = [&] { return o.even ? unit * *rc::gen::inRange<int64_t>(1, 3) : *rc::gen::inRange<int64_t>(1, 7); };
+  const int64_t m = extent(), k = extent(), n = extent();
   auto spec = [&](bool grad) {
     return *gen::spec(mesh, grad ? differentiable_placement(2) : any_placement(2));
   };
@@ -325,6 +329,7 @@ json dtensor_program(const ProgramOptions& o) {
                    json::array()};
   b.pool = {{"a", {m, k}, spec(true), true}, {"b", {k, n}, spec(true), true},
             {"c", {m, n}, spec(false), false}, {"d", {m, k}, spec(true), true}};
+  if (o.reduced) b.pool[0].spec[static_cast<size_t>(*rc::gen::inRange(0, mesh.ndim()))] = Placement::reduced();
   json inputs = json::array();
   for (const auto& v : b.pool) inputs.push_back(input(v.name, v.shape, v.spec, v.grad, o.float32_randn));
   const int count = *rc::gen::inRange(1, o.max_ops + 1);

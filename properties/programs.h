@@ -14,6 +14,8 @@ namespace meshsim::gen {
 struct ProgramOptions {
   int max_ops = 8;
   bool float32_randn = false;  // float32 with randn inputs (for the determinism property)
+  bool even = false;           // DTensor programs: every extent a multiple of every axis size
+  bool reduced = false;        // DTensor programs: input a is Rd over one axis at least
 };
 
 // A DTensor program: inputs a [m, k], b [k, n], d [m, k] (with gradients, any differentiable

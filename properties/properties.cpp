@@ -395,7 +395,10 @@ bool makes_a_gradient_partial(const CheckedRun& run) {
 // with uneven layouts, whose padded reduce_scatters can move more than an all_reduce. Under the intersection policy; under union an Rd and an R operand
 // give an Rd result whose gradient the R operand must all_reduce (docs/findings.md).
 void reduced_never_costs_more() {
-  nlohmann::json doc = gen::dtensor_program();
+  gen::ProgramOptions o;
+  o.even = true;
+  o.reduced = true;
+  nlohmann::json doc = gen::dtensor_program(o);
   doc["options"]["reduced_propagation"] = "intersection";
   const nlohmann::json plain = reduced_as_replicate(doc);
   const bool has_reduced = plain != doc;
