@@ -1,0 +1,86 @@
+#include "properties/program_parts.h"
+
+#include <cmath>
+
+#include <rapidcheck.h>
+
+#include "properties/generators.h"
+
+namespace meshsim::gen::parts {
+
+json op(const std::string& out, const std::string& name, std::vector<std::string> args, json extra) {
+  json d = {{"out", out}, {"op", name}, {"args", args}};
+  if (extra.is_object()) d.update(extra);  // `{}` makes a null
+  return d;
+}
+
+json input(const std::string& name, const Shape& shape, const Spec& spec, bool grad, bool randn) {
+  json d = {{"name", name}, {"shape", shape}, {"placements", spec_json(spec)}};
+  if (grad) d["requires_grad"] = true;
+  if (randn) d["init"] = "randn";
+  return d;
+}
+
+Mesh small_mesh() {
+  const int ndim = *rc::gen::weightedElement<int>({{8, 1}, {8, 2}, {1, 3}});
+  std::vector<std::string> axes;
+  std::vector<int64_t> sizes;
+  for (int a = 0; a < ndim; ++a) {
+    axes.push_back(std::string(1, static_cast<char>('a' + a)));
+    sizes.push_back(*rc::gen::inRange<int64_t>(1, ndim == 3 ? 3 : 5));
+  }
+  return Mesh(axes, sizes);
+}
+
+json draw_options(json base) {
+  base["redistribute"] = *rc::gen::element<std::string>("above_autograd", "below_autograd");
+  base["reduced_propagation"] = *rc::gen::element<std::string>("intersection", "union");
+  base["partial_from_replicate"] = *rc::gen::element<std::string>("divide", "rank0");
+  base["seed"] = *rc::gen::inRange<int>(0, 1000);
+  return base;
+}
+
+json live_ops(const json& ops, std::set<std::string> live) {
+  std::vector<json> kept;
+  for (auto it = ops.rbegin(); it != ops.rend(); ++it) {
+    if (!live.count((*it)["out"].get<std::string>())) continue;
+    for (const auto& a : (*it)["args"]) live.insert(a.get<std::string>());
+    kept.push_back(*it);
+  }
+  return json(std::vector<json>(kept.rbegin(), kept.rend()));
+}
+
+namespace {
+
+// Whether an op rounds on integer data (the oracle's exact_op, oracles/check.cpp, says the same).
+bool rounds(const std::string& name, const json& extra) {
+  if (name == "scale") {
+    const double v = std::abs(extra.value("value", 1.0));
+    int exponent = 0;
+    return !(v == std::trunc(v) || std::frexp(v, &exponent) == 0.5);
+  }
+  return name == "div" || name == "exp" || name == "mean" || name == "sin" || name == "softmax" || name == "tanh";
+}
+
+}  // namespace
+
+double operand_limit(const std::string& name) {
+  if (name == "exp") return 6;
+  if (name == "softmax") return 8;
+  if (name == "sin" || name == "tanh") return 64;
+  return kMaxBound;
+}
+
+bool within_bounds(const std::string& name, const json& extra, const std::vector<Operand>& xs, double bound,
+                   bool& rounded) {
+  rounded = rounds(name, extra);
+  for (const auto& x : xs) {
+    rounded |= x.rounded;
+    if (x.bound > operand_limit(name)) return false;
+    // relu has a kink at 0: a rounded value the oracle has at exactly 0 may be 1e-17 on the mesh.
+    if (name == "relu" && x.rounded) return false;
+  }
+  return std::isfinite(bound) && bound <= (rounded ? kMaxRoundedBound : kMaxBound);
+}
+
+}  // namespace meshsim::gen::parts
