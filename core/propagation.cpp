@@ -3,6 +3,7 @@
 #include <iomanip>
 #include <limits>
 #include <map>
+#include <mutex>
 #include <set>
 #include <sstream>
 #include <stdexcept>
@@ -16,6 +17,18 @@ namespace meshsim {
 
 // ---------------------------------------------------------------------------------------------
 // Row text form
+
+namespace {
+
+// The one copy of a rule text, for RuleRow::rule (interned once per text, at parse time).
+std::string_view intern_rule(const std::string& text) {
+  static std::mutex mutex;
+  static std::set<std::string> texts;
+  std::lock_guard<std::mutex> lock(mutex);
+  return *texts.insert(text).first;
+}
+
+}  // namespace
 
 std::string RuleRow::str() const {
   std::string out;
@@ -31,7 +44,7 @@ RuleRow RuleRow::parse(const std::string& text) {
   std::string item;
   while (std::getline(lhs, item, ',')) row.ins.push_back(parse_placement(item));
   row.out = parse_placement(text.substr(arrow + 2));
-  row.rule = row.str();
+  row.rule = intern_rule(row.str());
   return row;
 }
 
@@ -118,7 +131,7 @@ std::vector<RuleRow> parse_rows(const std::vector<RowText>& texts) {
     auto it = parsed.find(key);
     if (it == parsed.end()) {
       RuleRow row = RuleRow::parse(t.text);
-      if (!t.rule.empty()) row.rule = t.rule;
+      if (!t.rule.empty()) row.rule = intern_rule(t.rule);
       it = parsed.emplace(key, std::move(row)).first;
     }
     rows.push_back(it->second);
@@ -296,10 +309,13 @@ struct AxisGrad {
   Placement operand(size_t i) const { return as_rule_input(ins.at(i)); }
 };
 // A backward step on one axis: what the incoming gradient must be, the contribution's placement,
-// and the rule read ("mul S(d), S(d) -> S(d)": the table and its row), for rule coverage.
+// and the rule read (the table and its row, "mul S(d), S(d) -> S(d)"; or a branch), for coverage.
 struct Grad {
   Placement in, out;
-  std::string rule;
+  const char* table = nullptr;  // null for a branch of a family without a table
+  std::string_view row;
+
+  std::string rule() const { return (table ? std::string(table) + " " : std::string()) + std::string(row); }
 };
 
 // Among the rows of `table` whose operand `1 - g_pos` is `fixed` (any row when `fixed` is null),
@@ -318,10 +334,10 @@ Grad gradient_row(const char* table, const std::vector<RuleRow>& rows, size_t g_
   }
   if (!best) throw SemanticError(ErrorKind::IllegalRedistribute, "backward: no rule row for the gradient");
   const Placement& want = best->ins[g_pos];
-  return {same_for_rule(x.g, want) ? x.g : want, best->out, std::string(table) + " " + best->rule};
+  return {same_for_rule(x.g, want) ? x.g : want, best->out, table, best->rule};
 }
 
-Grad as_gradient(const AxisGrad& x) { return {x.g, x.g, "+-g, laid out as g"}; }
+Grad as_gradient(const AxisGrad& x) { return {x.g, x.g, nullptr, "+-g, laid out as g"}; }
 
 Grad own_table(const char* table, const std::vector<RuleRow>& rows, const AxisGrad& x) {
   return gradient_row(table, rows, 0, nullptr, x);
@@ -350,10 +366,11 @@ Grad mm_gradient(const AxisGrad& x) {
 
 Grad reduction_gradient(const AxisGrad& x) {
   const Placement& in = x.ins.at(0);
-  if (!in.is_shard()) return {x.g, x.g, "operand not sharded: g expanded, laid out as g"};
+  if (!in.is_shard()) return {x.g, x.g, nullptr, "operand not sharded: g expanded, laid out as g"};
   if (reduces(x.attrs, in.dim))
-    return {x.g.is_replicate() ? x.g : Placement::replicate(), in, "S(dim) reduced: g replicated, expanded to S(dim)"};
-  return {x.out, in, "S(d) kept: g laid out as the output, expanded to S(d)"};
+    return {x.g.is_replicate() ? x.g : Placement::replicate(), in, nullptr,
+            "S(dim) reduced: g replicated, expanded to S(dim)"};
+  return {x.out, in, nullptr, "S(d) kept: g laid out as the output, expanded to S(d)"};
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -499,7 +516,7 @@ ShardingDecision propagate(const std::string& op, const Mesh& mesh, const std::v
       if (!same_for_rule(specs[i][a], best->ins[i])) d.in_specs[i][a] = best->ins[i];
     d.out_spec[a] = best->out;
     d.rows.push_back(op + ": " + best->str());
-    if (coverage_sink()) cover("forward " + op + ": " + best->rule);
+    if (coverage_sink()) cover("forward " + op + ": " + std::string(best->rule));
   }
   return d;
 }
@@ -527,7 +544,7 @@ BackwardDecision backward_rule(const std::string& op, const Mesh& mesh,
     Grad g = family.backward(x);
     d.grad_in[a] = g.in;
     d.grad_out[a] = g.out;
-    if (coverage_sink()) cover("backward " + op + " d" + std::to_string(input) + ": " + g.rule);
+    if (coverage_sink()) cover("backward " + op + " d" + std::to_string(input) + ": " + g.rule());
   }
   return d;
 }
@@ -590,7 +607,8 @@ std::vector<CoverageRow> propagation_coverage() {
         for (const auto& a : attr_variants(rank)) {
           if (op == "softmax" && !a.dim) continue;
           for (const auto& row : f.rows(rank, a))
-            if (seen.insert("forward " + op + ": " + row.rule).second) forward.push_back({"forward " + op + ": " + row.rule, ""});
+            if (seen.insert("forward " + op + ": " + std::string(row.rule)).second)
+              forward.push_back({"forward " + op + ": " + std::string(row.rule), ""});
         }
       // Backward: every operand, forward placements, output placement and incoming gradient, on
       // rank-2 operands (attributes matter to the unary families only).
@@ -615,7 +633,7 @@ std::vector<CoverageRow> propagation_coverage() {
                 x.g = g;
                 std::string key;
                 try {
-                  key = "backward " + op + " d" + std::to_string(input) + ": " + f.backward(x).rule;
+                  key = "backward " + op + " d" + std::to_string(input) + ": " + f.backward(x).rule();
                 } catch (const SemanticError&) {
                   continue;
                 }

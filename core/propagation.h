@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/layout.h"
@@ -23,8 +24,9 @@ struct RuleRow {
   std::vector<Placement> ins;
   Placement out;
   // The row as its table writes it, shard dims by role: "S(d), S(d) -> S(d)" for every dim d
-  // alike, "S(dim) -> P(sum)" for the reduced dim. Rule coverage counts rows by this text.
-  std::string rule;
+  // alike, "S(dim) -> P(sum)" for the reduced dim. Rule coverage counts rows by this text. Interned
+  // (it lives as long as the program): rows are copied at every op and backward step, it is not.
+  std::string_view rule;
 
   std::string str() const;  // "S(0), R -> S(0)"
   static RuleRow parse(const std::string& text);  // throws std::invalid_argument

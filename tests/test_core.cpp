@@ -1200,7 +1200,7 @@ TEST(Coverage, UniverseHoldsEveryRowOnce) {
       OpAttrs a;
       a.dim = 1;
       for (const auto& row : rule_rows(op, {2, 2}, a))
-        EXPECT_TRUE(keys.count("forward " + op + ": " + row.rule)) << op << ": " << row.rule;
+        EXPECT_TRUE(keys.count("forward " + op + ": " + std::string(row.rule))) << op << ": " << row.rule;
     }
   EXPECT_TRUE(keys.count("redistribute: all_gather S -> Rd"));
   EXPECT_TRUE(keys.count("redistribute: pad_to_partial S -> P(sum) (gradient)"));
