@@ -188,7 +188,9 @@ since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }
 # 1. The scratch copy: files whose content changed are copied (with a fresh mtime, so that the
 # build sees them as newer than their objects); unchanged files are left alone; files gone from
 # the tree are removed.
-echo "== scratch copy: $src"
+# The tree as copied (the report names it; the working tree may move on while the run goes).
+tree_at="$(git rev-parse --short HEAD 2>/dev/null || echo '(no commit)')$(git diff --quiet HEAD 2>/dev/null || echo ' with local changes')"
+echo "== scratch copy: $src ($tree_at)"
 copied=0
 declare -A listed=()
 while IFS= read -r -d '' f; do
@@ -323,7 +325,7 @@ report=$dir/report.md
   echo
   echo "Each mutation: \`meshsim check --seed $seed --cases $cases\` under a ${timeout_s} s timeout;" \
     "baseline build ${baseline_build} s, baseline check ${baseline_check} s; tree at" \
-    "$(git rev-parse --short HEAD 2>/dev/null || echo '(no commit)')$(git diff --quiet HEAD 2>/dev/null || echo ' with local changes')."
+    "$tree_at."
   echo
   echo "| id | class | file | outcome | failing properties | build s | check s |"
   echo "|---|---|---|---|---|---|---|"
