@@ -415,6 +415,7 @@ json local_map_program(const ProgramOptions& o, json* twin, std::map<std::string
   json inputs = {input("x", {m, k}, sx, true, o.float32_randn), input("w", {k, n}, sw, true, o.float32_randn),
                  input("z", {m, k}, sz, true, o.float32_randn)};
   b.pool = {entered("x", {m, k}, sx), entered("w", {k, n}, sw), entered("z", {m, k}, sz)};
+  for (auto& v : b.pool) v.rounded = mesh_rounds(b.mesh);
   const int count = *rc::gen::inRange(1, o.max_ops + 1);
   for (int i = 0; i < count; ++i) b.step();
   // Return the latest value whose label agrees with its reading.

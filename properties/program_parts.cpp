@@ -64,6 +64,12 @@ bool rounds(const std::string& name, const json& extra) {
 
 }  // namespace
 
+bool mesh_rounds(const Mesh& mesh) {
+  for (auto n : mesh.shape())
+    if ((n & (n - 1)) != 0) return true;
+  return false;
+}
+
 double operand_limit(const std::string& name) {
   if (name == "exp") return 6;
   if (name == "softmax") return 8;

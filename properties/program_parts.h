@@ -52,6 +52,11 @@ struct Operand {
 // `rounded` receives whether the result is rounded.
 bool within_bounds(const std::string& name, const json& extra, const std::vector<Operand>& xs, double bound,
                    bool& rounded);
+// Whether a mesh makes integer data round: an axis size that is not a power of two divides inexactly
+// (P(avg), R -> P(sum) divided); the oracle then compares within 1e-12 (oracles/check.cpp), and
+// every generated value counts as rounded (so, for one, relu never meets a value the oracle has at
+// exactly 0 and the mesh at 1e-17).
+bool mesh_rounds(const Mesh& mesh);
 // The largest operand bound an op takes (exp, softmax, sin, tanh take small ones).
 double operand_limit(const std::string& name);
 
