@@ -22,34 +22,6 @@ nlohmann::json placements_json(const Spec& spec) {
   return out;
 }
 
-// Ops whose results on integer data are integers (sums, products, maxima and moves of data), so
-// that the mesh and the oracle agree bit for bit whatever the order of the sums. Every other op
-// rounds: exp, tanh, sin and softmax are transcendental, div and mean divide (mean by the global
-// count, each rank its own part), and a new op is inexact until it is listed here.
-bool exact_op(const OpDecl& op) {
-  static const std::set<std::string> exact = {
-      "redistribute", "add", "sub", "mul", "neg", "relu", "mm", "transpose", "sum",
-      // local_map body ops; all_reduce(avg) divides by its group size, checked with the mesh.
-      "all_reduce", "all_gather", "reduce_scatter", "all_to_all", "mark_varying"};
-  // Built-in Functions: x * x, and a sum over the group.
-  static const std::set<std::string> exact_functions = {"local_square", "opaque_all_reduce",
-                                                        "opaque_all_reduce_unregistered"};
-  if (op.op == "scale") {
-    // An integer, or a power of two (0.5, 0.25): the product of an integer by it is exact.
-    const double v = op.attrs.value("value", 0.0);
-    int exponent = 0;
-    return std::isfinite(v) && (v == std::trunc(v) || std::abs(std::frexp(v, &exponent)) == 0.5);
-  }
-  if (op.op == "call") return exact_functions.count(op.attrs.value("function", "")) > 0;
-  if (op.op == "local_map") {
-    for (const auto* ops : {&op.body, &op.reference})
-      for (const auto& b : *ops)
-        if (!exact_op(b)) return false;
-    return true;
-  }
-  return exact.count(op.op) > 0;
-}
-
 // The larger of two errors, NaN winning (std::max would drop it).
 double worse(double a, double b) {
   return std::isnan(a) || std::isnan(b) ? std::numeric_limits<double>::quiet_NaN() : std::max(a, b);
@@ -244,6 +216,34 @@ void compare(const Scenario& sc, const RunOptions& options, const SimRun& run, c
 }
 
 }  // namespace
+
+// Ops whose results on integer data are integers (sums, products, maxima and moves of data), so
+// that the mesh and the oracle agree bit for bit whatever the order of the sums. Every other op
+// rounds: exp, tanh, sin and softmax are transcendental, div and mean divide (mean by the global
+// count, each rank its own part), and a new op is inexact until it is listed here.
+bool exact_op(const OpDecl& op) {
+  static const std::set<std::string> exact = {
+      "redistribute", "add", "sub", "mul", "neg", "relu", "mm", "transpose", "sum",
+      // local_map body ops; all_reduce(avg) divides by its group size, checked with the mesh.
+      "all_reduce", "all_gather", "reduce_scatter", "all_to_all", "mark_varying"};
+  // Built-in Functions: x * x, and a sum over the group.
+  static const std::set<std::string> exact_functions = {"local_square", "opaque_all_reduce",
+                                                        "opaque_all_reduce_unregistered"};
+  if (op.op == "scale") {
+    // An integer, or a power of two (0.5, 0.25): the product of an integer by it is exact.
+    const double v = op.attrs.value("value", 0.0);
+    int exponent = 0;
+    return std::isfinite(v) && (v == std::trunc(v) || std::abs(std::frexp(v, &exponent)) == 0.5);
+  }
+  if (op.op == "call") return exact_functions.count(op.attrs.value("function", "")) > 0;
+  if (op.op == "local_map") {
+    for (const auto* ops : {&op.body, &op.reference})
+      for (const auto& b : *ops)
+        if (!exact_op(b)) return false;
+    return true;
+  }
+  return exact.count(op.op) > 0;
+}
 
 double comparison_tolerance(const Scenario& sc, const RunOptions& options) {
   if (options.dtype == DType::Float32) return 1e-4;

@@ -28,4 +28,8 @@ CheckedRun check_scenario(const Scenario& sc, const RunOptions& options);
 // a power of two); else 1e-12, and 1e-4 in float32.
 double comparison_tolerance(const Scenario& sc, const RunOptions& options);
 
+// Whether an op's results on integer data are integers (exact in any order of the sums); the
+// generators use it too, to keep rounded values away from relu's kink and large magnitudes.
+bool exact_op(const OpDecl& op);
+
 }  // namespace meshsim

@@ -4,6 +4,7 @@
 
 #include <rapidcheck.h>
 
+#include "oracles/check.h"
 #include "properties/generators.h"
 
 namespace meshsim::gen::parts {
@@ -50,19 +51,6 @@ json live_ops(const json& ops, std::set<std::string> live) {
   return json(std::vector<json>(kept.rbegin(), kept.rend()));
 }
 
-namespace {
-
-// Whether an op rounds on integer data (the oracle's exact_op, oracles/check.cpp, says the same).
-bool rounds(const std::string& name, const json& extra) {
-  if (name == "scale") {
-    const double v = std::abs(extra.value("value", 1.0));
-    int exponent = 0;
-    return !(v == std::trunc(v) || std::frexp(v, &exponent) == 0.5);
-  }
-  return name == "div" || name == "exp" || name == "mean" || name == "sin" || name == "softmax" || name == "tanh";
-}
-
-}  // namespace
 
 bool mesh_rounds(const Mesh& mesh) {
   for (auto n : mesh.shape())
@@ -79,7 +67,10 @@ double operand_limit(const std::string& name) {
 
 bool within_bounds(const std::string& name, const json& extra, const std::vector<Operand>& xs, double bound,
                    bool& rounded) {
-  rounded = rounds(name, extra);
+  OpDecl decl;
+  decl.op = name;
+  decl.attrs = extra;
+  rounded = !exact_op(decl);  // the oracle's own list of ops exact on integers
   for (const auto& x : xs) {
     rounded |= x.rounded;
     if (x.bound > operand_limit(name)) return false;
