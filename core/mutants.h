@@ -15,8 +15,12 @@ enum class Mutant {
   AllReduceBackwardAllReduces,     // local_map: all_reduce(sum)'s backward all_reduces again
   AllToAllBackwardUnswapped,       // local_map: all_to_all's backward does not swap the dims
   BelowAutogradSkipsBackward,      // below autograd: the op's gradient is not moved to the cotangent
+  BmmBatchShardDroppedBackward,    // bmm/matmul: a batch-dim shard of an operand's gradient labelled R
+  BroadcastGradNotSummed,          // a broadcast operand's gradient not summed over the ranks sharding its broadcast dims
+  CatShardedDimNotGathered,        // cat along a sharded dim concatenates the chunks without gathering
   CotangentPsumAsR,                // the cotangent of P(sum) taken as R
   CotangentRdAsR,                  // the cotangent of Rd taken as R
+  FlattenKeepsInnerShard,          // a view keeps a shard of a non-leading dim of a merged group
   Float32RandomReductionOrder,     // collectives reduce float32 in a hidden random order
   MarkVaryingForReduced,           // local_map: mark_varying instead of the reduced -> varying cast
   MissingMarkVarying,              // local_map: an invariant input is not marked varying
@@ -29,6 +33,7 @@ enum class Mutant {
   ReduceScatterBackwardWrongDim,   // local_map: reduce_scatter's backward gathers along another dim
   ReducedLabelDropped,             // the Reduced policy does not restore Rd when every operand is Rd
   StrategyRegistryIgnored,         // variance-tracking strategies are ignored
+  StridedGatheredPlain,            // a strided shard all_gathered in plain-shard order (no interleave)
   UnevenArraySplit,                // collectives chunk uneven dims as numpy.array_split
 };
 

@@ -26,7 +26,9 @@ ReduceOp parse_reduce_op(std::string_view text) {
 
 std::string Placement::str() const {
   switch (kind) {
-    case Kind::Shard: return "S(" + std::to_string(dim) + ")";
+    case Kind::Shard:
+      if (split > 1) return "SS(" + std::to_string(dim) + "," + std::to_string(split) + ")";
+      return "S(" + std::to_string(dim) + ")";
     case Kind::Replicate: return "R";
     case Kind::Partial: return std::string("P(") + reduce_op_name(op) + ")";
     case Kind::Reduced: return "Rd";
@@ -36,7 +38,10 @@ std::string Placement::str() const {
 
 std::string Placement::pytorch_str() const {
   switch (kind) {
-    case Kind::Shard: return "Shard(dim=" + std::to_string(dim) + ")";
+    case Kind::Shard:
+      if (split > 1)
+        return "_StridedShard(dim=" + std::to_string(dim) + ", split_factor=" + std::to_string(split) + ")";
+      return "Shard(dim=" + std::to_string(dim) + ")";
     case Kind::Replicate: return "Replicate()";
     case Kind::Partial: return std::string("Partial(") + reduce_op_name(op) + ")";
     case Kind::Reduced: return "Reduced()";
@@ -73,15 +78,31 @@ std::string_view strip_keyword(std::string_view arg, std::string_view key) {
   return trim(arg.substr(eq + 1));
 }
 
-int64_t parse_dim(std::string_view arg) {
-  if (arg.empty()) throw std::invalid_argument("missing shard dim");
+// A decimal integer in [-limit, limit] (a sign only where `negative` allows it).
+int64_t parse_int(std::string_view arg, int64_t limit, bool negative, const char* what) {
+  const bool minus = negative && !arg.empty() && arg.front() == '-';
+  if (minus) arg.remove_prefix(1);
+  if (arg.empty()) throw std::invalid_argument(std::string("missing ") + what);
   int64_t v = 0;
   for (char c : arg) {
-    if (!std::isdigit(static_cast<unsigned char>(c))) throw std::invalid_argument("bad shard dim");
+    if (!std::isdigit(static_cast<unsigned char>(c))) throw std::invalid_argument(std::string("bad ") + what);
     v = v * 10 + (c - '0');
-    if (v > 64) throw std::invalid_argument("shard dim out of range");
+    if (v > limit) throw std::invalid_argument(std::string(what) + " out of range");
   }
-  return v;
+  return minus ? -v : v;
+}
+
+// Shard dims: -64..64 (negative ones count from the end).
+int64_t parse_dim(std::string_view arg) { return parse_int(arg, 64, true, "shard dim"); }
+
+// "d, k", "dim=d, split_factor=k" (either keyword optional) -> SS(d, k); a split of 1 is S(d).
+Placement parse_strided(std::string_view arg) {
+  auto comma = arg.find(',');
+  if (comma == std::string_view::npos) throw std::invalid_argument("expected a dim and a split factor");
+  int64_t dim = parse_dim(strip_keyword(trim(arg.substr(0, comma)), "dim"));
+  int64_t split = parse_int(strip_keyword(trim(arg.substr(comma + 1)), "split_factor"), 65536, false, "split factor");
+  if (split < 1) throw std::invalid_argument("split factor must be at least 1");
+  return split == 1 ? Placement::shard(dim) : Placement::strided_shard(dim, split);
 }
 
 }  // namespace
@@ -94,6 +115,10 @@ Placement parse_placement(std::string_view raw) {
     if (name == "S" || name == "Shard") {
       if (!parens) throw std::invalid_argument("missing shard dim");
       return Placement::shard(parse_dim(strip_keyword(arg, "dim")));
+    }
+    if (name == "SS" || name == "_StridedShard" || name == "StridedShard") {
+      if (!parens) throw std::invalid_argument("missing dim and split factor");
+      return parse_strided(arg);
     }
     if (name == "R" || name == "Replicate") {
       if (!arg.empty()) throw std::invalid_argument("Replicate takes no argument");
@@ -118,8 +143,8 @@ Placement parse_placement(std::string_view raw) {
     throw std::invalid_argument("unknown placement");
   } catch (const std::invalid_argument& e) {
     throw std::invalid_argument("bad placement \"" + std::string(raw) + "\": " + e.what() +
-                                " (expected S(d), R, P(sum|avg|max|min), Rd or the PyTorch "
-                                "spellings Shard(d), Replicate(), Partial(), Reduced())");
+                                " (expected S(d), SS(d,k), R, P(sum|avg|max|min), Rd or the PyTorch "
+                                "spellings Shard(d), _StridedShard(d, k), Replicate(), Partial(), Reduced())");
   }
 }
 
@@ -139,6 +164,12 @@ std::vector<Placement> all_placements(int64_t max_dim) {
   for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min})
     out.push_back(Placement::partial(op));
   out.push_back(Placement::reduced());
+  return out;
+}
+
+std::vector<Placement> all_placements_with_strided(int64_t max_dim, int64_t split) {
+  std::vector<Placement> out = all_placements(max_dim);
+  for (int64_t d = 0; d < max_dim; ++d) out.push_back(Placement::strided_shard(d, split));
   return out;
 }
 

@@ -35,17 +35,28 @@ struct RuleRow {
 // Op attributes the rules need (from the scenario's op object). Dims may be negative, counted
 // from the end as in PyTorch; the rules wrap them by the operand's rank.
 struct OpAttrs {
-  std::optional<int64_t> dim;  // sum, mean (absent: every dim); softmax (required)
-  bool keepdim = false;        // sum, mean
-  double value = 1.0;          // scale
+  std::optional<int64_t> dim;  // sum, mean, amax, amin (absent: every dim); softmax, cat, stack, narrow,
+                               // unflatten, unsqueeze, squeeze (absent: every size-1 dim)
+  std::vector<int64_t> dims;   // sum, mean, amax, amin: `dim` given as a list ([]: every dim); permute
+  bool dims_given = false;     // `dims` holds the reduced dims (a list was given)
+  bool keepdim = false;        // sum, mean, amax, amin
+  double value = 1.0;          // scale; binary ops: the scalar operand (then `scalar` is set)
+  bool scalar = false;         // binary ops: the second operand is the constant `value`
   int64_t dim0 = 0, dim1 = 0;  // transpose
+  std::vector<int64_t> shape;  // view, reshape, expand (-1: inferred, or kept by expand)
+  std::vector<int64_t> sizes;  // unflatten
+  int64_t start_dim = 0, end_dim = -1;  // flatten
+  int64_t start = 0, length = 0;        // narrow
   // mean: the number of global elements each output element averages. Set by with_global_shape()
   // for the per-rank op, which then computes local_sum / mean_divisor: over a sharded dim the ranks'
   // results add up to the global mean (the rows make that shard P(sum)), even for uneven shards.
   // Absent (the single-device oracle, whose operand is the global tensor): at::mean.
   std::optional<int64_t> mean_divisor;
+  // View ops on a rank: the local shape of the result (set by the runtime from the output's
+  // layout); absent: the global shape the op describes.
+  std::optional<std::vector<int64_t>> local_shape;
 
-  // Every field, for cache keys and messages: "dim=1 keepdim=0 value=1 dim0=0 dim1=0 divisor=-".
+  // Every field, for cache keys and messages.
   std::string str() const;
 };
 
@@ -58,7 +69,7 @@ OpAttrs with_global_shape(const OpAttrs& attrs, const Shape& global_in);
 struct RuleFamily {
   std::string name;
   std::vector<std::string> ops;
-  size_t arity = 1;  // operands of each op
+  size_t arity = 1;  // operands of each op; 0: any number (cat, stack)
 };
 const std::vector<RuleFamily>& rule_families();
 
@@ -67,6 +78,12 @@ const std::vector<RuleFamily>& rule_families();
 // range.
 std::vector<RuleRow> rule_rows(const std::string& op, const std::vector<int64_t>& ranks,
                                const OpAttrs& attrs);
+// The same for operands of the given shapes (broadcasting, views and matmuls depend on them).
+std::vector<RuleRow> rule_rows_for(const std::string& op, const std::vector<Shape>& shapes, const OpAttrs& attrs);
+
+// The view ops (view, reshape, flatten, unflatten, squeeze, unsqueeze, expand): their per-rank
+// result shape is the local layout of the output, which the runtime passes as local_shape.
+bool is_view_op(const std::string& op);
 
 // The shape of an op's result; throws SemanticError(ShapeMismatch) naming the op.
 Shape infer_shape(const std::string& op, const std::vector<Shape>& in_shapes, const OpAttrs& attrs);

@@ -37,6 +37,7 @@ std::string RedistStep::str() const {
   if (kind == StepKind::AllGather || kind == StepKind::ReduceScatter ||
       kind == StepKind::LocalChunk || kind == StepKind::PadToPartial)
     out += ", dim=" + std::to_string(dim);
+  if (split_factor > 1) out += ", split=" + std::to_string(split_factor);
   if (kind == StepKind::AllToAll)
     out += ", split=" + std::to_string(split_dim) + ", concat=" + std::to_string(concat_dim);
   if (kind == StepKind::AllReduce || kind == StepKind::ReduceScatter)
@@ -72,6 +73,8 @@ struct Planner {
   const PlanOptions& options;
   Spec cur;
   std::vector<RedistStep> steps;
+  // Per axis: whether it is the outer axis of a nested strided shard (see nested_strided).
+  std::vector<bool> nested;
 
   void emit(RedistStep s) {
     s.from = cur[s.axis];
@@ -84,14 +87,25 @@ struct Planner {
   // that shards d changes (the nesting order of chunks stays valid); if it is Partial, no inner
   // axis with a Partial that does not commute with it is reduced (the global value reduces the
   // outer Partial axes first, so the outer one is reduced too and made Partial again after).
-  std::vector<bool> kept() const {
+  //
+  // The one exception is a nested strided shard (FSDP over TP): an inner plain S(d) stays in place
+  // when the outer axis of d that changes is nested_strided (fills `nested`).
+  std::vector<bool> kept() {
     std::vector<bool> keep(from.size(), false);
+    nested.assign(from.size(), false);
     for (size_t a = 0; a < from.size(); ++a) {
-      if (from[a] != to[a]) continue;
+      if (from[a] != to[a]) {
+        if (nested_strided(a)) {
+          nested[a] = true;
+          for (size_t b = 0; b < a; ++b)
+            if (touches(from, to, b, from[a].is_shard() ? from[a].dim : to[a].dim) && !keep[b]) nested[a] = false;
+        }
+        continue;
+      }
       bool ok = true;
       if (from[a].is_shard())
         for (size_t b = 0; b < a; ++b)
-          if (touches(from, to, b, from[a].dim) && !keep[b]) ok = false;
+          if (touches(from, to, b, from[a].dim) && !keep[b] && !nested[b]) ok = false;
       keep[a] = ok;
     }
     for (size_t a = from.size(); a-- > 0;) {
@@ -102,6 +116,49 @@ struct Planner {
           keep[a] = false;
     }
     return keep;
+  }
+
+  // Axis a goes between SS(d,k) and R or Rd (either way), or from a Partial to SS(d,k); every inner
+  // axis that touches d is S(d) in both specs, and k is the product of their sizes. Then the rank's
+  // sub-chunks of the k pieces are exactly the inner axes' chunks, so those stay in place and axis a
+  // moves alone with split factor 1: SS(d,k) over dp nested over S(d) over tp is FSDP2 over TP.
+  // (The caller also asks that every outer axis of d is kept.)
+  bool nested_strided(size_t a) const {
+    const Placement &f = from[a], &t = to[a];
+    if (f == t || f.is_strided() == t.is_strided()) return false;
+    const Placement& ss = f.is_strided() ? f : t;
+    const Placement& other = f.is_strided() ? t : f;
+    if (other.is_shard() || (other.is_partial() && f.is_strided())) return false;  // SS -> P: a gradient's pad
+    int64_t m = 1;
+    for (size_t b = a + 1; b < from.size(); ++b) {
+      if (!touches(from, to, b, ss.dim)) continue;
+      if (from[b] != Placement::shard(ss.dim) || to[b] != from[b]) return false;
+      m *= mesh.axis_size(static_cast<int>(b));
+    }
+    return m == ss.split;
+  }
+
+  // The split factor of a step on axis a whose strided side is p: the pieces whose sub-chunks the
+  // local holds now, k over the sizes of the inner axes that plainly shard p.dim now.
+  int64_t split_for(int a, const Placement& p) const {
+    if (!p.is_strided()) return 1;
+    int64_t m = 1;
+    for (size_t b = static_cast<size_t>(a) + 1; b < cur.size(); ++b) {
+      if (!cur[b].is_shard() || cur[b].dim != p.dim) continue;
+      if (cur[b].is_strided())
+        throw SemanticError(ErrorKind::IllegalRedistribute,
+                            "redistribute " + spec_str(from) + " -> " + spec_str(to) + ": mesh axis " + std::to_string(a) +
+                                ": " + p.str() + " would move under the strided " + cur[b].str() +
+                                " of mesh axis " + std::to_string(b) + ", which meshsim does not plan");
+      m *= mesh.axis_size(static_cast<int>(b));
+    }
+    if (p.split % m != 0)
+      throw SemanticError(ErrorKind::IllegalRedistribute,
+                          "redistribute " + spec_str(from) + " -> " + spec_str(to) + ": mesh axis " + std::to_string(a) +
+                              ": " + p.str() + " is nested over inner mesh axes that shard dim " + std::to_string(p.dim) +
+                              " " + std::to_string(m) + " ways, which does not divide its split factor " +
+                              std::to_string(p.split));
+    return p.split / m;
   }
 
   // Whether a Partial axis must be reduced because an inner Partial that does not commute with it
@@ -125,11 +182,12 @@ struct Planner {
     return true;
   }
 
+  // Inner axes that shard d are allowed only under a nested strided target (they are kept then).
   bool reduce_scatter_allowed(size_t a, int64_t d) const {
     for (size_t b = 0; b < a; ++b)
       if (to[b].is_shard() && to[b].dim == d && cur[b] != to[b]) return false;
     for (size_t b = a + 1; b < cur.size(); ++b)
-      if (cur[b].is_shard() && cur[b].dim == d) return false;
+      if (cur[b].is_shard() && cur[b].dim == d && !nested[a]) return false;
     return true;
   }
 
@@ -144,7 +202,7 @@ struct Planner {
       const int64_t d = cur[a].dim;
       RedistStep s;
       s.axis = a;
-      if (t.is_shard() && all_to_all_allowed(a, d, t.dim)) {
+      if (t.is_shard() && !t.is_strided() && !cur[a].is_strided() && all_to_all_allowed(a, d, t.dim)) {
         s.kind = StepKind::AllToAll;
         s.split_dim = t.dim;
         s.concat_dim = d;
@@ -152,10 +210,12 @@ struct Planner {
       } else if (t.is_partial()) {  // gradients only: legality was checked
         s.kind = StepKind::PadToPartial;
         s.dim = d;
+        s.split_factor = split_for(a, cur[a]);
         s.to = t;
       } else {
         s.kind = StepKind::AllGather;
         s.dim = d;
+        s.split_factor = split_for(a, cur[a]);
         s.to = t.is_reduced() ? Placement::reduced() : Placement::replicate();
       }
       emit(s);
@@ -176,6 +236,7 @@ struct Planner {
       } else if (t.is_shard() && reduce_scatter_allowed(a, t.dim)) {
         s.kind = StepKind::ReduceScatter;
         s.dim = t.dim;
+        s.split_factor = split_for(a, t);
         s.to = t;
       } else {
         s.kind = StepKind::AllReduce;
@@ -193,6 +254,7 @@ struct Planner {
       if (t.is_shard()) {
         s.kind = StepKind::LocalChunk;
         s.dim = t.dim;
+        s.split_factor = split_for(a, t);
       } else if (t.is_partial()) {
         s.kind = StepKind::PartialFromReplicate;
         s.op = t.op;
@@ -222,7 +284,7 @@ std::vector<RedistStep> plan_redistribute(const Mesh& mesh, const Spec& from, co
   if (!why.empty())
     throw SemanticError(ErrorKind::IllegalRedistribute,
                         "redistribute " + spec_str(from) + " -> " + spec_str(to) + ": " + why);
-  Planner p{mesh, from, to, options, {}, {}};
+  Planner p{mesh, from, to, options, {}, {}, {}};
   p.run();
   if (coverage_sink())
     for (const auto& s : p.steps) cover(coverage_key(s, options.gradient));
@@ -251,7 +313,8 @@ std::string unreachable_step(StepKind kind, const Placement& from, const Placeme
   if (kind == StepKind::Relabel && from.is_partial() && from.op == ReduceOp::Avg && to.is_shard())
     return "on an axis of size 1 every row costs nothing and ties go to the earlier row: an operand sharded there "
            "fits the shard rows, which come before the rows that give a P(avg) contribution (R, P(avg) of mul "
-           "and mm), so no P(avg) gradient has a sharded source there";
+           "and mm), so no P(avg) gradient has a sharded source there (a strided shard over an axis of size 1, "
+           "which fits no row, could: the generators draw none there, as it holds the whole dim)";
   if (from.is_reduced() && to.is_shard())
     return "a gradient laid out Rd is the cotangent of a Partial output; the rows that give one take Partial or "
            "replicated operands, so neither a backward row nor a hook asks it for a shard";

@@ -34,13 +34,19 @@ struct RedistStep {
   int axis = 0;
   Placement from, to;
   int64_t dim = 0;         // AllGather, ReduceScatter, LocalChunk, PadToPartial
+  // AllGather, ReduceScatter, LocalChunk, PadToPartial with a strided shard (SS(dim, k)) on the
+  // strided side: the number of pieces whose sub-chunks the rank's local holds along `dim` (k over
+  // the sizes of the inner axes that plainly shard `dim` then). An all_gather gathers then reorders
+  // member-major to piece-major; a local_chunk keeps the rank's sub-chunk of each piece; a
+  // reduce_scatter reorders piece-major to member-major first. 1 for plain steps.
+  int64_t split_factor = 1;
   int64_t split_dim = 0;   // AllToAll: the dim the sender splits (the target shard dim)
   int64_t concat_dim = 0;  // AllToAll: the dim the receiver concatenates (the source shard dim)
   ReduceOp op = ReduceOp::Sum;  // AllReduce, ReduceScatter, PartialFromReplicate
   PartialFromReplicate convention = PartialFromReplicate::Divide;
 
   bool communicates() const;
-  std::string str() const;  // "all_gather(dp, dim=0): S(0) -> Rd"
+  std::string str() const;  // "all_gather(axis 0, dim=0): S(0) -> Rd", "..., dim=0, split=2): SS(0,2) -> R"
 };
 
 struct PlanOptions {
@@ -51,9 +57,13 @@ struct PlanOptions {
 };
 
 // Axis by axis: first unshard the axes that change, innermost first (all_to_all where no other
-// axis shards either dim); then reduce Partials (reduce_scatter where the outer sharding of the
-// dim is already in place, else all_reduce); then shard and relabel, outermost first. The plan is
-// a pure function of its arguments. Steps over an axis of size 1 are Relabel.
+// axis shards either dim and neither side is strided); then reduce Partials (reduce_scatter where
+// the outer sharding of the dim is already in place, else all_reduce); then shard and relabel,
+// outermost first. A strided shard is gathered, reduce_scattered to and chunked to as a shard of
+// its dim (split_factor set); inner plain S(d) axes stay in place when the one outer axis of d that
+// changes goes between SS(d,k) and R, Rd or (to SS) a Partial, and k is the product of their sizes
+// (FSDP over TP: one collective). The plan is a pure function of its arguments. Steps over an axis
+// of size 1 are Relabel. Specs must be normalized (no negative dim).
 std::vector<RedistStep> plan_redistribute(const Mesh& mesh, const Spec& from, const Spec& to,
                                           const PlanOptions& options = {});
 

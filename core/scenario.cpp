@@ -103,7 +103,7 @@ std::string mutant_option(const json& value) {
 
 // ---- the op table: arity and attributes of every contract-2 op ----
 
-enum class AttrType { Int, Number, Bool, Spec, Axis, String, Any };
+enum class AttrType { Int, Ints, IntOrInts, Number, Bool, Spec, Axis, String, Any };
 
 struct AttrRule {
   const char* key;
@@ -113,18 +113,28 @@ struct AttrRule {
 
 struct OpRule {
   const char* name;
-  int arity;  // -1: any number of args
+  int arity;  // -1: one or more args (local_map: any number)
   std::vector<AttrRule> attrs;
   bool implemented;
+  int max_arity = -2;  // -2: exactly `arity`; else the most args (linear's bias)
 };
 
 const std::vector<OpRule>& op_rules() {
-  static const std::vector<AttrRule> reduction = {{"dim", AttrType::Int, false},
+  static const std::vector<AttrRule> reduction = {{"dim", AttrType::IntOrInts, false},
                                                   {"keepdim", AttrType::Bool, false}};
+  // A binary op's second operand may be the scalar `value` instead (then it takes one arg).
+  static const std::vector<AttrRule> binary = {{"value", AttrType::Number, false}};
   static const std::vector<OpRule> rules = {
-      {"add", 2, {}, true},
-      {"div", 2, {}, true},
+      {"add", 2, binary, true},
+      {"amax", 1, reduction, true},
+      {"amin", 1, reduction, true},
+      {"bmm", 2, {}, true},
+      {"cat", -1, {{"dim", AttrType::Int, true}}, true},
+      {"div", 2, binary, true},
       {"exp", 1, {}, true},
+      {"expand", 1, {{"shape", AttrType::Ints, true}}, true},
+      {"flatten", 1, {{"start_dim", AttrType::Int, false}, {"end_dim", AttrType::Int, false}}, true},
+      {"linear", 2, {}, true, 3},
       {"local_map",
        -1,
        {{"in_placements", AttrType::Any, false},
@@ -133,19 +143,28 @@ const std::vector<OpRule>& op_rules() {
         {"returns", AttrType::Any, true},
         {"reference", AttrType::Any, false}},
        true},
+      {"matmul", 2, {}, true},
       {"mean", 1, reduction, true},
       {"mm", 2, {}, true},
-      {"mul", 2, {}, true},
+      {"mul", 2, binary, true},
+      {"narrow", 1, {{"dim", AttrType::Int, true}, {"start", AttrType::Int, true}, {"length", AttrType::Int, true}}, true},
       {"neg", 1, {}, true},
+      {"permute", 1, {{"dims", AttrType::Ints, true}}, true},
       {"redistribute", 1, {{"placements", AttrType::Spec, true}}, true},
       {"relu", 1, {}, true},
+      {"reshape", 1, {{"shape", AttrType::Ints, true}}, true},
       {"scale", 1, {{"value", AttrType::Number, true}}, true},
       {"sin", 1, {}, true},
       {"softmax", 1, {{"dim", AttrType::Int, true}}, true},
-      {"sub", 2, {}, true},
+      {"squeeze", 1, {{"dim", AttrType::Int, false}}, true},
+      {"stack", -1, {{"dim", AttrType::Int, true}}, true},
+      {"sub", 2, binary, true},
       {"sum", 1, reduction, true},
       {"tanh", 1, {}, true},
       {"transpose", 1, {{"dim0", AttrType::Int, true}, {"dim1", AttrType::Int, true}}, true},
+      {"unflatten", 1, {{"dim", AttrType::Int, true}, {"sizes", AttrType::Ints, true}}, true},
+      {"unsqueeze", 1, {{"dim", AttrType::Int, true}}, true},
+      {"view", 1, {{"shape", AttrType::Ints, true}}, true},
   };
   return rules;
 }
@@ -371,9 +390,20 @@ class ScenarioParser {
     std::string placements = child(path, "placements");
     decl.placements = r_.spec(r_.field(in, path, "placements"), placements, s_.mesh);
     r_.check_shape(s_.mesh, decl.placements, decl.shape.size(), placements);
+    // Negative shard dims are wrapped by the input's rank (check_shape checked the range).
+    decl.placements = normalize_spec(decl.placements, static_cast<int64_t>(decl.shape.size()));
     if (in.contains("init")) decl.init = parse_init(in["init"], child(path, "init"));
     if (in.contains("from_local"))
       decl.from_local = r_.boolean(in["from_local"], child(path, "from_local"));
+    // A strided shard must divide the global value evenly (from_local: every rank's equal local
+    // times the sizes of the axes that shard its dim).
+    Shape global = decl.shape;
+    if (decl.from_local)
+      for (int a = 0; a < s_.mesh.ndim(); ++a)
+        if (decl.placements[static_cast<size_t>(a)].is_shard())
+          global[static_cast<size_t>(decl.placements[static_cast<size_t>(a)].dim)] *= s_.mesh.axis_size(a);
+    if (std::string why = check_strided(s_.mesh, decl.placements, global); !why.empty())
+      r_.fail(placements, why, ErrorKind::ShapeMismatch);
     if (in.contains("requires_grad"))
       decl.requires_grad = r_.boolean(in["requires_grad"], child(path, "requires_grad"));
     s_.inputs.push_back(std::move(decl));
@@ -399,10 +429,19 @@ class ScenarioParser {
     const json& args = r_.array(r_.field(op, path, "args"), child(path, "args"));
     for (size_t k = 0; k < args.size(); ++k)
       decl.args.push_back(value_name(args[k], child(child(path, "args"), k)));
-    if (rule.arity >= 0 && args.size() != static_cast<size_t>(rule.arity))
-      r_.fail(child(path, "args"), decl.op + " takes " + std::to_string(rule.arity) + " argument" +
-                                       (rule.arity == 1 ? "" : "s") + ", got " +
+    int min_args = rule.arity, max_args = rule.max_arity == -2 ? rule.arity : rule.max_arity;
+    // A binary op with a scalar `value` takes one tensor operand.
+    for (const auto& a : rule.attrs)
+      if (std::string(a.key) == "value" && rule.arity == 2 && op.contains("value")) min_args = max_args = 1;
+    if (rule.arity >= 0 && (args.size() < static_cast<size_t>(min_args) || args.size() > static_cast<size_t>(max_args)))
+      r_.fail(child(path, "args"), decl.op + " takes " +
+                                       (min_args == max_args ? std::to_string(min_args)
+                                                             : std::to_string(min_args) + " or " + std::to_string(max_args)) +
+                                       " argument" + (max_args == 1 ? "" : "s") +
+                                       (min_args == 1 && rule.arity == 2 ? " (with a scalar \"value\")" : "") + ", got " +
                                        std::to_string(args.size()));
+    if ((decl.op == "cat" || decl.op == "stack") && args.empty())
+      r_.fail(child(path, "args"), decl.op + " takes one or more arguments, got none");
     for (const auto& attr : rule.attrs) check_attr(op, path, attr, decl);
     decl.attrs = op;
     if (decl.op == "local_map") {
@@ -498,6 +537,17 @@ class ScenarioParser {
     const json& v = op[attr.key];
     switch (attr.type) {
       case AttrType::Int: r_.integer(v, path); break;
+      case AttrType::IntOrInts:
+        if (!v.is_array()) {
+          r_.integer(v, path);
+          break;
+        }
+        [[fallthrough]];
+      case AttrType::Ints: {
+        const json& items = r_.array(v, path);
+        for (size_t k = 0; k < items.size(); ++k) r_.integer(items[k], child(path, k));
+        break;
+      }
       case AttrType::Number: r_.number(v, path); break;
       case AttrType::Bool: r_.boolean(v, path); break;
       case AttrType::Any: break;

@@ -224,12 +224,16 @@ void compare(const Scenario& sc, const RunOptions& options, const SimRun& run, c
 bool exact_op(const OpDecl& op) {
   static const std::set<std::string> exact = {
       "redistribute", "add", "sub", "mul", "neg", "relu", "mm", "transpose", "sum",
+      // products and moves of data (amax and amin are not: their gradient splits g among ties)
+      "bmm", "matmul", "linear", "permute", "view", "reshape", "flatten", "unflatten", "squeeze",
+      "unsqueeze", "expand", "cat", "stack", "narrow",
       // local_map body ops; all_reduce(avg) divides by its group size, checked with the mesh.
       "all_reduce", "all_gather", "reduce_scatter", "all_to_all", "mark_varying"};
   // Built-in Functions: x * x, and a sum over the group.
   static const std::set<std::string> exact_functions = {"local_square", "opaque_all_reduce",
                                                         "opaque_all_reduce_unregistered"};
-  if (op.op == "scale") {
+  // scale, and a binary op with a scalar `value` (add, sub, mul; div rounds anyway).
+  if (op.op == "scale" || (op.attrs.is_object() && op.attrs.contains("value") && exact.count(op.op))) {
     // An integer, or a power of two (0.5, 0.25): the product of an integer by it is exact.
     const double v = op.attrs.value("value", 0.0);
     int exponent = 0;

@@ -1,5 +1,7 @@
 #include "properties/generators.h"
 
+#include "core/layout.h"
+
 namespace meshsim {
 std::ostream& operator<<(std::ostream& os, const Placement& p) { return os << p.str(); }
 std::ostream& operator<<(std::ostream& os, const Mesh& m) { return os << m.str(); }
@@ -53,6 +55,23 @@ rc::Gen<Placement> differentiable_placement(int64_t tensor_rank) {
 
 rc::Gen<Placement> any_placement(int64_t tensor_rank) {
   return rc::gen::elementOf(choices(tensor_rank, true));
+}
+
+Spec strided_now_and_then(const Mesh& mesh, Spec spec, const Shape& shape) {
+  if (*rc::gen::inRange(0, 3) != 0) return spec;
+  for (int a = 0; a < mesh.ndim(); ++a) {
+    const Placement p = spec[static_cast<size_t>(a)];
+    // Not over an axis of size 1, where a strided shard holds the whole dim (and would take the
+    // rows' ties another way than a shard does: docs/testing.md, the unreachable relabel).
+    if (!p.is_shard() || p.is_strided() || mesh.axis_size(a) == 1 || *rc::gen::arbitrary<bool>()) continue;
+    int64_t inner = 1;
+    for (int b = a + 1; b < mesh.ndim(); ++b)
+      if (spec[static_cast<size_t>(b)].is_shard() && spec[static_cast<size_t>(b)].dim == p.dim) inner *= mesh.axis_size(b);
+    const int64_t k = inner > 1 && *rc::gen::arbitrary<bool>() ? inner : 2;
+    spec[static_cast<size_t>(a)] = Placement::strided_shard(p.dim, k);
+    if (!check_strided(mesh, spec, shape).empty()) spec[static_cast<size_t>(a)] = p;
+  }
+  return spec;
 }
 
 rc::Gen<Spec> spec(const Mesh& mesh, const rc::Gen<Placement>& placement) {

@@ -28,6 +28,9 @@ rc::Gen<Shape> shape(int64_t min_rank, int64_t max_rank);
 rc::Gen<Placement> differentiable_placement(int64_t tensor_rank);
 // Every placement: the above and P(max), P(min).
 rc::Gen<Placement> any_placement(int64_t tensor_rank);
+// `spec` with some of its shards made strided, SS(d, k) (k = 2, or the size of the inner axes that
+// shard d: FSDP2 over TP), where the extents divide evenly (check_strided); a third of the time.
+Spec strided_now_and_then(const Mesh& mesh, Spec spec, const Shape& shape);
 rc::Gen<Spec> spec(const Mesh& mesh, const rc::Gen<Placement>& placement);
 
 // The JSON of a mesh and of a spec, as scenario files write them.

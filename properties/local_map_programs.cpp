@@ -1,6 +1,8 @@
 // local_map programs: bodies drawn with a DTensor reading of every value, so that the reference is
 // the same program on global tensors (properties/programs.h).
 #include <cmath>
+#include <functional>
+#include <numeric>
 #include <optional>
 #include <set>
 #include <string>
@@ -138,11 +140,11 @@ struct LocalMapBuilder {
 
   // One body op: the drawn kind if it applies to the drawn operand, else the next kind that does.
   void step() {
-    constexpr int kKinds = 16;
+    constexpr int kKinds = 17;
     // The collectives (kinds 3-6) three times as often as each other kind: they apply to fewer
     // operands, and the variance rules are what local_map programs exist to test.
     const int first = *rc::gen::weightedElement<int>({{1, 0}, {1, 1}, {1, 2}, {3, 3}, {3, 4}, {3, 5}, {3, 6}, {1, 7},
-                                                      {1, 8}, {1, 9}, {1, 10}, {1, 11}, {1, 12}, {1, 13}, {1, 14}, {1, 15}});
+                                                      {1, 8}, {1, 9}, {1, 10}, {1, 11}, {1, 12}, {1, 13}, {1, 14}, {1, 15}, {2, 16}});
     const BodyValue x = any();
     const size_t a = static_cast<size_t>(*rc::gen::inRange<int>(0, mesh.ndim()));
     for (int i = 0; i < kKinds; ++i)
@@ -259,12 +261,159 @@ struct LocalMapBuilder {
       y.floor = std::exp(-2 * x.bound) / std::max<double>(1, static_cast<double>(x.shape[static_cast<size_t>(wrap(d, rank))]));
       return local_unary(y, "softmax", x, {{"dim", d}}, 1.0);
     }
+    if (kind == 16) return try_layer_kind(x);
     if (kind == 15) {  // mark_varying of an invariant axis (an identity on global values)
       if (x.label[a] != Label::None || x.reading[a] != Reading::Replicated) return false;
       y.label[a] = Label::Variant;
       body.push_back(op(y.name, "mark_varying", {x.name}, {{"axis", mesh.axes()[a]}}));
       add_collective(y, x);
       return true;
+    }
+    return false;
+  }
+
+  // Whether no axis shards the value (its locals have the global shape, so an op whose attributes
+  // name extents, a view or expand, means the same on the locals and on the global value).
+  static bool unsharded(const BodyValue& x) {
+    for (auto r : x.reading)
+      if (r == Reading::Shard) return false;
+    return true;
+  }
+
+  // The layer ops (kind 16), each where the local result is the global op's result under the
+  // value's reading: permute, unsqueeze and squeeze move shards with their dims; views and
+  // expand of values no axis shards; narrow of a dim no axis shards; cat and stack of values read
+  // alike; matmul and bmm by mm's rows; amax and amin (like mean) over dims no axis shards, of a
+  // value with no Partial axis.
+  bool try_layer_kind(const BodyValue& x) {
+    const size_t rank = x.shape.size();
+    const auto r = static_cast<int64_t>(rank);
+    BodyValue y = x;
+    y.name = fresh();
+    const int pick = *rc::gen::inRange(0, 11);
+    auto move_shards = [&](const std::function<int64_t(int64_t)>& to) {
+      for (size_t b = 0; b < y.reading.size(); ++b)
+        if (y.reading[b] == Reading::Shard) y.shard_dim[b] = to(y.shard_dim[b]);
+    };
+    if (pick == 0 && rank >= 1) {  // permute
+      std::vector<int64_t> dims(rank);
+      std::iota(dims.begin(), dims.end(), 0);
+      for (int64_t i = r - 1; i > 0; --i) std::swap(dims[i], dims[*rc::gen::inRange<int64_t>(0, i + 1)]);
+      for (size_t j = 0; j < rank; ++j) y.shape[j] = x.shape[static_cast<size_t>(dims[j])];
+      move_shards([&](int64_t d) { return std::find(dims.begin(), dims.end(), d) - dims.begin(); });
+      return local_unary(y, "permute", x, {{"dims", dims}}, x.bound);
+    }
+    if (pick == 1 && rank < 3) {  // unsqueeze
+      const int64_t d = *rc::gen::inRange<int64_t>(0, r + 1);
+      y.shape.insert(y.shape.begin() + d, 1);
+      move_shards([&](int64_t e) { return e >= d ? e + 1 : e; });
+      return local_unary(y, "unsqueeze", x, {{"dim", *rc::gen::arbitrary<bool>() ? d : d - r - 1}}, x.bound);
+    }
+    if (pick == 2) {  // squeeze a size-1 dim no axis shards
+      for (int64_t d = 0; d < r; ++d)
+        if (x.shape[static_cast<size_t>(d)] == 1 && !sharded(x, d)) {
+          y.shape.erase(y.shape.begin() + d);
+          move_shards([&](int64_t e) { return e > d ? e - 1 : e; });
+          return local_unary(y, "squeeze", x, {{"dim", d}}, x.bound);
+        }
+      return false;
+    }
+    if (pick == 3 && rank >= 2 && unsharded(x)) {  // flatten, or a view or reshape merging the first two dims
+      y.shape = {x.shape[0] * x.shape[1]};
+      y.shape.insert(y.shape.end(), x.shape.begin() + 2, x.shape.end());
+      if (*rc::gen::arbitrary<bool>()) return local_unary(y, "flatten", x, {{"start_dim", 0}, {"end_dim", 1}}, x.bound);
+      return local_unary(y, *rc::gen::element<std::string>("view", "reshape"), x, {{"shape", y.shape}}, x.bound);
+    }
+    if (pick == 4 && rank >= 1 && rank < 3 && unsharded(x)) {  // unflatten the last dim into [n, 1]
+      const int64_t n = x.shape.back();
+      y.shape.back() = n;
+      y.shape.push_back(1);
+      return local_unary(y, "unflatten", x, {{"dim", -1}, {"sizes", Shape{-1, 1}}}, x.bound);
+    }
+    if (pick == 5 && rank < 3 && unsharded(x)) {  // expand with a new leading dim
+      y.shape.insert(y.shape.begin(), 2);
+      Shape target = y.shape;
+      return local_unary(y, "expand", x, {{"shape", target}}, x.bound);
+    }
+    if (pick == 6 && rank >= 1) {  // narrow a dim no axis shards
+      const int64_t d = *rc::gen::inRange<int64_t>(0, r);
+      if (sharded(x, d)) return false;
+      const int64_t n = x.shape[static_cast<size_t>(d)], start = *rc::gen::inRange<int64_t>(0, n + 1);
+      const int64_t length = *rc::gen::inRange<int64_t>(0, n - start + 1);
+      y.shape[static_cast<size_t>(d)] = length;
+      return local_unary(y, "narrow", x, {{"dim", d}, {"start", start}, {"length", length}}, x.bound);
+    }
+    if ((pick == 7 || pick == 8) && rank >= 1 && rank < 3) {  // cat along a dim no axis shards, or stack
+      std::vector<const BodyValue*> partners;
+      for (const auto& v : pool) {
+        bool fits = v.shape == x.shape;
+        for (size_t b = 0; b < x.reading.size() && fits; ++b) fits = same_reading(x, v, b);
+        if (fits) partners.push_back(&v);
+      }
+      if (partners.empty()) return false;
+      const BodyValue z = *partners.at(static_cast<size_t>(*rc::gen::inRange<int>(0, static_cast<int>(partners.size()))));
+      if (!within_bounds("cat", {}, {{x.bound, x.rounded}, {z.bound, z.rounded}}, std::max(x.bound, z.bound), y.rounded))
+        return false;
+      y.label = local_label({&x, &z});
+      y.bound = std::max(x.bound, z.bound);
+      y.floor = std::min(x.floor, z.floor);
+      if (pick == 7) {
+        const int64_t d = *rc::gen::inRange<int64_t>(0, r);
+        if (sharded(x, d)) return false;
+        y.shape[static_cast<size_t>(d)] *= 2;
+        add_local(y, "cat", {x, z}, {{"dim", d}});
+        return true;
+      }
+      const int64_t d = *rc::gen::inRange<int64_t>(0, r + 1);
+      y.shape.insert(y.shape.begin() + d, 2);
+      move_shards([&](int64_t e) { return e >= d ? e + 1 : e; });
+      add_local(y, "stack", {x, z}, {{"dim", d}});
+      return true;
+    }
+    if (pick == 9 && rank == 2) {  // matmul, or bmm of the two unsqueezed, by mm's rows
+      const size_t axes = x.reading.size();
+      std::vector<const BodyValue*> partners;
+      for (const auto& v : pool) {
+        bool fits = v.shape.size() == 2 && v.shape[0] == x.shape[1];
+        for (size_t b = 0; b < axes && fits; ++b) fits = mm_reading(x, v, b).has_value();
+        if (fits) partners.push_back(&v);
+      }
+      if (partners.empty()) return false;
+      const BodyValue z = *partners.at(static_cast<size_t>(*rc::gen::inRange<int>(0, static_cast<int>(partners.size()))));
+      y.shape = {x.shape[0], z.shape[1]};
+      for (size_t b = 0; b < axes; ++b) std::tie(y.reading[b], y.shard_dim[b]) = *mm_reading(x, z, b);
+      y.label = local_label({&x, &z});
+      y.bound = x.bound * z.bound * static_cast<double>(x.shape[1]);
+      y.floor = 0;
+      if (!within_bounds("matmul", {}, {{x.bound, x.rounded}, {z.bound, z.rounded}}, y.bound, y.rounded)) return false;
+      if (*rc::gen::arbitrary<bool>()) {
+        add_local(y, "matmul", {x, z});
+        return true;
+      }
+      BodyValue ux = x, uz = z;
+      ux.name = fresh();
+      uz.name = fresh();
+      ux.shape.insert(ux.shape.begin(), 1);
+      uz.shape.insert(uz.shape.begin(), 1);
+      for (auto* v : {&ux, &uz})
+        for (size_t b = 0; b < axes; ++b)
+          if (v->reading[b] == Reading::Shard) ++v->shard_dim[b];
+      add_local(ux, "unsqueeze", {x}, {{"dim", 0}});
+      add_local(uz, "unsqueeze", {z}, {{"dim", 0}});
+      y.shape.insert(y.shape.begin(), 1);
+      for (size_t b = 0; b < axes; ++b)
+        if (y.reading[b] == Reading::Shard) ++y.shard_dim[b];
+      add_local(y, "bmm", {pool[pool.size() - 2], pool.back()});
+      return true;
+    }
+    if (pick == 10 && rank >= 1 && !x.has_partial() && numel(x.shape) > 0) {  // amax, amin over a dim no axis shards
+      const int64_t d = *rc::gen::inRange<int64_t>(0, r);
+      if (sharded(x, d)) return false;
+      const bool keepdim = *rc::gen::arbitrary<bool>();
+      if (keepdim) y.shape[static_cast<size_t>(d)] = 1;
+      else y.shape.erase(y.shape.begin() + d);
+      if (!keepdim) move_shards([&](int64_t e) { return e > d ? e - 1 : e; });
+      return local_unary(y, *rc::gen::element<std::string>("amax", "amin"), x, {{"dim", d}, {"keepdim", keepdim}}, x.bound);
     }
     return false;
   }
@@ -359,7 +508,9 @@ struct LocalMapBuilder {
     } else if (kind == 6) {  // all_to_all between shards
       const int64_t i = x.shard_dim[a];
       if (x.reading[a] != Reading::Shard || x.shape.size() < 2) return false;
-      const int64_t j = 1 - i;
+      // Another dim than i (values of 3 dims come from the layer ops).
+      const auto r = static_cast<int64_t>(x.shape.size());
+      const int64_t j = (i + *rc::gen::inRange<int64_t>(1, r)) % r;
       if (other_axis_shards(x, a, i) || other_axis_shards(x, a, j)) return false;
       y.shard_dim[a] = j;
       body.push_back(op(y.name, "all_to_all", {x.name}, {{"axis", axis}, {"split_dim", j}, {"concat_dim", i}}));

@@ -104,8 +104,8 @@ void redistribute_roundtrip() {
   // Half of the cases forward only, over every placement (P(max) and P(min) have no gradient).
   const bool grad = *rc::gen::arbitrary<bool>();
   const auto placement = grad ? gen::differentiable_placement(rank) : gen::any_placement(rank);
-  const Spec p = *gen::spec(mesh, placement);
-  const Spec q = *gen::spec(mesh, placement);
+  const Spec p = gen::strided_now_and_then(mesh, *gen::spec(mesh, placement), shape);
+  const Spec q = gen::strided_now_and_then(mesh, *gen::spec(mesh, placement), shape);
   RC_PRE(redistribute_illegal_reason(p, q).empty() && redistribute_illegal_reason(q, p).empty());
   // The weight c is laid out as p or independently (its product with z then redistributes z, above or
   // below autograd as drawn, and the backward moves contributions of every kind).
@@ -242,8 +242,8 @@ void adjoint_identity() {
   RC_PRE(mesh.size() <= 64);
   const Shape shape = *gen::shape(1, 3);
   const auto rank = static_cast<int64_t>(shape.size());
-  const Spec p = *gen::spec(mesh, gen::differentiable_placement(rank));
-  const Spec q = *gen::spec(mesh, gen::differentiable_placement(rank));
+  const Spec p = gen::strided_now_and_then(mesh, *gen::spec(mesh, gen::differentiable_placement(rank)), shape);
+  const Spec q = gen::strided_now_and_then(mesh, *gen::spec(mesh, gen::differentiable_placement(rank)), shape);
   RC_PRE(redistribute_illegal_reason(p, q).empty());
   const uint64_t seed = *rc::gen::inRange<uint64_t>(0, 1000);
   RunOptions options;
@@ -480,23 +480,43 @@ void placement_follows_rules() {
       specs.push_back(spec_of(a));
       shapes.push_back(values.at(a).at("shape").get<Shape>());
     }
-    Spec want;
-    if (op.op == "redistribute") {
-      for (const auto& p : op.attrs.at("placements")) want.push_back(parse_placement(p.get<std::string>()));
-    } else {
-      want = propagate(op.op, sc.mesh, specs, shapes, op_attrs(op)).out_spec;
+    // The rows' output for `name`, with the Rd label as the policy restores it.
+    auto by_rules = [&](const std::string& name, const std::vector<Spec>& in, const std::vector<Shape>& in_shapes,
+                        const OpAttrs& attrs) {
+      Spec want = propagate(name, sc.mesh, in, in_shapes, attrs).out_spec;
       for (size_t a = 0; a < want.size(); ++a) {
         if (!want[a].is_plain_replicate()) continue;
         size_t reduced = 0;
-        for (const auto& s : specs) reduced += s[a].is_reduced() ? 1 : 0;
-        if (policy == ReducedPropagation::Strict && reduced > 0 && reduced < specs.size()) {
+        for (const auto& s : in) reduced += s[a].is_reduced() ? 1 : 0;
+        if (policy == ReducedPropagation::Strict && reduced > 0 && reduced < in.size()) {
           latest_failure() = {doc, run.result["options"]};
           RC_FAIL(op.out + " = " + op.op + " mixes Rd with other placements over mesh axis " + sc.mesh.axes()[a] +
                   "; the strict policy refuses it (reduced_mismatch), the run gave it " +
                   spec_str(spec_of(op.out)));
         }
-        if (reduced == specs.size() || (policy == ReducedPropagation::Union && reduced > 0)) want[a] = Placement::reduced();
+        if (reduced == in.size() || (policy == ReducedPropagation::Union && reduced > 0)) want[a] = Placement::reduced();
       }
+      return want;
+    };
+    Spec want;
+    OpAttrs attrs = op_attrs(op);
+    if (op.op == "redistribute") {
+      for (const auto& p : op.attrs.at("placements")) want.push_back(parse_placement(p.get<std::string>()));
+    } else if (op.op == "linear") {  // transpose, matmul, add: the runtime's parts
+      OpAttrs t;
+      t.dim1 = 1;
+      const Spec wt = by_rules("transpose", {specs[1]}, {shapes[1]}, t);
+      const Shape wt_shape = infer_shape("transpose", {shapes[1]}, t);
+      want = by_rules("matmul", {specs[0], wt}, {shapes[0], wt_shape}, {});
+      if (specs.size() > 2)
+        want = by_rules("add", {want, specs[2]}, {infer_shape("matmul", {shapes[0], wt_shape}, {}), shapes[2]}, {});
+    } else {
+      if (attrs.scalar && specs.size() == 1) {  // the scalar: a replicated 0-d operand
+        specs.push_back(Spec(specs[0].size(), Placement::replicate()));
+        shapes.push_back({});
+        attrs.scalar = false;
+      }
+      want = by_rules(op.op, specs, shapes, attrs);
     }
     const Spec got = spec_of(op.out);
     if (got != want) {

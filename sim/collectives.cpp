@@ -7,6 +7,7 @@
 #include <typeinfo>
 
 #include "core/cost_model.h"
+#include "core/error.h"
 #include "core/layout.h"
 #include "core/mutants.h"
 #include "sim/communicator.h"
@@ -333,6 +334,41 @@ Locals all_to_all(const Locals& group, int64_t split_dim, int64_t concat_dim) {
 
 namespace {
 
+// Views `dim` of t as [a, b, rest] and returns it as [b, a, rest] (contiguous): with (a, b) =
+// (members, pieces) it turns an all_gather's member-major result piece-major, with (pieces,
+// members) a strided local member-major for a reduce_scatter.
+at::Tensor swap_blocks(const at::Tensor& t, int64_t dim, int64_t a, int64_t b, const RedistStep& step) {
+  const int64_t extent = t.size(dim);
+  if (extent % (a * b) != 0)
+    throw SemanticError(ErrorKind::ShapeMismatch,
+                        std::string(step_kind_name(step.kind)) + " " + step.from.str() + " -> " + step.to.str() +
+                            " over mesh axis " + std::to_string(step.axis) + ": dim " + std::to_string(dim) +
+                            " has extent " + std::to_string(extent) + ", which is not a multiple of " +
+                            std::to_string(a * b) + " (the strided shard's pieces must be even)");
+  std::vector<int64_t> shape = t.sizes().vec();
+  std::vector<int64_t> split(shape.begin(), shape.begin() + dim);
+  split.push_back(a);
+  split.push_back(b);
+  split.push_back(extent / (a * b));
+  split.insert(split.end(), shape.begin() + dim + 1, shape.end());
+  return t.reshape(split).transpose(dim, dim + 1).contiguous().reshape(shape);
+}
+
+// The rank's sub-chunk (coordinate k of n) of each of the f pieces of t along dim, in piece order.
+at::Tensor strided_chunk(const at::Tensor& t, const RedistStep& step, int64_t n, int64_t k) {
+  const int64_t f = step.split_factor, extent = t.size(step.dim);
+  if (extent % (f * n) != 0)
+    throw SemanticError(ErrorKind::ShapeMismatch,
+                        std::string("local_chunk ") + step.from.str() + " -> " + step.to.str() + " over mesh axis " +
+                            std::to_string(step.axis) + ": dim " + std::to_string(step.dim) + " has extent " +
+                            std::to_string(extent) + ", which " + std::to_string(f) + " pieces of " +
+                            std::to_string(n) + " even chunks do not divide");
+  const int64_t sub = extent / (f * n);
+  std::vector<at::Tensor> parts;
+  for (int64_t j = 0; j < f; ++j) parts.push_back(t.narrow(step.dim, (j * n + k) * sub, sub));
+  return at::cat(parts, step.dim);
+}
+
 Locals local_step(const RedistStep& step, const Locals& group) {
   const auto n = static_cast<int64_t>(group.size());
   Locals out;
@@ -350,7 +386,7 @@ Locals local_step(const RedistStep& step, const Locals& group) {
     const at::Tensor& t = group[k];
     switch (step.kind) {
       case StepKind::LocalChunk:
-        out.push_back(chunk_piece(t, step.dim, n, k));
+        out.push_back(step.split_factor > 1 ? strided_chunk(t, step, n, k) : chunk_piece(t, step.dim, n, k));
         break;
       case StepKind::PartialFromReplicate:
         if (step.op != ReduceOp::Sum) out.push_back(t);
@@ -374,7 +410,19 @@ Locals local_step(const RedistStep& step, const Locals& group) {
         auto shape = t.sizes().vec();
         shape[step.dim] = extent;
         at::Tensor z = at::zeros(shape, t.options());
-        z.narrow(step.dim, offsets[k], t.size(step.dim)).copy_(t);
+        if (step.split_factor > 1) {
+          // A strided source: the member's sub-chunk of piece j lands at j * (n * sub) + k * sub.
+          const int64_t f = step.split_factor, size = t.size(step.dim), sub = size / f;
+          if (size % f != 0 || extent != n * size)
+            throw SemanticError(ErrorKind::ShapeMismatch,
+                                "pad_to_partial " + step.from.str() + " -> " + step.to.str() + " over mesh axis " +
+                                    std::to_string(step.axis) + ": the members' locals along dim " +
+                                    std::to_string(step.dim) + " must be equal multiples of " + std::to_string(f));
+          for (int64_t j = 0; j < f; ++j)
+            z.narrow(step.dim, (j * n + k) * sub, sub).copy_(t.narrow(step.dim, j * sub, sub));
+        } else {
+          z.narrow(step.dim, offsets[k], t.size(step.dim)).copy_(t);
+        }
         out.push_back(z);
         break;
       }
@@ -385,13 +433,43 @@ Locals local_step(const RedistStep& step, const Locals& group) {
   return out;
 }
 
-// Communicating steps go through the current engine (communicator.h); the rest are local.
+// An all_gather's result, member-major ([n, f, s] along dim), made piece-major ([f, n, s]).
+// Members that share one result share its reorder too.
+Locals piece_major(const RedistStep& step, const Locals& gathered) {
+  const auto n = static_cast<int64_t>(gathered.size());
+  Locals out;
+  out.reserve(gathered.size());
+  for (size_t k = 0; k < gathered.size(); ++k) {
+    if (k > 0 && same_view(gathered[k], gathered[k - 1])) out.push_back(out.back().detach());
+    else out.push_back(swap_blocks(gathered[k], step.dim, n, step.split_factor, step));
+  }
+  return out;
+}
+
+// Every member's strided local, piece-major ([f, n, s] along dim), made member-major ([n, f, s]),
+// so that a plain reduce_scatter hands member k its sub-chunk of every piece.
+Locals member_major(const RedistStep& step, const Locals& group) {
+  const auto n = static_cast<int64_t>(group.size());
+  Locals out;
+  out.reserve(group.size());
+  for (const auto& t : group) out.push_back(swap_blocks(t, step.dim, step.split_factor, n, step));
+  return out;
+}
+
+// Communicating steps go through the current engine (communicator.h); the rest are local. A
+// strided step (split_factor > 1) reorders locally around the engine's plain collective, so every
+// engine runs it unchanged.
 Locals group_step(const RedistStep& step, const Ranks& ranks, const Locals& group) {
   Communicator& c = communicator();
+  const bool strided = step.split_factor > 1;
   switch (step.kind) {
-    case StepKind::AllGather: return c.all_gather(ranks, group, step.dim);
+    case StepKind::AllGather:
+      // Planted bug: the gathered pieces are left member-major (a plain shard's order).
+      return strided && !mutant_on(Mutant::StridedGatheredPlain) ? piece_major(step, c.all_gather(ranks, group, step.dim))
+                                                                 : c.all_gather(ranks, group, step.dim);
     case StepKind::AllReduce: return c.all_reduce(ranks, group, step.op);
-    case StepKind::ReduceScatter: return c.reduce_scatter(ranks, group, step.op, step.dim);
+    case StepKind::ReduceScatter:
+      return c.reduce_scatter(ranks, strided ? member_major(step, group) : group, step.op, step.dim);
     case StepKind::AllToAll: return c.all_to_all(ranks, group, step.split_dim, step.concat_dim);
     case StepKind::Relabel: return group;
     default: return local_step(step, group);

@@ -90,6 +90,31 @@ std::vector<at::Tensor> partial_parts(const Placement& p, const at::Tensor& valu
   return parts;
 }
 
+// SS(dim, split) over a group of n: member k's local is its sub-chunk of each of the `split`
+// pieces of t, concatenated in piece order (even sizes: check_strided).
+at::Tensor strided_piece(const at::Tensor& t, int64_t dim, int64_t split, int64_t n, int64_t k) {
+  const int64_t extent = t.size(dim);
+  TORCH_CHECK(extent % split == 0 && (extent / split) % n == 0, "a strided shard SS(", dim, ",", split,
+              ") over ", n, " ranks needs an extent that ", split, " * ", n, " divides, got ", extent);
+  const int64_t piece = extent / split, sub = piece / n;
+  std::vector<at::Tensor> parts;
+  for (int64_t j = 0; j < split; ++j) parts.push_back(t.narrow(dim, j * piece + k * sub, sub));
+  return at::cat(parts, dim);
+}
+
+// The inverse over one group: piece j of the result is the members' j-th sub-chunks in group order.
+at::Tensor strided_join(const Locals& group, int64_t dim, int64_t split) {
+  std::vector<at::Tensor> parts;
+  for (int64_t j = 0; j < split; ++j)
+    for (const auto& t : group) {
+      TORCH_CHECK(t.size(dim) % split == 0 && t.size(dim) == group[0].size(dim), "the locals of a strided shard SS(",
+                  dim, ",", split, ") must have one extent along dim ", dim, " that ", split, " divides");
+      const int64_t sub = t.size(dim) / split;
+      parts.push_back(t.narrow(dim, j * sub, sub));
+    }
+  return at::cat(parts, dim);
+}
+
 // Calls f(group) for every group of ranks over `axis`.
 template <class F>
 void for_groups(const Mesh& mesh, int axis, F&& f) {
@@ -118,8 +143,11 @@ Locals distribute(const Mesh& mesh, const Spec& spec, const at::Tensor& global, 
   for (int a = 0; a < mesh.ndim(); ++a) {
     if (!spec[a].is_shard()) continue;
     for_groups(mesh, a, [&](const std::vector<int64_t>& g) {
+      const auto n = static_cast<int64_t>(g.size());
       for (size_t k = 0; k < g.size(); ++k)
-        cur[g[k]] = chunk_piece(cur[g[k]], spec[a].dim, static_cast<int64_t>(g.size()), static_cast<int64_t>(k));
+        cur[g[k]] = spec[a].is_strided()
+                        ? strided_piece(cur[g[k]], spec[a].dim, spec[a].split, n, static_cast<int64_t>(k))
+                        : chunk_piece(cur[g[k]], spec[a].dim, n, static_cast<int64_t>(k));
     });
   }
   return cur;
@@ -139,7 +167,8 @@ bool same_local(const at::Tensor& a, const at::Tensor& b) {
 }  // namespace
 
 // Ranks that differ only on a Replicate or Reduced axis must hold equal locals (checked first, on
-// the locals themselves); then Shard axes are gathered innermost first (nested chunks) and Partial
+// the locals themselves); then Shard axes are gathered innermost first (nested chunks; a strided
+// shard interleaves its members' sub-chunks piece by piece) and Partial
 // axes reduced outermost first (as a redistribution to Replicate plans them).
 at::Tensor assemble(const Mesh& mesh, const Spec& spec, const Locals& locals, std::string* problem) {
   for (int a = 0; a < mesh.ndim() && problem && problem->empty(); ++a) {
@@ -161,7 +190,10 @@ at::Tensor assemble(const Mesh& mesh, const Spec& spec, const Locals& locals, st
     });
   };
   for (int a = mesh.ndim() - 1; a >= 0; --a)
-    if (spec[a].is_shard()) combine(a, [&](const Locals& g) { return at::cat(g, spec[a].dim); });
+    if (spec[a].is_shard())
+      combine(a, [&](const Locals& g) {
+        return spec[a].is_strided() ? strided_join(g, spec[a].dim, spec[a].split) : at::cat(g, spec[a].dim);
+      });
   for (int a = 0; a < mesh.ndim(); ++a)
     if (spec[a].is_partial()) combine(a, [&](const Locals& g) { return all_reduce(g, spec[a].op)[0]; });
   return cur[0];

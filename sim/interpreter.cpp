@@ -36,13 +36,57 @@ std::vector<DTensor> run_local_map(Runtime& rt, const OpDecl& op, const std::vec
   std::map<std::string, LTensor> env;
   for (size_t i = 0; i < args.size(); ++i) {
     const DTensor& a = args[i];
-    const bool move = !op.in_placements.empty() && op.in_placements[i] != a.spec;
-    env[op.args[i]] = ctx.enter(move ? rt.redistribute(a, op.in_placements[i], op.out + ".in" + std::to_string(i)) : a);
+    // A negative dim counts from the end of the arg's dims (the runtime reports one out of range).
+    Spec want = op.in_placements.empty() ? a.spec : op.in_placements[i];
+    if (!op.in_placements.empty()) {
+      try {
+        want = normalize_spec(want, static_cast<int64_t>(a.shape.size()));
+      } catch (const std::invalid_argument&) {
+      }
+    }
+    const bool move = want != a.spec;
+    env[op.args[i]] = ctx.enter(move ? rt.redistribute(a, want, op.out + ".in" + std::to_string(i)) : a);
   }
   for (const auto& b : op.body) env[b.out] = ctx.run(b, env);
   std::vector<DTensor> outs;
   for (size_t k = 0; k < op.returns.size(); ++k) outs.push_back(ctx.leave(env.at(op.returns[k]), op.out_placements[k], op.outs[k]));
   return outs;
+}
+
+namespace {
+
+// A binary op's scalar `value` as an operand: a 0-d tensor replicated on every axis (no gradient).
+DTensor scalar_operand(Runtime& rt, double value, const at::Tensor& like, const std::string& name) {
+  const Mesh& mesh = rt.mesh();
+  at::Tensor v = at::scalar_tensor(value, like.options().requires_grad(false));
+  return DTensor{name, {}, Spec(static_cast<size_t>(mesh.ndim()), Placement::replicate()),
+                 Locals(static_cast<size_t>(mesh.size()), v)};
+}
+
+}  // namespace
+
+// One DTensor op of the program. A binary op with a `value` takes it as a replicated 0-d operand;
+// linear runs as transpose, matmul and add (PyTorch decomposes aten.linear likewise), each with
+// its own rule row and event ("y.weight_t", "y.matmul").
+DTensor apply_program_op(Runtime& rt, const OpDecl& op, const std::vector<DTensor>& args) {
+  OpAttrs attrs = op_attrs(op);
+  if (attrs.scalar && args.size() == 1) {
+    attrs.scalar = false;
+    return rt.apply_op(op.op, attrs, {args[0], scalar_operand(rt, attrs.value, args[0].locals.at(0), op.out + ".value")},
+                       op.out);
+  }
+  if (op.op == "linear") {
+    OpAttrs t;
+    t.dim0 = 0;
+    t.dim1 = 1;
+    if (args.at(1).shape.size() != 2)
+      throw SemanticError(ErrorKind::ShapeMismatch, "linear: the weight must be 2-D, got " + shape_str(args[1].shape));
+    const DTensor wt = rt.apply_op("transpose", t, {args[1]}, op.out + ".weight_t");
+    if (args.size() == 2) return rt.apply_op("matmul", {}, {args[0], wt}, op.out);
+    const DTensor y = rt.apply_op("matmul", {}, {args[0], wt}, op.out + ".matmul");
+    return rt.apply_op("add", {}, {y, args[2]}, op.out);
+  }
+  return rt.apply_op(op.op, attrs, args, op.out);
 }
 
 SimRun run_distributed(const Scenario& sc, const RunOptions& options) {
@@ -80,7 +124,7 @@ SimRun run_distributed(const Scenario& sc, const RunOptions& options) {
       for (const auto& p : op.attrs.at("placements")) to.push_back(parse_placement(p.get<std::string>()));
       out = rt.redistribute(args.at(0), to, op.out);
     } else {
-      out = rt.apply_op(op.op, op_attrs(op), args, op.out);
+      out = apply_program_op(rt, op, args);
     }
     run.named.push_back(op.out);
     run.values[op.out] = std::move(out);

@@ -27,6 +27,9 @@ struct SimRun {
 // Runs one local_map op: its args enter as LTensors (after redistribution to in_placements), the
 // body runs, the returns leave as DTensors with out_placements.
 std::vector<DTensor> run_local_map(Runtime& rt, const OpDecl& op, const std::vector<DTensor>& args);
+// One DTensor op of the program (not local_map or redistribute): a binary op's scalar `value`
+// becomes a replicated 0-d operand, and linear runs as transpose, matmul and add.
+DTensor apply_program_op(Runtime& rt, const OpDecl& op, const std::vector<DTensor>& args);
 
 // Makes the inputs of a scenario: global data from the seed (one stream per input), then the
 // locals; a from_local input gives every rank the same local data.

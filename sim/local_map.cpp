@@ -110,8 +110,15 @@ LTensor BodyContext::enter(const DTensor& x) {
   return t;
 }
 
-DTensor BodyContext::leave(const LTensor& t, const Spec& out, const std::string& name) {
+DTensor BodyContext::leave(const LTensor& t, const Spec& out_written, const std::string& name) {
   const Mesh& mesh = rt_.mesh();
+  // Negative dims count from the end of the locals' dims (a local has the global's rank).
+  Spec out;
+  try {
+    out = normalize_spec(out_written, t.locals.empty() ? 0 : t.locals[0].dim());
+  } catch (const std::invalid_argument& e) {
+    throw SemanticError(ErrorKind::ShapeMismatch, "local_map returns \"" + t.name + "\" as " + spec_str(out_written) + ": " + e.what());
+  }
   if (t.untracked) {
     rt_.flag_untracked(name, t.untracked_why);
   } else {
@@ -218,6 +225,7 @@ LTensor BodyContext::op(const std::string& op, const nlohmann::json& attrs, std:
   auto [variant, strategy_reduced] = output_sets(xs, find_variance_tracking_strategy(op), attrs);
   const AxisSet reduced = fit_inputs(xs, variant, strategy_reduced, out);
   OpDecl decl;
+  decl.op = op;
   decl.attrs = attrs;
   const OpAttrs a = op_attrs(decl);
   Locals locals(xs.at(0).locals.size());

@@ -22,6 +22,21 @@ using torch::autograd::variable_list;
 
 std::string attrs_key(const OpAttrs& a) { return a.str(); }
 
+// A redistribute's target with negative shard dims wrapped by x's rank; a dim out of range, or a
+// strided shard that does not divide x evenly, is a shape_mismatch.
+Spec normalized_target(const Mesh& mesh, const DTensor& x, const Spec& to) {
+  Spec out;
+  try {
+    out = normalize_spec(to, static_cast<int64_t>(x.shape.size()));
+  } catch (const std::invalid_argument& e) {
+    throw SemanticError(ErrorKind::ShapeMismatch, "redistribute \"" + x.name + "\" to " + spec_str(to) + ": " + e.what());
+  }
+  if (std::string why = check_strided(mesh, out, x.shape); !why.empty())
+    throw SemanticError(ErrorKind::ShapeMismatch, "redistribute \"" + x.name + "\" " + shape_str(x.shape) + " to " +
+                                                      spec_str(to) + ": " + why);
+  return out;
+}
+
 
 }  // namespace
 
@@ -108,7 +123,8 @@ Locals Runtime::to_cotangent(Locals grads, const GradSpec& from, const Spec& pri
   return grads;
 }
 
-DTensor Runtime::redistribute(const DTensor& x, const Spec& to, const std::string& out_name) {
+DTensor Runtime::redistribute(const DTensor& x, const Spec& to_written, const std::string& out_name) {
+  const Spec to = normalized_target(mesh_, x, to_written);
   auto plan = plan_redistribute(mesh_, x.spec, to, {options_.partial_from_replicate, false});
   DTensor y{out_name, x.shape, to, detached(run_plan(plan, x.spec, detached(x.locals), out_name, ""))};
   if (x.requires_grad() && at::GradMode::is_enabled()) {
@@ -133,7 +149,8 @@ DTensor Runtime::redistribute(const DTensor& x, const Spec& to, const std::strin
   return y;
 }
 
-DTensor Runtime::redistribute_locals(const DTensor& x, const Spec& to, const std::string& out_name) {
+DTensor Runtime::redistribute_locals(const DTensor& x, const Spec& to_written, const std::string& out_name) {
+  const Spec to = normalized_target(mesh_, x, to_written);
   auto plan = plan_redistribute(mesh_, x.spec, to, {options_.partial_from_replicate, false});
   Locals locals = run_plan(plan, x.spec, detached(x.locals), out_name, "below autograd: inside the op");
   return DTensor{out_name, x.shape, to, detached(locals)};
@@ -206,7 +223,9 @@ DTensor Runtime::apply_op(const std::string& op, const OpAttrs& attrs, const std
     std::vector<at::Tensor> xs;
     for (size_t i = 0; i < ready.size(); ++i) xs.push_back(ready[i].locals[r].detach().requires_grad_(needs[i]));
     at::AutoGradMode mode(any);
-    (*results)[r] = local_op(op, local_attrs, xs);
+    OpAttrs rank_attrs = local_attrs;
+    if (is_view_op(op)) rank_attrs.local_shape = local_layout(mesh_, out_spec, d.out_shape, static_cast<int64_t>(r)).shape;
+    (*results)[r] = local_op(op, rank_attrs, xs);
     outs[r] = (*results)[r].detach();
     (*leaves)[r] = std::move(xs);
   }

@@ -643,7 +643,7 @@ TEST(Placement, PytorchInputSpellings) {
 
 TEST(Placement, MalformedStringsThrowWithAMessage) {
   for (const char* bad : {"S", "S(x)", "P()", "Q", "Shard(dim=)", "P(mul)", "", "S(", "R(1)",
-                          "Replicate", "Rd(0)", "Shard(foo=1)", "S(-1)"}) {
+                          "Replicate", "Rd(0)", "Shard(foo=1)", "S(-65)"}) {
     try {
       parse_placement(bad);
       ADD_FAILURE() << "\"" << bad << "\" parsed";
@@ -1195,13 +1195,30 @@ TEST(Coverage, UniverseHoldsEveryRowOnce) {
   const auto rows = coverage_universe();
   std::set<std::string> keys;
   for (const auto& r : rows) EXPECT_TRUE(keys.insert(r.key).second) << "twice: " << r.key;
+  auto expect_rows = [&](const std::string& op, const std::vector<Shape>& shapes, const OpAttrs& a) {
+    for (const auto& row : rule_rows_for(op, shapes, a))
+      EXPECT_TRUE(keys.count("forward " + op + ": " + std::string(row.rule))) << op << ": " << row.rule;
+  };
+  size_t ops = 0;
   for (const auto& f : rule_families())
     for (const auto& op : f.ops) {
       OpAttrs a;
       a.dim = 1;
-      for (const auto& row : rule_rows(op, {2, 2}, a))
-        EXPECT_TRUE(keys.count("forward " + op + ": " + std::string(row.rule))) << op << ": " << row.rule;
+      a.length = 1;
+      a.shape = {2, 2};
+      a.sizes = {2, 1};
+      a.dims = {1, 0};
+      const size_t n = f.arity == 0 ? 2 : f.arity;
+      const Shape s = op == "bmm" ? Shape{2, 2, 2} : op == "expand" ? Shape{1, 2} : Shape{2, 2};
+      expect_rows(op, std::vector<Shape>(n, s), a);
+      ++ops;
     }
+  EXPECT_EQ(ops, 30u);
+  OpAttrs flat;
+  flat.shape = {4};
+  expect_rows("view", {{2, 2}}, flat);
+  expect_rows("add", {{2, 2}, {2}}, {});
+  expect_rows("matmul", {{2, 2, 2}, {2}}, {});
   EXPECT_TRUE(keys.count("redistribute: all_gather S -> Rd"));
   EXPECT_TRUE(keys.count("redistribute: pad_to_partial S -> P(sum) (gradient)"));
 }
