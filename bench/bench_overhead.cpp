@@ -8,6 +8,13 @@
 //
 // With R weights meshsim all_reduces their P(sum) gradients; the baseline then adds the 8
 // per-rank gradients too (the arithmetic of that all_reduce), so both do the same math.
+//
+// Attention: multi-head attention with the 8 heads sharded over tp=8 (examples/
+// attention_heads_sharded.json without the bias and the final all_reduce), x [2, s, d] R,
+// wq/wk/wv [d, d] S(0), wo [d, d] S(1): q, k, v = linear(x, w); view to heads, permute; scores
+// = q @ k^T / 2; softmax; @ v; permute back, reshape, linear(ctx, wo): P(sum); loss = sum.
+// Backward: meshsim all_reduces x's three gradient contributions (one hook each); the baseline
+// adds the 8 ranks' gradients of x once per contribution too.
 #include <string>
 #include <vector>
 
@@ -89,6 +96,80 @@ void BM_MlpOverhead(benchmark::State& state, const std::string& wp) {
   state.counters["inputs_us"] = median(ti) * 1e6;
 }
 
+nlohmann::json attention_scenario(int64_t s, int64_t d) {
+  using nlohmann::json;
+  auto input = [](const std::string& name, json shape, const std::string& p) {
+    return json{{"name", name}, {"shape", shape}, {"placements", {p}}, {"requires_grad", true}};
+  };
+  const int64_t hd = d / kRanks;
+  auto op = [](const std::string& out, const std::string& name, json args, json extra = json::object()) {
+    extra["out"] = out;
+    extra["op"] = name;
+    extra["args"] = args;
+    return extra;
+  };
+  return json{{"format", "meshsim.scenario/1"},
+              {"name", "attention_overhead"},
+              {"mesh", {{"axes", {"tp"}}, {"shape", {kRanks}}}},
+              {"inputs",
+               {input("x", {2, s, d}, "R"), input("wq", {d, d}, "S(0)"), input("wk", {d, d}, "S(0)"),
+                input("wv", {d, d}, "S(0)"), input("wo", {d, d}, "S(1)")}},
+              {"program",
+               {op("q", "linear", {"x", "wq"}), op("k", "linear", {"x", "wk"}), op("v", "linear", {"x", "wv"}),
+                op("q4", "view", {"q"}, {{"shape", {2, s, kRanks, hd}}}),
+                op("k4", "view", {"k"}, {{"shape", {2, s, kRanks, hd}}}),
+                op("v4", "view", {"v"}, {{"shape", {2, s, kRanks, hd}}}),
+                op("qh", "permute", {"q4"}, {{"dims", {0, 2, 1, 3}}}), op("kt", "permute", {"k4"}, {{"dims", {0, 2, 3, 1}}}),
+                op("vh", "permute", {"v4"}, {{"dims", {0, 2, 1, 3}}}), op("scores", "matmul", {"qh", "kt"}),
+                op("scaled", "mul", {"scores"}, {{"value", 0.5}}), op("probs", "softmax", {"scaled"}, {{"dim", -1}}),
+                op("ctx", "matmul", {"probs", "vh"}), op("ctx_t", "permute", {"ctx"}, {{"dims", {0, 2, 1, 3}}}),
+                op("merged", "reshape", {"ctx_t"}, {{"shape", {2, s, -1}}}), op("y", "linear", {"merged", "wo"}),
+                op("loss", "sum", {"y"})}},
+              {"backward", "loss"}};
+}
+
+void BM_AttentionOverhead(benchmark::State& state) {
+  const int64_t d = state.range(0), s = 15, hd = d / kRanks;  // an uneven sequence length
+  const Scenario sc = parse_scenario(attention_scenario(s, d), "<bench>");
+  const RunOptions options = sc.options;
+  std::map<std::string, at::Tensor> globals;
+  const std::vector<DTensor> inputs = make_inputs(sc, options, globals);
+  auto local = [&](size_t i, int64_t r) { return inputs[i].locals[r].detach(); };
+  auto baseline = [&] {
+    std::vector<at::Tensor> gx(kRanks * 3);
+    std::vector<at::Tensor> gw;
+    for (int64_t r = 0; r < kRanks; ++r) {
+      std::vector<at::Tensor> leaves;
+      for (size_t i = 0; i < 5; ++i) leaves.push_back(local(i, r).requires_grad_(true));
+      // x enters each projection as its own leaf, as meshsim moves each contribution by itself.
+      std::vector<at::Tensor> xs = {local(0, r).requires_grad_(true), local(0, r).requires_grad_(true),
+                                    local(0, r).requires_grad_(true)};
+      auto heads = [&](size_t i, std::vector<int64_t> dims) {
+        return at::matmul(xs[i - 1], leaves[i].t()).view({2, s, 1, hd}).permute(dims).contiguous();
+      };
+      const at::Tensor q = heads(1, {0, 2, 1, 3}), k = heads(2, {0, 2, 3, 1}), v = heads(3, {0, 2, 1, 3});
+      const at::Tensor p = at::softmax(at::matmul(q, k) * 0.5, -1);
+      const at::Tensor ctx = at::matmul(p, v).permute({0, 2, 1, 3}).contiguous().reshape({2, s, hd});
+      const at::Tensor loss = at::matmul(ctx, leaves[4].t()).sum();
+      auto g = torch::autograd::grad({loss}, {xs[0], xs[1], xs[2], leaves[1], leaves[2], leaves[3], leaves[4]});
+      for (size_t c = 0; c < 3; ++c) gx[static_cast<size_t>(r) * 3 + c] = g[c];
+      gw.push_back(g[3]);
+    }
+    for (size_t c = 0; c < 3; ++c) {  // the all_reduce of each contribution to x's gradient
+      at::Tensor acc = gx[c].clone();
+      for (int64_t r = 1; r < kRanks; ++r) acc.add_(gx[static_cast<size_t>(r) * 3 + c]);
+      benchmark::DoNotOptimize(acc.data_ptr());
+    }
+    benchmark::DoNotOptimize(gw[0].data_ptr());
+  };
+  auto subject = [&] {
+    SimRun run = run_distributed(sc, options);
+    benchmark::DoNotOptimize(run.grads.at("wq")[0].data_ptr());
+  };
+  paired(state, baseline, subject);
+}
+
+BENCHMARK(BM_AttentionOverhead)->Arg(64)->Arg(256)->UseManualTime()->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_MlpOverhead, Rd, std::string("Rd"))->Arg(64)->Arg(512)->UseManualTime()->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_MlpOverhead, R, std::string("R"))->Arg(64)->Arg(512)->UseManualTime()->Unit(benchmark::kMillisecond);
 

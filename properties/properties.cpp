@@ -394,7 +394,20 @@ int64_t bytes_moved(const std::vector<Event>& events) {
 // contribution), or the seed of an Rd loss.
 bool makes_a_gradient_partial(const CheckedRun& run) {
   for (const auto& e : run.events) {
-    if (e.phase == "backward" && (e.name == "partial_from_replicate" || e.name == "pad_to_partial")) return true;
+    // An Rd value times a Partial one (the R, P -> P rows of mul, mm, matmul): the gradient of the
+    // Rd value is made partial by its partner, and its reduction, deferred by Rd, can come after
+    // an all_gather the R program did on the reduced value (findings.md, section 8).
+    if (e.phase == "forward" && e.kind == "op" && e.in_specs.size() == 2) {
+      const bool rd = e.in_specs[0].find("Rd") != std::string::npos || e.in_specs[1].find("Rd") != std::string::npos;
+      const bool partial = e.in_specs[0].find("P(") != std::string::npos || e.in_specs[1].find("P(") != std::string::npos;
+      if (rd && partial) return true;
+    }
+    // rescale_partial: a P(avg) gradient, made partial by a P(avg) operand of the forward (the
+    // R, P(avg) -> P(avg) rows), not by a sum over a sharded dim; its reduction, deferred by Rd
+    // past the all_gather of the value that consumed it, moves more bytes.
+    if (e.phase == "backward" &&
+        (e.name == "partial_from_replicate" || e.name == "pad_to_partial" || e.name == "rescale_partial"))
+      return true;
     if (e.kind == "seed" && e.out_spec.find("P(sum)") != std::string::npos) {
       const auto values = run.result.value("values", nlohmann::json::object());
       if (values.contains(e.value))

@@ -15,7 +15,7 @@ build=${MESHSIM_BUILD_DIR:-build}
 cmake --build "$build" -j"${MESHSIM_JOBS:-$(nproc)}" --target meshsim >/dev/null
 meshsim="$build/cli/meshsim"
 
-RANK_VIEWS=(fsdp_reduced fsdp_tp_2d tp_megatron_mlp scale/fsdp_4096)
+RANK_VIEWS=(fsdp_reduced fsdp_tp_2d tp_megatron_mlp fsdp2_strided_tp scale/fsdp_4096)
 
 out=docs/images/gallery
 mkdir -p "$out"
