@@ -18,7 +18,9 @@ Cotangent cotangent(const Placement& primal) {
         return {mutant_on(Mutant::CotangentPsumAsR) ? Placement::replicate() : Placement::reduced(), false};
       if (primal.op == ReduceOp::Avg) return {Placement::reduced(), true};
       throw SemanticError(ErrorKind::NotDifferentiable,
-                          primal.str() + " is not differentiable: redistribute it to R first");
+                          primal.str() + " is not differentiable: a gradient reached a " + primal.str() +
+                              " value; redistribute it to R before it is used on the backward path, or, for an "
+                              "amax/amin over a sharded dim, gather the reduced dim before the reduction");
   }
   return {primal, false};
 }

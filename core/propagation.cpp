@@ -69,10 +69,37 @@ std::string OpAttrs::str() const {
   o << "dim=" << (dim ? std::to_string(*dim) : "-") << " dims=" << list_str(dims) << " dims_given=" << dims_given
     << " keepdim=" << keepdim << " value=" << value << " scalar=" << scalar << " dim0=" << dim0 << " dim1=" << dim1
     << " shape=" << list_str(shape) << " sizes=" << list_str(sizes) << " start_dim=" << start_dim
-    << " end_dim=" << end_dim << " start=" << start << " length=" << length
+    << " end_dim=" << end_dim << " start=" << start << " length=" << length << " split_size=" << split_size
+    << " chunks=" << chunks
     << " divisor=" << (mean_divisor ? std::to_string(*mean_divisor) : "-")
     << " local_shape=" << (local_shape ? list_str(*local_shape) : "-");
   return o.str();
+}
+
+std::vector<Chunk> split_pieces(const std::string& op, const OpAttrs& a, int64_t extent) {
+  auto fail = [&](const std::string& why) { throw SemanticError(ErrorKind::ShapeMismatch, op + ": " + why); };
+  std::vector<Chunk> out;
+  if (op == "split" && !a.sizes.empty()) {
+    int64_t at = 0;
+    for (int64_t s : a.sizes) {
+      if (s < 0) fail("negative size in " + list_str(a.sizes));
+      out.push_back({at, s});
+      at += s;
+    }
+    if (at != extent) fail("sizes " + list_str(a.sizes) + " add up to " + std::to_string(at) + ", the dim has " + std::to_string(extent));
+    return out;
+  }
+  int64_t piece = 0;
+  if (op == "split") {
+    if (a.split_size <= 0) fail("needs sizes (a list) or a size > 0");
+    piece = a.split_size;
+  } else {
+    if (a.chunks <= 0) fail("chunks must be > 0, got " + std::to_string(a.chunks));
+    piece = (extent + a.chunks - 1) / a.chunks;
+  }
+  if (extent == 0) return {{0, 0}};
+  for (int64_t at = 0; at < extent; at += piece) out.push_back({at, std::min(piece, extent - at)});
+  return out;
 }
 
 bool is_view_op(const std::string& op) {

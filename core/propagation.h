@@ -47,6 +47,7 @@ struct OpAttrs {
   std::vector<int64_t> sizes;  // unflatten
   int64_t start_dim = 0, end_dim = -1;  // flatten
   int64_t start = 0, length = 0;        // narrow
+  int64_t split_size = 0, chunks = 0;   // split {size}, chunk {chunks} (split {sizes} uses `sizes`)
   // mean: the number of global elements each output element averages. Set by with_global_shape()
   // for the per-rank op, which then computes local_sum / mean_divisor: over a sharded dim the ranks'
   // results add up to the global mean (the rows make that shard P(sum)), even for uneven shards.
@@ -80,6 +81,12 @@ std::vector<RuleRow> rule_rows(const std::string& op, const std::vector<int64_t>
                                const OpAttrs& attrs);
 // The same for operands of the given shapes (broadcasting, views and matmuls depend on them).
 std::vector<RuleRow> rule_rows_for(const std::string& op, const std::vector<Shape>& shapes, const OpAttrs& attrs);
+
+// split and chunk along `dim` (0 when absent) of an extent: each piece's (offset, size), as
+// torch.split (sizes, or pieces of split_size, the last shorter) and torch.chunk (pieces of
+// ceil(extent / chunks), so possibly fewer than chunks; an empty dim gives one empty piece) cut
+// them. They run as one narrow per piece. Throws SemanticError(ShapeMismatch) naming the op.
+std::vector<Chunk> split_pieces(const std::string& op, const OpAttrs& attrs, int64_t extent);
 
 // The view ops (view, reshape, flatten, unflatten, squeeze, unsqueeze, expand): their per-rank
 // result shape is the local layout of the output, which the runtime passes as local_shape.

@@ -130,6 +130,7 @@ const std::vector<OpRule>& op_rules() {
       {"amin", 1, reduction, true},
       {"bmm", 2, {}, true},
       {"cat", -1, {{"dim", AttrType::Int, true}}, true},
+      {"chunk", 1, {{"chunks", AttrType::Int, true}, {"dim", AttrType::Int, false}}, true},
       {"div", 2, binary, true},
       {"exp", 1, {}, true},
       {"expand", 1, {{"shape", AttrType::Ints, true}}, true},
@@ -156,6 +157,7 @@ const std::vector<OpRule>& op_rules() {
       {"scale", 1, {{"value", AttrType::Number, true}}, true},
       {"sin", 1, {}, true},
       {"softmax", 1, {{"dim", AttrType::Int, true}}, true},
+      {"split", 1, {{"sizes", AttrType::Ints, false}, {"size", AttrType::Int, false}, {"dim", AttrType::Int, false}}, true},
       {"squeeze", 1, {{"dim", AttrType::Int, false}}, true},
       {"stack", -1, {{"dim", AttrType::Int, true}}, true},
       {"sub", 2, binary, true},
@@ -423,7 +425,9 @@ class ScenarioParser {
     decl.path = path;
     decl.op = r_.string(r_.field(op, path, "op"), child(path, "op"));
     const OpRule& rule = op_rule(decl.op, child(path, "op"), region);
-    std::vector<std::string> allowed = {"out", "op", "args"};
+    // split and chunk give several results: `outs` names them (one per piece) instead of `out`.
+    const bool multi = decl.op == "split" || decl.op == "chunk";
+    std::vector<std::string> allowed = {multi ? "outs" : "out", "op", "args"};
     for (const auto& a : rule.attrs) allowed.push_back(a.key);
     r_.only_keys(op, path, allowed);
     const json& args = r_.array(r_.field(op, path, "args"), child(path, "args"));
@@ -446,6 +450,14 @@ class ScenarioParser {
     decl.attrs = op;
     if (decl.op == "local_map") {
       parse_local_map(op, path, decl);
+    } else if (multi) {
+      if (decl.op == "split" && op.contains("sizes") == op.contains("size"))
+        r_.fail(child(path, "sizes"), "split takes either sizes (a list) or size (an integer)");
+      const std::string op_path = child(path, "outs");
+      const json& outs = r_.array(r_.field(op, path, "outs"), op_path);
+      if (outs.empty()) r_.fail(op_path, decl.op + " needs one name per piece in outs");
+      for (size_t k = 0; k < outs.size(); ++k) decl.outs.push_back(new_value(outs[k], child(op_path, k)));
+      decl.out = decl.outs.front();
     } else {
       decl.out = new_value(r_.field(op, path, "out"), child(path, "out"));
       decl.outs = {decl.out};

@@ -48,6 +48,12 @@ std::vector<at::Tensor> reference(const OpDecl& op, const std::vector<at::Tensor
       xs.push_back(env.at(a));
       defined &= env.at(a).defined();
     }
+    if (is_split_op(r.op)) {
+      const auto pieces = defined ? split_as_narrows(r, xs.at(0).sizes().vec()) : std::vector<OpAttrs>(r.outs.size());
+      for (size_t k = 0; k < r.outs.size(); ++k)
+        env[r.outs[k]] = !defined ? at::Tensor() : local_op("narrow", pieces.at(k), {xs[0]});
+      continue;
+    }
     env[r.out] = !defined ? at::Tensor() : global_op(r, xs, true);
   }
   std::vector<at::Tensor> out;
@@ -79,6 +85,12 @@ OracleRun run_oracle(const Scenario& sc, const std::map<std::string, at::Tensor>
     }
     bool known = true;
     for (const auto& x : xs) known &= x.defined();
+    if (is_split_op(op.op)) {
+      const auto pieces = known ? split_as_narrows(op, xs.at(0).sizes().vec()) : std::vector<OpAttrs>(op.outs.size());
+      for (size_t k = 0; k < op.outs.size(); ++k)
+        run.values[op.outs[k]] = !known ? at::Tensor() : local_op("narrow", pieces.at(k), {xs[0]});
+      continue;
+    }
     run.values[op.out] = !known ? at::Tensor() : global_op(op, xs, false);
   }
   if (!sc.backward.empty() && !leaves.empty()) {

@@ -290,7 +290,28 @@ struct LocalMapBuilder {
     const auto r = static_cast<int64_t>(rank);
     BodyValue y = x;
     y.name = fresh();
-    const int pick = *rc::gen::inRange(0, 11);
+    const int pick = *rc::gen::inRange(0, 12);
+    if (pick == 11 && rank >= 1) {  // chunk in two along a dim no axis shards; the first piece goes on
+      const int64_t d = *rc::gen::inRange<int64_t>(0, r);
+      if (sharded(x, d)) return false;
+      const int64_t n = x.shape[static_cast<size_t>(d)];
+      const int64_t first = n == 0 ? 0 : (n + 1) / 2;
+      const int pieces = n <= 1 ? 1 : 2;
+      y.shape[static_cast<size_t>(d)] = first;
+      if (!within_bounds("narrow", {}, {{x.bound, x.rounded}}, x.bound, y.rounded)) return false;
+      y.bound = x.bound;
+      const std::string rest = fresh();
+      json outs = pieces == 1 ? json::array({y.name}) : json::array({y.name, rest});
+      json refs = pieces == 1 ? json::array({y.name}) : json::array({y.name, rest});
+      json twins = pieces == 1 ? json::array({"d_" + y.name}) : json::array({"d_" + y.name, "d_" + rest});
+      body.push_back({{"outs", outs}, {"op", "chunk"}, {"args", {x.name}}, {"chunks", pieces}, {"dim", d}});
+      reference.push_back({{"outs", refs}, {"op", "chunk"}, {"args", {x.ref}}, {"chunks", pieces}, {"dim", d}});
+      twin_ops.push_back({{"outs", twins}, {"op", "chunk"}, {"args", {x.twin}}, {"chunks", pieces}, {"dim", d}});
+      y.ref = y.name;
+      y.twin = "d_" + y.name;
+      pool.push_back(y);
+      return true;
+    }
     auto move_shards = [&](const std::function<int64_t(int64_t)>& to) {
       for (size_t b = 0; b < y.reading.size(); ++b)
         if (y.reading[b] == Reading::Shard) y.shard_dim[b] = to(y.shard_dim[b]);
@@ -458,6 +479,10 @@ struct LocalMapBuilder {
     BodyValue y = x;
     y.name = fresh();
     if (kind > 7) return false;  // try_local_kind's
+    // The reductions of a Partial axis take any axis the value is Partial on, not just the drawn one.
+    if ((kind == 3 || kind == 5) && x.reading[a] != Reading::Partial)
+      for (size_t b = 0; b < x.reading.size(); ++b)
+        if (x.reading[b] == Reading::Partial) return try_kind(kind, x, b);
     if (kind <= 1) {  // mul or add with a value it fits
       const BodyValue* z = elementwise_partner(x, kind == 0);
       if (!z) return false;
@@ -484,7 +509,7 @@ struct LocalMapBuilder {
       if (x.reading[a] != Reading::Partial) return false;
       y.reading[a] = Reading::Replicated;
       y.label[a] = Label::None;
-      const bool opaque = *rc::gen::arbitrary<bool>();
+      const bool opaque = *rc::gen::inRange(0, 3) == 0;  // the Function a third of the time
       body.push_back(opaque ? op(y.name, "call", {x.name}, {{"function", "opaque_all_reduce"}, {"axis", axis}})
                             : op(y.name, "all_reduce", {x.name}, {{"axis", axis}, {"reduce", "sum"}}));
       add_collective(y, x);

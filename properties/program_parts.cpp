@@ -44,7 +44,12 @@ json draw_options(json base) {
 json live_ops(const json& ops, std::set<std::string> live) {
   std::vector<json> kept;
   for (auto it = ops.rbegin(); it != ops.rend(); ++it) {
-    if (!live.count((*it)["out"].get<std::string>())) continue;
+    bool used = false;  // split and chunk name their results in `outs`; a live one keeps the op
+    if (it->contains("outs"))
+      for (const auto& o : (*it)["outs"]) used |= live.count(o.get<std::string>()) > 0;
+    else
+      used = live.count((*it)["out"].get<std::string>()) > 0;
+    if (!used) continue;
     for (const auto& a : (*it)["args"]) live.insert(a.get<std::string>());
     kept.push_back(*it);
   }

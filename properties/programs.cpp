@@ -150,6 +150,48 @@ struct DTensorBuilder {
     return true;
   }
 
+  // split {sizes | size} or chunk {chunks} of x along a dim: every piece joins the pool.
+  bool split_or_chunk(const DValue& x) {
+    const auto rank = static_cast<int64_t>(x.shape.size());
+    const int64_t d = dim_of(x), dd = d < 0 ? d + rank : d, n = x.shape[static_cast<size_t>(dd)];
+    OpDecl decl;
+    decl.op = *rc::gen::element<std::string>("split", "chunk");
+    decl.attrs = {{"dim", d}};
+    if (decl.op == "chunk") decl.attrs["chunks"] = *rc::gen::inRange<int64_t>(1, 4);
+    else if (*rc::gen::arbitrary<bool>()) decl.attrs["size"] = *rc::gen::inRange<int64_t>(1, 4);
+    else {
+      const int64_t first = *rc::gen::inRange<int64_t>(0, n + 1);
+      decl.attrs["sizes"] = n == first ? Shape{first} : Shape{first, n - first};
+    }
+    std::vector<Chunk> pieces;
+    try {
+      pieces = split_pieces(decl.op, op_attrs(decl), n);
+    } catch (const SemanticError&) {
+      return false;
+    }
+    json outs = json::array();
+    std::vector<DValue> made;
+    for (const auto& p : pieces) {
+      const json narrow = {{"dim", d}, {"start", p.offset}, {"length", p.size}};
+      OpDecl nd;
+      nd.op = "narrow";
+      nd.attrs = narrow;
+      const auto spec = spec_after("narrow", op_attrs(nd), mesh, {&x}, policy);
+      if (!spec) return false;
+      DValue y = x;
+      y.name = "v" + std::to_string(program.size()) + "_" + std::to_string(made.size());
+      y.shape[static_cast<size_t>(dd)] = p.size;
+      y.spec = *spec;
+      outs.push_back(y.name);
+      made.push_back(y);
+    }
+    json o = {{"outs", outs}, {"op", decl.op}, {"args", {x.name}}};
+    o.update(decl.attrs);
+    program.push_back(o);
+    for (auto& y : made) pool.push_back(y);
+    return true;
+  }
+
   // One op: the drawn kind if it applies to the drawn operand, else the next kind that does.
   void step() {
     constexpr int kKinds = 14;
@@ -291,9 +333,10 @@ struct DTensorBuilder {
         }
         return add("linear", {&x, &weight}, {}, bound);
       }
-      case 12: {  // cat, stack, narrow
+      case 12: {  // cat, stack, narrow, split, chunk
         if (rank == 0) return false;
-        const int pick = *rc::gen::inRange(0, 3);
+        const int pick = *rc::gen::inRange(0, 4);
+        if (pick == 3) return split_or_chunk(x);
         const int64_t d = dim_of(x), dd = d < 0 ? d + rank : d;
         if (pick == 0) {
           const DValue* y = partner([&](const DValue& v) {

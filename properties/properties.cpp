@@ -493,6 +493,7 @@ void placement_follows_rules() {
       specs.push_back(spec_of(a));
       shapes.push_back(values.at(a).at("shape").get<Shape>());
     }
+
     // The rows' output for `name`, with the Rd label as the policy restores it.
     auto by_rules = [&](const std::string& name, const std::vector<Spec>& in, const std::vector<Shape>& in_shapes,
                         const OpAttrs& attrs) {
@@ -511,6 +512,18 @@ void placement_follows_rules() {
       }
       return want;
     };
+    if (is_split_op(op.op)) {  // one narrow per piece
+      const auto pieces = split_as_narrows(op, shapes.at(0));
+      for (size_t k = 0; k < pieces.size(); ++k) {
+        const Spec want = by_rules("narrow", specs, shapes, pieces[k]);
+        if (spec_of(op.outs[k]) != want) {
+          latest_failure() = {doc, run.result["options"]};
+          RC_FAIL(op.outs[k] + " = " + op.op + " piece " + std::to_string(k) + " is " + spec_str(spec_of(op.outs[k])) +
+                  "; the narrow rows give " + spec_str(want));
+        }
+      }
+      continue;
+    }
     Spec want;
     OpAttrs attrs = op_attrs(op);
     if (op.op == "redistribute") {

@@ -47,7 +47,17 @@ std::vector<DTensor> run_local_map(Runtime& rt, const OpDecl& op, const std::vec
     const bool move = want != a.spec;
     env[op.args[i]] = ctx.enter(move ? rt.redistribute(a, want, op.out + ".in" + std::to_string(i)) : a);
   }
-  for (const auto& b : op.body) env[b.out] = ctx.run(b, env);
+  for (const auto& b : op.body) {
+    if (is_split_op(b.op)) {  // one narrow per piece (body values are rank-local: the local shape)
+      const LTensor& x = env.at(b.args.at(0));
+      const auto pieces = split_as_narrows(b, x.locals.at(0).sizes().vec());
+      for (size_t k = 0; k < pieces.size(); ++k)
+        env[b.outs[k]] = ctx.op("narrow", {{"dim", *pieces[k].dim}, {"start", pieces[k].start}, {"length", pieces[k].length}},
+                                {x}, b.outs[k]);
+      continue;
+    }
+    env[b.out] = ctx.run(b, env);
+  }
   std::vector<DTensor> outs;
   for (size_t k = 0; k < op.returns.size(); ++k) outs.push_back(ctx.leave(env.at(op.returns[k]), op.out_placements[k], op.outs[k]));
   return outs;
@@ -116,6 +126,14 @@ SimRun run_distributed(const Scenario& sc, const RunOptions& options) {
         run.values[op.outs[k]] = std::move(outs[k]);
       }
       run.has_local_map = true;
+      continue;
+    }
+    if (is_split_op(op.op)) {  // one narrow per piece, each its own value
+      const auto pieces = split_as_narrows(op, args.at(0).shape);
+      for (size_t k = 0; k < pieces.size(); ++k) {
+        run.named.push_back(op.outs[k]);
+        run.values[op.outs[k]] = rt.apply_op("narrow", pieces[k], {args[0]}, op.outs[k]);
+      }
       continue;
     }
     DTensor out;

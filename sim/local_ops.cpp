@@ -37,6 +37,8 @@ OpAttrs op_attrs(const OpDecl& decl) {
   if (integer("end_dim")) a.end_dim = j["end_dim"].get<int64_t>();
   if (integer("start")) a.start = j["start"].get<int64_t>();
   if (integer("length")) a.length = j["length"].get<int64_t>();
+  if (integer("size")) a.split_size = j["size"].get<int64_t>();
+  if (integer("chunks")) a.chunks = j["chunks"].get<int64_t>();
   return a;
 }
 
@@ -101,6 +103,38 @@ at::Tensor second(const OpAttrs& attrs, const std::vector<at::Tensor>& xs) {
 }
 
 }  // namespace
+
+bool is_split_op(const std::string& op) { return op == "split" || op == "chunk"; }
+
+std::vector<OpAttrs> split_as_narrows(const OpDecl& decl, const std::vector<int64_t>& shape) {
+  const OpAttrs a = op_attrs(decl);
+  const auto rank = static_cast<int64_t>(shape.size());
+  const int64_t d = a.dim.value_or(0);
+  if (d < -rank || d >= rank)
+    throw SemanticError(ErrorKind::ShapeMismatch, decl.path + ": " + decl.op + ": dim " + std::to_string(d) +
+                                                      " out of range for " + shape_str(shape));
+  const int64_t dim = d < 0 ? d + rank : d;
+  std::vector<Chunk> pieces;
+  try {
+    pieces = split_pieces(decl.op, a, shape[static_cast<size_t>(dim)]);
+  } catch (const SemanticError& e) {
+    throw SemanticError(ErrorKind::ShapeMismatch, decl.path + ": " + e.what());
+  }
+  if (pieces.size() != decl.outs.size())
+    throw SemanticError(ErrorKind::ShapeMismatch,
+                        decl.path + ": " + decl.op + " of dim " + std::to_string(dim) + " of " + shape_str(shape) +
+                            " gives " + std::to_string(pieces.size()) + " pieces, outs names " +
+                            std::to_string(decl.outs.size()));
+  std::vector<OpAttrs> out;
+  for (const auto& p : pieces) {
+    OpAttrs n;
+    n.dim = dim;
+    n.start = p.offset;
+    n.length = p.size;
+    out.push_back(n);
+  }
+  return out;
+}
 
 // In the order of rule_families().
 at::Tensor local_op(const std::string& op, const OpAttrs& attrs, const std::vector<at::Tensor>& xs) {

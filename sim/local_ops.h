@@ -15,4 +15,10 @@ namespace meshsim {
 OpAttrs op_attrs(const OpDecl& decl);
 at::Tensor local_op(const std::string& op, const OpAttrs& attrs, const std::vector<at::Tensor>& xs);
 
+// split and chunk run as one narrow per piece (core/propagation.h, split_pieces): the narrow's
+// attributes of each piece for an operand of `shape`. Throws SemanticError(ShapeMismatch) naming
+// the op's JSON path when the pieces are not as many as its `outs`.
+std::vector<OpAttrs> split_as_narrows(const OpDecl& decl, const std::vector<int64_t>& shape);
+bool is_split_op(const std::string& op);
+
 }  // namespace meshsim

@@ -651,3 +651,66 @@ TEST(OpAttrsText, EveryFieldIsInTheKey) {
 
 }  // namespace
 }  // namespace meshsim
+
+namespace meshsim {
+namespace {
+
+// split and chunk (one narrow per piece): every piece and the operand's gradient match the oracle
+// for a shard of the cut dim, of another dim, and Partial operands; a wrong number of outs is a
+// shape_mismatch naming the op.
+TEST(OpSplit, PiecesMatchTheOracleAndCountTheOuts) {
+  // The scenario around a split: x [5, 6] laid out by `spec`; the program is set per case.
+  auto doc = [](const json& split, const Names& spec, const Shape& mesh) {
+    json axes = mesh.size() == 1 ? json::array({"a"}) : json::array({"a", "b"});
+    return json{{"format", "meshsim.scenario/1"},
+                {"name", "split"},
+                {"mesh", {{"axes", axes}, {"shape", mesh}}},
+                {"inputs", {{{"name", "x"}, {"shape", {5, 6}}, {"placements", spec}, {"requires_grad", true}}}},
+                {"program", json::array({split})},
+                {"backward", "acc" + std::to_string(split["outs"].size() - 1)}};
+  };
+  const std::vector<json> splits = {
+      {{"outs", {"a", "b", "c"}}, {"op", "split"}, {"args", {"x"}}, {"size", 2}, {"dim", -1}},
+      {{"outs", {"a", "b"}}, {"op", "split"}, {"args", {"x"}}, {"sizes", {4, 1}}},
+      {{"outs", {"a", "b", "c"}}, {"op", "chunk"}, {"args", {"x"}}, {"chunks", 3}, {"dim", 0}},
+      {{"outs", {"a", "b", "c"}}, {"op", "chunk"}, {"args", {"x"}}, {"chunks", 4}, {"dim", 1}}};
+  int runs = 0;
+  for (const auto& sp : splits)
+    for (const auto& mesh : {Shape{3}, Shape{2, 2}})
+      for (const Names& spec : {Names{"S(0)"}, Names{"S(1)"}, Names{"P(sum)"}, Names{"Rd"}, Names{"S(0)", "S(1)"},
+                                Names{"P(avg)", "S(0)"}}) {
+        if (spec.size() != mesh.size()) continue;
+        json d = doc(sp, spec, mesh);
+        // The program: the split, then acc0 = sum(piece 0), acc_k = acc_{k-1} + sum(piece_k^2).
+        json program = json::array({sp, {{"out", "acc0"}, {"op", "sum"}, {"args", {sp["outs"][0]}}}});
+        for (size_t k = 1; k < sp["outs"].size(); ++k) {
+          const std::string r = "r" + std::to_string(k), q = "q" + std::to_string(k);
+          program.push_back({{"out", r}, {"op", "mul"}, {"args", {sp["outs"][k], sp["outs"][k]}}});
+          program.push_back({{"out", q}, {"op", "sum"}, {"args", {r}}});
+          program.push_back({{"out", "acc" + std::to_string(k)}, {"op", "add"}, {"args", {q, "acc" + std::to_string(k - 1)}}});
+        }
+        d["program"] = program;
+        for (const char* mode : {"above_autograd", "below_autograd"}) {
+          Scenario sc = parse_scenario(d, "split");
+          set_option(sc.options, "redistribute", mode);
+          const json r = run(sc);
+          EXPECT_EQ(r["status"], "pass") << sp.dump() << " " << json(spec).dump() << " " << mode << "\n" << r.dump(1);
+          ++runs;
+        }
+      }
+  EXPECT_EQ(runs, 48);
+  // Two names for three pieces.
+  json d = doc(splits[0], {"S(0)"}, {3});
+  d["program"] = json::array({{{"outs", {"a", "b"}}, {"op", "split"}, {"args", {"x"}}, {"size", 2}, {"dim", -1}},
+                              {{"out", "l"}, {"op", "sum"}, {"args", {"a"}}}});
+  d["backward"] = "l";
+  const json r = run(parse_scenario(d, "split"));
+  EXPECT_EQ(r["status"], "error") << r.dump(1);
+  EXPECT_EQ(r["error"]["kind"], "shape_mismatch") << r.dump(1);
+  EXPECT_NE(r["error"]["message"].get<std::string>().find("/program/0: split of dim 1 of [5, 6] gives 3 pieces, outs names 2"),
+            std::string::npos)
+      << r.dump(1);
+}
+
+}  // namespace
+}  // namespace meshsim
