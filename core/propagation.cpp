@@ -227,6 +227,7 @@ struct RowCtx {
   const std::vector<Shape>& shapes;
   const Shape& out;
   const OpAttrs& a;
+  std::string_view op = {};  // the view tables map squeeze's and unsqueeze's dims by the op
   int64_t rank() const { return static_cast<int64_t>(shapes.at(0).size()); }
 };
 
@@ -476,24 +477,53 @@ std::vector<ViewGroup> view_groups(const Shape& in, const Shape& out) {
   return groups;
 }
 
+// The groups of a view op: unsqueeze and squeeze by their dim maps (a size-1 dim is inserted or
+// dropped at `dim`, so every other dim keeps its shard, shifted), the others by view_groups.
+std::vector<ViewGroup> view_groups_for(std::string_view op, const OpAttrs& a, const Shape& in, const Shape& out) {
+  const auto ri = static_cast<int64_t>(in.size()), ro = static_cast<int64_t>(out.size());
+  std::vector<ViewGroup> groups;
+  if (op == "unsqueeze" && a.dim && ro == ri + 1) {
+    for (int64_t d = 0; d < ri; ++d) groups.push_back({{d}, {d < *a.dim ? d : d + 1}});
+    groups.push_back({{}, {*a.dim}});
+    return groups;
+  }
+  if (op == "squeeze" && ro <= ri) {
+    int64_t j = 0;
+    for (int64_t d = 0; d < ri; ++d) {
+      const bool dropped = in[d] == 1 && (!a.dim || *a.dim == d);
+      if (dropped) groups.push_back({{d}, {}});
+      else groups.push_back({{d}, {j++}});
+    }
+    return groups;
+  }
+  return view_groups(in, out);
+}
+
 // view, reshape, flatten, unflatten, squeeze, unsqueeze: a shard of the leading (outermost) input
 // dim of a group stays a shard of the group's leading output dim (a merged dim keeps the shard of
 // its outermost part; a split dim gives it to its outermost piece); a shard of any other dim of a
 // group is redistributed first. propagate() keeps such a row only where each rank's chunk is the
 // same elements on both sides (always for even shards; see view_layout_agrees).
-std::vector<RuleRow> view_rows(const RowCtx& c) {
+// The rows of a view's groups; `inverse` reads them from the result back to the operand (the
+// gradient's view).
+std::vector<RuleRow> view_rows_of(const std::vector<ViewGroup>& groups, bool inverse) {
   std::vector<RowText> t;
-  for (const auto& g : view_groups(c.shapes.at(0), c.out)) {
+  for (const auto& g : groups) {
     if (g.in.empty() || g.out.empty()) continue;
     const bool one = g.in.size() == 1 && g.out.size() == 1;
-    t.emplace_back(S(g.in[0]) + " -> " + S(g.out[0]),
+    const int64_t from = inverse ? g.out[0] : g.in[0], to = inverse ? g.in[0] : g.out[0];
+    t.emplace_back(S(from) + " -> " + S(to),
                    one ? "S(d) -> S(d'), a dim the view keeps" : "S(d) -> S(d'), the leading dim of a merged or split group");
-    if (mutant_on(Mutant::FlattenKeepsInnerShard))  // planted bug: an inner dim of a merge keeps its shard
+    if (mutant_on(Mutant::FlattenKeepsInnerShard) && !inverse)  // planted bug: an inner dim of a merge keeps its shard
       for (size_t k = 1; k < g.in.size() && g.out.size() == 1; ++k)
         t.emplace_back(S(g.in[k]) + " -> " + S(g.out[0]), "S(d) -> S(d'), the leading dim of a merged or split group");
   }
   moved_elements_rows(t);
   return parse_rows(t);
+}
+
+std::vector<RuleRow> view_rows(const RowCtx& c) {
+  return view_rows_of(view_groups_for(c.op, c.a, c.shapes.at(0), c.out), false);
 }
 
 // expand {shape}: a dim expand keeps (same extent) keeps its shard; an expanded size-1 dim or a new
@@ -658,9 +688,10 @@ struct AxisGrad {
   OpAttrs attrs;               // dims resolved
   std::vector<Shape> shapes;   // the operands'
   Shape out_shape;
+  std::string op;
 
   Placement operand(size_t i) const { return as_rule_input(ins.at(i)); }
-  RowCtx ctx() const { return {shapes, out_shape, attrs}; }
+  RowCtx ctx() const { return {shapes, out_shape, attrs, op}; }
 };
 // A backward step on one axis: what the incoming gradient must be, the contribution's placement,
 // and the rule read (the table and its row, "mul S(d), S(d) -> S(d)"; or a branch), for coverage.
@@ -770,8 +801,7 @@ Grad reduction_gradient(const AxisGrad& x) {
 
 // A view's gradient is g viewed back: the view table from the result's shape to the operand's.
 Grad view_gradient(const AxisGrad& x) {
-  const std::vector<Shape> shapes{x.out_shape};
-  return own_table("view back", view_rows({shapes, x.shapes.at(0), x.attrs}), x);
+  return own_table("view back", view_rows_of(view_groups_for(x.op, x.attrs, x.shapes.at(0), x.out_shape), true), x);
 }
 
 Grad permute_gradient(const AxisGrad& x) {
@@ -867,7 +897,7 @@ std::vector<RuleRow> rule_rows_for(const std::string& op, const std::vector<Shap
   const Family& family = family_of(op);
   const Shape out = infer_shape(op, shapes, attrs);
   const OpAttrs a = resolved(op, attrs, static_cast<int64_t>(shapes.at(0).size()), shape_str(shapes.at(0)));
-  return family.rows({shapes, out, a});
+  return family.rows({shapes, out, a, op});
 }
 
 std::vector<RuleRow> rule_rows(const std::string& op, const std::vector<int64_t>& ranks, const OpAttrs& attrs) {
@@ -1094,9 +1124,10 @@ namespace {
 // on both sides only where the chunks line up (always for even shards; for uneven ones, where the
 // inner extent times the chunk boundaries agree).
 std::set<int64_t> view_layout_mismatches(const Mesh& mesh, const Spec& in_spec, const Spec& out_spec,
-                                         const Shape& in_shape, const Shape& out_shape) {
+                                         const Shape& in_shape, const Shape& out_shape, std::string_view op,
+                                         const OpAttrs& attrs) {
   std::set<int64_t> bad;
-  const auto groups = view_groups(in_shape, out_shape);
+  const auto groups = view_groups_for(op, attrs, in_shape, out_shape);
   for (int64_t r = 0; r < mesh.size(); ++r) {
     const LocalLayout li = local_layout(mesh, in_spec, in_shape, r), lo = local_layout(mesh, out_spec, out_shape, r);
     for (const auto& g : groups) {
@@ -1120,7 +1151,7 @@ ShardingDecision propagate(const std::string& op, const Mesh& mesh, const std::v
   std::vector<int64_t> bytes;
   for (const auto& s : shapes) bytes.push_back(bytes_of(s));
   const OpAttrs a_res = resolved(op, attrs, static_cast<int64_t>(shapes.at(0).size()), shape_str(shapes.at(0)));
-  const auto rows = family_of(op).rows({shapes, d.out_shape, a_res});
+  const auto rows = family_of(op).rows({shapes, d.out_shape, a_res, op});
   d.in_specs = specs;
   d.out_spec.assign(mesh.ndim(), Placement::replicate());
   std::vector<const RuleRow*> chosen;
@@ -1144,7 +1175,7 @@ ShardingDecision propagate(const std::string& op, const Mesh& mesh, const std::v
       if (row.ins[0] == Placement::replicate()) replicate = &row;
     for (bool changed = true; changed;) {
       changed = false;
-      const auto bad = view_layout_mismatches(mesh, d.in_specs[0], d.out_spec, shapes[0], d.out_shape);
+      const auto bad = view_layout_mismatches(mesh, d.in_specs[0], d.out_spec, shapes[0], d.out_shape, op, a_res);
       for (int a = 0; a < mesh.ndim(); ++a)
         if (d.in_specs[0][a].is_shard() && bad.count(d.in_specs[0][a].dim)) {
           d.in_specs[0][a] = Placement::replicate();
@@ -1175,6 +1206,7 @@ BackwardDecision backward_rule(const std::string& op, const Mesh& mesh,
   x.attrs = resolved(op, attrs, x.rank, shape_str(shapes[0]));
   x.shapes = shapes;
   x.out_shape = infer_shape(op, shapes, attrs);
+  x.op = op;
   x.bytes = bytes_of(x.out_shape);
   BackwardDecision d{grad_in, grad_in};
   for (int a = 0; a < mesh.ndim(); ++a) {
@@ -1357,7 +1389,7 @@ std::vector<CoverageRow> propagation_coverage() {
         } catch (const SemanticError&) {
           continue;
         }
-        const auto rows = f.rows({c.shapes, out_shape, a});
+        const auto rows = f.rows({c.shapes, out_shape, a, op});
         for (const auto& row : rows)
           if (seen.insert("forward " + op + ": " + std::string(row.rule)).second)
             forward.push_back({"forward " + op + ": " + std::string(row.rule), ""});
@@ -1376,6 +1408,7 @@ std::vector<CoverageRow> propagation_coverage() {
         x.attrs = a;
         x.shapes = c.shapes;
         x.out_shape = out_shape;
+        x.op = op;
         const size_t arity = c.shapes.size();
         size_t combos = 1;
         for (size_t i = 0; i < arity; ++i) combos *= placements.size();
