@@ -393,14 +393,9 @@ struct LocalMapBuilder {
     }
     if (pick == 9 && rank == 2) {  // matmul, or bmm of the two unsqueezed, by mm's rows
       const size_t axes = x.reading.size();
-      std::vector<const BodyValue*> partners;
-      for (const auto& v : pool) {
-        bool fits = v.shape.size() == 2 && v.shape[0] == x.shape[1];
-        for (size_t b = 0; b < axes && fits; ++b) fits = mm_reading(x, v, b).has_value();
-        if (fits) partners.push_back(&v);
-      }
-      if (partners.empty()) return false;
-      const BodyValue z = *partners.at(static_cast<size_t>(*rc::gen::inRange<int>(0, static_cast<int>(partners.size()))));
+      const BodyValue* partner = mm_partner(x);
+      if (!partner) return false;
+      const BodyValue z = *partner;
       y.shape = {x.shape[0], z.shape[1]};
       for (size_t b = 0; b < axes; ++b) std::tie(y.reading[b], y.shard_dim[b]) = *mm_reading(x, z, b);
       y.label = local_label({&x, &z});
@@ -437,6 +432,18 @@ struct LocalMapBuilder {
       return local_unary(y, *rc::gen::element<std::string>("amax", "amin"), x, {{"dim", d}, {"keepdim", keepdim}}, x.bound);
     }
     return false;
+  }
+
+  // A 2-D value x @ which has a direct mm row on every axis, or null.
+  const BodyValue* mm_partner(const BodyValue& x) {
+    std::vector<const BodyValue*> partners;
+    for (const auto& v : pool) {
+      bool fits = v.shape.size() == 2 && x.shape.size() == 2 && v.shape[0] == x.shape[1];
+      for (size_t b = 0; b < x.reading.size() && fits; ++b) fits = mm_reading(x, v, b).has_value();
+      if (fits) partners.push_back(&v);
+    }
+    if (partners.empty()) return nullptr;
+    return partners.at(static_cast<size_t>(*rc::gen::inRange<int>(0, static_cast<int>(partners.size()))));
   }
 
   // A partner of the same shape for an elementwise op on every axis.
@@ -490,14 +497,9 @@ struct LocalMapBuilder {
                        : local_binary(y, "add", x, *z, x.bound + z->bound);
     } else if (kind == 2) {  // mm with a direct row on every axis
       if (x.shape.size() != 2) return false;
-      std::vector<const BodyValue*> partners;
-      for (const auto& v : pool) {
-        bool fits = v.shape.size() == 2 && v.shape[0] == x.shape[1];
-        for (size_t b = 0; b < axes && fits; ++b) fits = mm_reading(x, v, b).has_value();
-        if (fits) partners.push_back(&v);
-      }
-      if (partners.empty()) return false;
-      const BodyValue& z = *partners.at(static_cast<size_t>(*rc::gen::inRange<int>(0, static_cast<int>(partners.size()))));
+      const BodyValue* partner = mm_partner(x);
+      if (!partner) return false;
+      const BodyValue& z = *partner;
       y.shape = {x.shape[0], z.shape[1]};
       for (size_t b = 0; b < axes; ++b) std::tie(y.reading[b], y.shard_dim[b]) = *mm_reading(x, z, b);
       y.label = local_label({&x, &z});

@@ -4,6 +4,8 @@
 // kinds of contract 3, and the sharding propagation the runtime relies on (SEMANTICS.md 1-4).
 #include <gtest/gtest.h>
 
+#include "tests/spec_sets.h"
+
 #include <cstdio>
 #include <functional>
 #include <set>
@@ -51,21 +53,7 @@ Mesh mesh_of(const std::vector<int64_t>& shape) {
   return Mesh(std::vector<std::string>(names.begin(), names.begin() + shape.size()), shape);
 }
 
-// Every spec over `ndim` mesh axes whose per-axis placements come from `set`.
-std::vector<Spec> specs_over(const std::vector<Placement>& set, int ndim) {
-  std::vector<Spec> out = {{}};
-  for (int a = 0; a < ndim; ++a) {
-    std::vector<Spec> next;
-    for (const auto& s : out)
-      for (const auto& p : set) {
-        Spec t = s;
-        t.push_back(p);
-        next.push_back(t);
-      }
-    out = next;
-  }
-  return out;
-}
+using testing_util::specs_over;
 
 json spec_json(const Spec& spec) {
   json out = json::array();

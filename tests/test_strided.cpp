@@ -5,6 +5,8 @@
 // shards" and "Negative dims").
 #include <gtest/gtest.h>
 
+#include "tests/spec_sets.h"
+
 #include <string>
 #include <vector>
 
@@ -45,20 +47,7 @@ at::Tensor arange(const Shape& shape) {
   return at::arange(numel(shape), at::TensorOptions().dtype(at::kDouble)).reshape(shape);
 }
 
-std::vector<Spec> specs_over(const std::vector<Placement>& set, int ndim) {
-  std::vector<Spec> out = {{}};
-  for (int a = 0; a < ndim; ++a) {
-    std::vector<Spec> next;
-    for (const auto& s : out)
-      for (const auto& p : set) {
-        Spec t = s;
-        t.push_back(p);
-        next.push_back(t);
-      }
-    out = next;
-  }
-  return out;
-}
+using testing_util::specs_over;
 
 bool has_strided(const Spec& spec) {
   for (const auto& p : spec)
