@@ -199,7 +199,8 @@ int64_t reduced_before(const OpAttrs& resolved_attrs, int64_t d) {
 
 }  // namespace
 
-OpAttrs with_global_shape(const OpAttrs& attrs, const Shape& global_in) {
+OpAttrs with_global_shape(const std::string& op, const OpAttrs& attrs, const Shape& global_in) {
+  if (op != "mean") return attrs;
   OpAttrs r = attrs;
   const auto rank = static_cast<int64_t>(global_in.size());
   OpAttrs a;

@@ -61,10 +61,11 @@ struct OpAttrs {
   std::string str() const;
 };
 
-// `attrs` with what the per-rank local op needs from the global operand shape `global_in` (the
-// shape of operand 0): mean_divisor for mean, the product of the global extents of the reduced
-// dims. Call it after propagate() (which checks the dims) and pass the result to local_op().
-OpAttrs with_global_shape(const OpAttrs& attrs, const Shape& global_in);
+// `attrs` with what the per-rank local op `op` needs from the global operand shape `global_in`
+// (the shape of operand 0): for mean, mean_divisor, the product of the global extents of the
+// reduced dims; every other op needs nothing (attrs as given). Call it after propagate() (which
+// checks the dims) and pass the result to local_op().
+OpAttrs with_global_shape(const std::string& op, const OpAttrs& attrs, const Shape& global_in);
 
 // The op families, in the order their tables are written, each with its ops (alphabetical).
 struct RuleFamily {

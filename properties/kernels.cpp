@@ -757,7 +757,7 @@ Case draw_case(const std::string& op) {
     const Dims s = draw_shape(draw_in(0, 3));
     draw_reduction(a, static_cast<int64_t>(s.size()));
     const int64_t divisor = draw_in(0, 3);  // mean on a rank: by the global count of the reduced elements
-    if (divisor == 1) a = with_global_shape(a, s);
+    if (divisor == 1) a = with_global_shape(op, a, s);
     if (divisor == 2) a.mean_divisor = draw_in(1, 9);
     if (op == "amax" || op == "amin") xs.push_back(draw_extremum_values(s));
     else one(s);

@@ -393,15 +393,9 @@ struct LocalMapBuilder {
     }
     if (pick == 9 && rank == 2) {  // matmul, or bmm of the two unsqueezed, by mm's rows
       const size_t axes = x.reading.size();
-      const BodyValue* partner = mm_partner(x);
-      if (!partner) return false;
-      const BodyValue z = *partner;
-      y.shape = {x.shape[0], z.shape[1]};
-      for (size_t b = 0; b < axes; ++b) std::tie(y.reading[b], y.shard_dim[b]) = *mm_reading(x, z, b);
-      y.label = local_label({&x, &z});
-      y.bound = x.bound * z.bound * static_cast<double>(x.shape[1]);
-      y.floor = 0;
-      if (!within_bounds("matmul", {}, {{x.bound, x.rounded}, {z.bound, z.rounded}}, y.bound, y.rounded)) return false;
+      const BodyValue* z_ptr = mm_product(y, x, "matmul");
+      if (!z_ptr) return false;
+      const BodyValue z = *z_ptr;
       if (*rc::gen::arbitrary<bool>()) {
         add_local(y, "matmul", {x, z});
         return true;
@@ -432,6 +426,20 @@ struct LocalMapBuilder {
       return local_unary(y, *rc::gen::element<std::string>("amax", "amin"), x, {{"dim", d}, {"keepdim", keepdim}}, x.bound);
     }
     return false;
+  }
+
+  // x @ z for a partner z with a direct mm row on every axis: y (x's copy, named) gets the
+  // product's shape, readings, label and bound; z, or null when there is none or the bound fails.
+  const BodyValue* mm_product(BodyValue& y, const BodyValue& x, const char* name) {
+    const BodyValue* z = mm_partner(x);
+    if (!z) return nullptr;
+    y.shape = {x.shape[0], z->shape[1]};
+    for (size_t b = 0; b < x.reading.size(); ++b) std::tie(y.reading[b], y.shard_dim[b]) = *mm_reading(x, *z, b);
+    y.label = local_label({&x, z});
+    y.bound = x.bound * z->bound * static_cast<double>(x.shape[1]);
+    y.floor = 0;
+    if (!within_bounds(name, {}, {{x.bound, x.rounded}, {z->bound, z->rounded}}, y.bound, y.rounded)) return nullptr;
+    return z;
   }
 
   // A 2-D value x @ which has a direct mm row on every axis, or null.
@@ -481,7 +489,6 @@ struct LocalMapBuilder {
   }
 
   bool try_kind(int kind, const BodyValue& x, size_t a) {
-    const size_t axes = static_cast<size_t>(mesh.ndim());
     const std::string axis = mesh.axes()[a];
     BodyValue y = x;
     y.name = fresh();
@@ -497,16 +504,9 @@ struct LocalMapBuilder {
                        : local_binary(y, "add", x, *z, x.bound + z->bound);
     } else if (kind == 2) {  // mm with a direct row on every axis
       if (x.shape.size() != 2) return false;
-      const BodyValue* partner = mm_partner(x);
-      if (!partner) return false;
-      const BodyValue& z = *partner;
-      y.shape = {x.shape[0], z.shape[1]};
-      for (size_t b = 0; b < axes; ++b) std::tie(y.reading[b], y.shard_dim[b]) = *mm_reading(x, z, b);
-      y.label = local_label({&x, &z});
-      y.bound = x.bound * z.bound * static_cast<double>(x.shape[1]);
-      y.floor = 0;
-      if (!within_bounds("mm", {}, {{x.bound, x.rounded}, {z.bound, z.rounded}}, y.bound, y.rounded)) return false;
-      add_local(y, "mm", {x, z});
+      const BodyValue* z = mm_product(y, x, "mm");
+      if (!z) return false;
+      add_local(y, "mm", {x, *z});
     } else if (kind == 3) {  // all_reduce, or the opaque all_reduce Function, of a Partial axis
       if (x.reading[a] != Reading::Partial) return false;
       y.reading[a] = Reading::Replicated;

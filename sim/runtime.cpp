@@ -218,7 +218,7 @@ DTensor Runtime::apply_op(const std::string& op, const OpAttrs& attrs, const std
   auto leaves = std::make_shared<std::vector<std::vector<at::Tensor>>>(R);
   auto results = std::make_shared<Locals>(R);
   Locals outs(R);
-  const OpAttrs local_attrs = with_global_shape(attrs, shapes.at(0));  // mean's global count
+  const OpAttrs local_attrs = with_global_shape(op, attrs, shapes.at(0));  // mean's global count
   for (size_t r = 0; r < R; ++r) {
     std::vector<at::Tensor> xs;
     for (size_t i = 0; i < ready.size(); ++i) xs.push_back(ready[i].locals[r].detach().requires_grad_(needs[i]));

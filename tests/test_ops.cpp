@@ -539,11 +539,13 @@ TEST(OpMean, LocalSumsOverTheGlobalCountAddUpToTheMean) {
   // 5 rows over 4 ranks: 2, 2, 1, 0 rows.
   at::Tensor x = at::arange(15, at::kDouble).reshape({5, 3});
   OpAttrs a = attrs_of("mean", {{"dim", 0}});
-  OpAttrs local = with_global_shape(a, {5, 3});
+  OpAttrs local = with_global_shape("mean", a, {5, 3});
   ASSERT_TRUE(local.mean_divisor.has_value());
   EXPECT_EQ(*local.mean_divisor, 5);
-  EXPECT_EQ(*with_global_shape(attrs_of("mean", json::object()), {5, 3}).mean_divisor, 15);
-  EXPECT_EQ(*with_global_shape(attrs_of("mean", {{"dim", -1}}), {5, 3}).mean_divisor, 3);
+  EXPECT_EQ(*with_global_shape("mean", attrs_of("mean", json::object()), {5, 3}).mean_divisor, 15);
+  EXPECT_EQ(*with_global_shape("mean", attrs_of("mean", {{"dim", -1}}), {5, 3}).mean_divisor, 3);
+  EXPECT_EQ(*with_global_shape("mean", attrs_of("mean", {{"dim", {0, 1}}}), {5, 3}).mean_divisor, 15);
+  EXPECT_FALSE(with_global_shape("sum", attrs_of("sum", {{"dim", 0}}), {5, 3}).mean_divisor.has_value());
   at::Tensor total = at::zeros({3}, at::kDouble);
   for (const auto& chunk : x.chunk(4, 0)) total = total + local_op("mean", local, {chunk});
   for (const auto& chunk : at::split(x, {2, 2, 1, 0}, 0)) EXPECT_FALSE(local_op("mean", local, {chunk}).isnan().any().item<bool>());
