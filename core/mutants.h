@@ -20,12 +20,16 @@ enum class Mutant {
   CatShardedDimNotGathered,        // cat along a sharded dim concatenates the chunks without gathering
   CotangentPsumAsR,                // the cotangent of P(sum) taken as R
   CotangentRdAsR,                  // the cotangent of Rd taken as R
+  EmbeddingGradWrongRank,          // a vocab-parallel embedding's gradient rows scattered to the next rank's shard
   FlattenKeepsInnerShard,          // a view keeps a shard of a non-leading dim of a merged group
   Float32RandomReductionOrder,     // collectives reduce float32 in a hidden random order
+  GeluTanhDerivative,              // gelu {approximate: none} differentiated as the tanh approximation
+  LossParallelLocalMax,            // loss parallel: each rank shifts its logits by its own max (no all_reduce(max))
   MarkVaryingForReduced,           // local_map: mark_varying instead of the reduced -> varying cast
   MissingMarkVarying,              // local_map: an invariant input is not marked varying
   MissingReducedInvariantCast,     // local_map: a reduced input meeting an invariant one is not cast
   MmS1S0LabelledR,                 // S(1) @ S(0) labelled R instead of P(sum)
+  NormWeightGradNotReduced,        // a norm weight's gradient over a sharded batch/sequence dim labelled R, not P(sum)
   PartialPlusReplicateUndivided,   // P + R without turning the R operand into P
   PartialSeedOnEveryRank,          // a Partial-cotangent loss seeded with ones on every rank
   PavgBackwardUnscaled,            // P(avg)'s local cotangent not scaled by 1/n
@@ -35,6 +39,7 @@ enum class Mutant {
   StrategyRegistryIgnored,         // variance-tracking strategies are ignored
   StridedGatheredPlain,            // a strided shard all_gathered in plain-shard order (no interleave)
   UnevenArraySplit,                // collectives chunk uneven dims as numpy.array_split
+  VocabLookupUnmasked,             // vocab-parallel embedding: ids outside the rank's range are clamped, not masked
 };
 
 struct MutantInfo {

@@ -70,7 +70,11 @@ std::string OpAttrs::str() const {
     << " keepdim=" << keepdim << " value=" << value << " scalar=" << scalar << " dim0=" << dim0 << " dim1=" << dim1
     << " shape=" << list_str(shape) << " sizes=" << list_str(sizes) << " start_dim=" << start_dim
     << " end_dim=" << end_dim << " start=" << start << " length=" << length << " split_size=" << split_size
-    << " chunks=" << chunks
+    << " chunks=" << chunks << " tanh=" << tanh << " exponent=" << exponent << " diagonal=" << diagonal
+    << " normalized_shape=" << list_str(normalized_shape) << " eps=" << (eps ? std::to_string(*eps) : "-")
+    << " sum_reduction=" << sum_reduction << " ignore_index=" << (ignore_index ? std::to_string(*ignore_index) : "-")
+    << " fill=" << fill << " float32=" << float32
+    << " range=" << (range ? std::to_string(range->offset) + "+" + std::to_string(range->size) : "-")
     << " divisor=" << (mean_divisor ? std::to_string(*mean_divisor) : "-")
     << " local_shape=" << (local_shape ? list_str(*local_shape) : "-");
   return o.str();
@@ -149,7 +153,7 @@ OpAttrs resolved(const std::string& op, const OpAttrs& attrs, int64_t rank, cons
     r.dims_given = true;
     r.dim.reset();
   }
-  if (op == "softmax" || op == "cat" || op == "narrow" || op == "unflatten") {
+  if (op == "softmax" || op == "log_softmax" || op == "cat" || op == "narrow" || op == "unflatten") {
     need_dim();
     r.dim = wrap(*attrs.dim, "dim");
   }
@@ -615,6 +619,70 @@ std::vector<RuleRow> softmax_rows(const RowCtx& c) {
   return parse_rows(t);
 }
 
+// where(cond, x, y): pointwise over three operands (broadcast); linear in x and y together, so
+// Partial x and y of one kind stay Partial against a replicated condition.
+std::vector<RuleRow> where_rows(const RowCtx& c) {
+  return pointwise_rows(c, {"R, P(sum), P(sum) -> P(sum)", "R, P(avg), P(avg) -> P(avg)"});
+}
+
+// masked_fill(x, mask) {value}: pointwise, the mask broadcast to x; not linear (n ranks' fills add
+// up to n times the value), so a Partial x is reduced first.
+std::vector<RuleRow> masked_fill_rows(const RowCtx& c) { return pointwise_rows(c, {}); }
+
+// tril / triu {diagonal}: which elements are kept depends on their global row and column, so the
+// last two dims are whole on every rank (a shard there is gathered first); a leading (batch) dim
+// keeps its shard; linear, so Partial passes through.
+std::vector<RuleRow> triangle_rows(const RowCtx& c) {
+  std::vector<RowText> t;
+  for (int64_t d = 0; d + 2 < c.rank(); ++d) t.emplace_back(S(d) + " -> " + S(d), "S(d) -> S(d), d a batch dim");
+  t.emplace_back("R -> R");
+  t.emplace_back("P(sum) -> P(sum)");
+  t.emplace_back("P(avg) -> P(avg)");
+  return parse_rows(t);
+}
+
+// layer_norm / rms_norm (x, weight?, bias?): PyTorch's native_layer_norm strategy. The normalized
+// (trailing) dims are whole on every rank, a shard there is gathered first; a batch or sequence dim
+// keeps its shard; the weight and bias are replicated. Not linear: a Partial x is reduced first.
+std::vector<RuleRow> norm_rows(const RowCtx& c) {
+  std::vector<RowText> t;
+  const auto k = static_cast<int64_t>(c.a.normalized_shape.size());
+  const std::vector<std::string> params(c.shapes.size() - 1, "R");
+  const std::string rest = params.empty() ? "" : ", " + joined(params);
+  for (int64_t d = 0; d + k < c.rank(); ++d)
+    t.emplace_back(S(d) + rest + " -> " + S(d), "S(d)" + rest + " -> S(d), d not normalized");
+  t.emplace_back("R" + rest + " -> R");
+  return parse_rows(t);
+}
+
+// embedding(ids, weight [vocab, dim]) -> ids' shape + [dim]: PyTorch's embedding strategy. Ids
+// sharded on a dim give the output sharded alike; a weight sharded on its embedding dim gives the
+// output's last dim sharded; a vocab-sharded weight S(0) gives the masked partial (_MaskPartial):
+// each rank looks up the ids in its vocab range and writes zeros for the others, P(sum). The
+// lookup is linear in the weight, so a Partial weight stays Partial.
+std::vector<RuleRow> embedding_rows(const RowCtx& c) {
+  std::vector<RowText> t;
+  for (int64_t d = 0; d < c.rank(); ++d) t.emplace_back(S(d) + ", R -> " + S(d), "S(d), R -> S(d)");
+  t.emplace_back("R, S(1) -> " + S(c.rank()), "R, S(1) -> S(last)");
+  t.emplace_back("R, S(0) -> P(sum)");
+  t.emplace_back("R, R -> R");
+  t.emplace_back("R, P(sum) -> P(sum)");
+  t.emplace_back("R, P(avg) -> P(avg)");
+  return parse_rows(t);
+}
+
+// pick_target(log_probs [N, C], target [N]) -> [N]: -log_probs[n, target[n]] (0 where the target is
+// ignore_index), the pick of nll_loss and cross_entropy. A batch shard stays a shard; a class shard
+// (loss parallel) is the masked target pick: each rank picks the targets in its class range and
+// writes zeros for the others, P(sum), as PyTorch's loss_parallel does. Linear in log_probs.
+std::vector<RuleRow> pick_target_rows(const RowCtx&) {
+  return parse_rows({"S(0), S(0) -> S(0)", "S(1), R -> P(sum)", "R, R -> R", "P(sum), R -> P(sum)", "P(avg), R -> P(avg)"});
+}
+
+// count_targets(target) -> 1.0 where target != ignore_index, else 0 (the divisor of a mean that
+// ignores targets): pointwise.
+std::vector<RuleRow> count_targets_rows(const RowCtx& c) { return pointwise_rows(c, {}); }
+
 }  // namespace
 
 namespace {
@@ -835,6 +903,57 @@ Grad narrow_gradient(const AxisGrad& x) {
   return own_table("narrow", narrow_rows({shapes, x.shapes.at(0), x.attrs}), x);
 }
 
+// An operand without a gradient (a condition, a mask, ids, targets): never asked for one.
+[[noreturn]] void no_gradient(const AxisGrad& x, const char* what) {
+  throw SemanticError(ErrorKind::NotDifferentiable, x.op + ": " + what + " has no gradient");
+}
+
+// where: the incoming gradient where the condition picks the operand, zeros elsewhere (linear in
+// g, laid out as g), then summed over the operand's broadcast dims.
+Grad where_gradient(const AxisGrad& x) {
+  if (x.input == 0) no_gradient(x, "the condition");
+  return summed_to_operand({x.g, x.g, nullptr, "g where picked, laid out as g"}, x);
+}
+
+Grad masked_fill_gradient(const AxisGrad& x) {
+  if (x.input == 1) no_gradient(x, "the mask");
+  return {x.g, x.g, nullptr, "g zeroed where filled, laid out as g"};
+}
+
+// layer_norm / rms_norm: the input's gradient needs whole normalized dims, as the forward did, so
+// g is laid out as x; the weight's and bias's are sums over the batch dims of g times the
+// normalized input: a shard of a batch dim gives P(sum) (the sequence-parallel norm-weight
+// all_reduce the cotangent hook performs).
+Grad norm_gradient(const AxisGrad& x) {
+  const Placement in = x.operand(0);
+  const Placement g = in.is_shard() ? in : Placement::replicate();
+  if (x.input == 0) return {g, g, nullptr, "x: g laid out as x"};
+  if (!g.is_shard()) return {g, g, nullptr, "weight: g replicated, R"};
+  // Planted bug: the ranks' partial sums taken for the whole (no all_reduce follows).
+  const Placement out = mutant_on(Mutant::NormWeightGradNotReduced) ? Placement::replicate() : Placement::partial(ReduceOp::Sum);
+  return {g, out, nullptr, "weight: S(d) of a batch dim, summed over it, P(sum)"};
+}
+
+// embedding: the weight's gradient is g's rows index_added at the ids.
+Grad embedding_gradient(const AxisGrad& x) {
+  if (x.input == 0) no_gradient(x, "the ids");
+  const Placement ids = x.operand(0), w = x.operand(1);
+  if (ids.is_shard()) return {ids, Placement::partial(ReduceOp::Sum), nullptr, "ids S(d): each rank adds its ids' rows, P(sum)"};
+  if (w.is_shard() && w.dim == 1) return {Placement::shard(x.rank), w, nullptr, "weight S(1): g S(last), S(1)"};
+  if (w.is_shard())
+    return {Placement::replicate(), w, nullptr, "weight S(0): g replicated, each rank adds the rows of its vocab range, S(0)"};
+  return {Placement::replicate(), Placement::replicate(), nullptr, "weight not sharded: g replicated, R"};
+}
+
+// pick_target: -g scattered into the picked column of each row.
+Grad pick_target_gradient(const AxisGrad& x) {
+  if (x.input == 1) no_gradient(x, "the target");
+  const Placement lp = x.operand(0);
+  if (lp.is_shard() && lp.dim == 0) return {lp, lp, nullptr, "log_probs S(0): g S(0), scattered, S(0)"};
+  if (lp.is_shard()) return {Placement::replicate(), lp, nullptr, "log_probs S(1): g replicated, scattered into the rank's class range, S(1)"};
+  return {Placement::replicate(), Placement::replicate(), nullptr, "log_probs not sharded: g replicated, scattered, R"};
+}
+
 // ---------------------------------------------------------------------------------------------
 // The registry: one entry per family, in the order of the tables above.
 
@@ -852,7 +971,8 @@ const std::vector<Family>& registry() {
       {{"linear_binary", {"add", "sub"}}, 2, linear_binary_rows, add_gradient},
       {{"linear_unary", {"neg", "scale"}}, 1, linear_unary_rows,
        [](X x) { return own_table("linear_unary", linear_unary_rows(x.ctx()), x); }},
-      {{"nonlinear_unary", {"exp", "relu", "sin", "tanh"}}, 1, nonlinear_unary_rows, times_operand},
+      {{"nonlinear_unary", {"abs", "exp", "gelu", "log", "pow", "relu", "rsqrt", "sigmoid", "silu", "sin", "sqrt", "tanh"}},
+       1, nonlinear_unary_rows, times_operand},
       {{"mul", {"mul"}}, 2, mul_rows, mul_gradient},
       {{"div", {"div"}}, 2, div_rows, div_gradient},
       {{"mm", {"mm"}}, 2, [](C) { return mm_rows(); }, mm_gradient},
@@ -868,7 +988,15 @@ const std::vector<Family>& registry() {
       {{"reduction", {"mean", "sum"}}, 1, reduction_rows, reduction_gradient},
       {{"amax", {"amax"}}, 1, [](C c) { return extremum_rows(c, "P(max)"); }, reduction_gradient},
       {{"amin", {"amin"}}, 1, [](C c) { return extremum_rows(c, "P(min)"); }, reduction_gradient},
-      {{"softmax", {"softmax"}}, 1, softmax_rows, times_operand},
+      {{"softmax", {"log_softmax", "softmax"}}, 1, softmax_rows, times_operand},
+      {{"where", {"where"}}, 3, where_rows, where_gradient},
+      {{"masked_fill", {"masked_fill"}}, 2, masked_fill_rows, masked_fill_gradient},
+      {{"triangle", {"tril", "triu"}}, 1, triangle_rows,
+       [](X x) { return own_table("triangle", triangle_rows(x.ctx()), x); }},
+      {{"norm", {"layer_norm", "rms_norm"}}, 0, norm_rows, norm_gradient},
+      {{"embedding", {"embedding"}}, 2, embedding_rows, embedding_gradient},
+      {{"pick_target", {"pick_target"}}, 2, pick_target_rows, pick_target_gradient},
+      {{"count_targets", {"count_targets"}}, 1, count_targets_rows, [](X x) -> Grad { no_gradient(x, "the target"); }},
   };
   return families;
 }
@@ -917,15 +1045,18 @@ std::vector<RuleRow> rule_rows(const std::string& op, const std::vector<int64_t>
 namespace {
 
 Shape broadcast_shapes(const std::string& op, const std::vector<Shape>& s) {
-  Shape out(std::max(s[0].size(), s[1].size()), 1);
+  size_t rank = 0;
+  for (const auto& x : s) rank = std::max(rank, x.size());
+  Shape out(rank, 1);
   for (const auto& x : s)
     for (size_t i = 0; i < x.size(); ++i) {
       int64_t& o = out[out.size() - x.size() + i];
       if (x[i] == o || x[i] == 1) continue;
       if (o != 1)
         throw SemanticError(ErrorKind::ShapeMismatch, op + ": operand shapes " + shape_str(s[0]) + " and " +
-                                                          shape_str(s[1]) + " do not broadcast (dim " +
-                                                          std::to_string(i) + " of " + shape_str(x) + ")");
+                                                          shape_str(s[1]) + (s.size() > 2 ? " and " + shape_str(s[2]) : "") +
+                                                          " do not broadcast (dim " + std::to_string(i) + " of " +
+                                                          shape_str(x) + ")");
       o = x[i];
     }
   return out;
@@ -996,7 +1127,33 @@ Shape infer_shape(const std::string& op, const std::vector<Shape>& s, const OpAt
     return {s[0][0], s[1][1]};
   }
   if (family == "matmul") return matmul_shape(op, s[0], s[1]);
-  if (f.arity == 2) return broadcast_shapes(op, s);  // pointwise
+  if (family == "masked_fill") {
+    if (broadcast_shapes(op, s) != s[0]) fail("the mask " + shape_str(s[1]) + " does not broadcast to " + shape_str(s[0]));
+    return s[0];
+  }
+  if (family == "embedding") {
+    if (s[1].size() != 2) fail("the weight must be 2-D [vocab, dim], got " + shape_str(s[1]));
+    Shape out = s[0];
+    out.push_back(s[1][1]);
+    return out;
+  }
+  if (family == "pick_target") {
+    if (s[0].size() != 2 || s[1].size() != 1 || s[1][0] != s[0][0])
+      fail("needs log_probs [N, C] and a target [N], got " + shape_str(s[0]) + " and " + shape_str(s[1]));
+    return {s[0][0]};
+  }
+  if (family == "norm") {
+    const auto& ns = a.normalized_shape;
+    const auto k = static_cast<int64_t>(ns.size());
+    if (s.size() > 3) fail("takes x, weight and bias, got " + std::to_string(s.size()) + " operands");
+    if (k == 0 || k > rank || !std::equal(ns.begin(), ns.end(), s[0].end() - k))
+      fail("normalized_shape " + shape_str(ns) + " is not the trailing dims of " + shape_str(s[0]));
+    for (size_t i = 1; i < s.size(); ++i)
+      if (s[i] != ns) fail((i == 1 ? "the weight " : "the bias ") + shape_str(s[i]) + " is not normalized_shape " + shape_str(ns));
+    return s[0];
+  }
+  if (family == "triangle" && rank < 2) fail("needs at least 2 dims, got " + shape_str(s[0]));
+  if (f.arity >= 2) return broadcast_shapes(op, s);  // pointwise
   if (family == "transpose") {
     Shape out = s[0];
     std::swap(out[a.dim0], out[a.dim1]);
@@ -1095,12 +1252,20 @@ namespace {
 
 // The row of one mesh axis for operands `given`, by the order stated in propagation.h.
 const RuleRow* choose_row(const std::vector<RuleRow>& rows, const std::vector<Placement>& given, int64_t n,
-                          const std::vector<int64_t>& bytes) {
+                          const std::vector<int64_t>& bytes, bool replicate_first = false) {
   for (const auto& row : rows)
     if (row_cost(given, row.ins, n, bytes, false) == std::pair<int64_t, int64_t>{0, 0}) return &row;
   if (given.size() == 1)
     for (const auto& row : rows)
       if (row.ins[0] == Placement::replicate()) return &row;
+  // The norms replace the input's placement by R, the others staying as they are (PyTorch's
+  // native_layer_norm strategy), rather than moving a shard to another dim.
+  if (replicate_first)
+    for (const auto& row : rows) {
+      if (row.ins[0] != Placement::replicate()) continue;
+      std::vector<Placement> rest(given.begin() + 1, given.end()), want(row.ins.begin() + 1, row.ins.end());
+      if (row_cost(rest, want, n, std::vector<int64_t>(bytes.begin() + 1, bytes.end()), false).first == 0) return &row;
+    }
   // A row giving P(max) or P(min) is taken only by operands already there: making a replica
   // P(max) to fit it would cut the gradient path (P(max) has no cotangent).
   const RuleRow* best = nullptr;
@@ -1159,7 +1324,7 @@ ShardingDecision propagate(const std::string& op, const Mesh& mesh, const std::v
   for (int a = 0; a < mesh.ndim(); ++a) {
     std::vector<Placement> given;
     for (const auto& s : specs) given.push_back(s[a]);
-    const RuleRow* best = choose_row(rows, given, mesh.axis_size(a), bytes);
+    const RuleRow* best = choose_row(rows, given, mesh.axis_size(a), bytes, family_of(op).names.name == "norm");
     if (!best)
       throw SemanticError(ErrorKind::IllegalRedistribute,
                           op + ": no legal placement for mesh axis " + mesh.axes()[a]);
@@ -1294,6 +1459,27 @@ std::vector<CoverageCase> coverage_cases(const std::string& family, const std::s
     for (const auto& p : std::vector<std::pair<Shape, Shape>>{
              {{2, 2}, {2}}, {{2}, {2, 2}}, {{2, 2}, {1, 2}}, {{1, 2}, {2, 2}}, {{2, 2}, {}}, {{}, {2, 2}}})
       add({p.first, p.second});
+  } else if (family == "where") {
+    for (int64_t r = 1; r <= 2; ++r) add({cube(r), cube(r), cube(r)});
+    add({{2}, {2, 2}, {2, 2}});
+    add({{2, 2}, {2}, {1, 2}});
+    add({{2, 2}, {2, 2}, {}});
+  } else if (family == "masked_fill") {
+    for (int64_t r = 1; r <= 2; ++r) add({cube(r), cube(r)});
+    add({{2, 2}, {2}});
+    add({{2, 2}, {1, 2}});
+  } else if (family == "norm") {
+    for (int64_t r = 1; r <= 2; ++r)
+      for (int64_t k = 1; k <= r; ++k)
+        for (size_t params = 0; params <= 2 && (op == "layer_norm" || params < 2); ++params) {
+          std::vector<Shape> shapes{cube(r)};
+          for (size_t p = 0; p < params; ++p) shapes.push_back(cube(k));
+          add(shapes, with([&](OpAttrs& a) { a.normalized_shape = cube(k); }));
+        }
+  } else if (family == "embedding") {
+    for (int64_t r = 1; r <= 2; ++r) add({cube(r), cube(2)});
+  } else if (family == "pick_target") {
+    add({cube(2), cube(1)});
   } else if (family == "mm") {
     add({cube(2), cube(2)});
   } else if (family == "matmul") {
@@ -1354,7 +1540,8 @@ std::vector<CoverageCase> coverage_cases(const std::string& family, const std::s
     // over lists of dims too.
     for (int64_t r = 1; r <= 3; ++r) {
       for (const auto& a : attr_variants(r)) {
-        if (op == "softmax" && !a.dim) continue;
+        if ((op == "softmax" || op == "log_softmax") && !a.dim) continue;
+        if (family == "triangle" && r < 2) continue;
         add({cube(r)}, a);
       }
       if (family == "reduction" || family == "amax" || family == "amin")

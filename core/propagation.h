@@ -48,6 +48,20 @@ struct OpAttrs {
   int64_t start_dim = 0, end_dim = -1;  // flatten
   int64_t start = 0, length = 0;        // narrow
   int64_t split_size = 0, chunks = 0;   // split {size}, chunk {chunks} (split {sizes} uses `sizes`)
+  bool tanh = false;                 // gelu {approximate: tanh}
+  double exponent = 1.0;             // pow
+  int64_t diagonal = 0;              // tril, triu
+  std::vector<int64_t> normalized_shape;  // layer_norm, rms_norm: the trailing dims normalized
+  std::optional<double> eps;         // layer_norm (absent: 1e-5), rms_norm (absent: the dtype's epsilon)
+  bool sum_reduction = false;        // cross_entropy, nll_loss {reduction: sum} (mean otherwise)
+  std::optional<int64_t> ignore_index;  // cross_entropy, nll_loss, pick_target, count_targets
+  double fill = 0.0;                 // masked_fill, full: `value` (may be +-inf)
+  bool float32 = false;              // count_targets: the run's float dtype is float32
+  // embedding (operand 1, dim 0: vocab rows) and pick_target (operand 0, dim 1: classes) on a
+  // rank whose table is sharded there: the part of that dim the rank holds. Ids and targets
+  // outside it give zeros (PyTorch's _MaskPartial). Set by the runtime (or a local_map body's
+  // `axis`); absent: the whole dim.
+  std::optional<Chunk> range;
   // mean: the number of global elements each output element averages. Set by with_global_shape()
   // for the per-rank op, which then computes local_sum / mean_divisor: over a sharded dim the ranks'
   // results add up to the global mean (the rows make that shard P(sum)), even for uneven shards.

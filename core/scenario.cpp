@@ -41,6 +41,8 @@ constexpr Choice<ReducedPropagation> kReducedPropagations[] = {
 constexpr Choice<PartialFromReplicate> kPartialFromReplicate[] = {
     {"divide", PartialFromReplicate::Divide}, {"rank0", PartialFromReplicate::Rank0}};
 constexpr Choice<DType> kDTypes[] = {{"float64", DType::Float64}, {"float32", DType::Float32}};
+constexpr Choice<ElementType> kElementTypes[] = {
+    {"float", ElementType::Float}, {"bool", ElementType::Bool}, {"int64", ElementType::Int64}};
 
 constexpr const char* kOptionKeys =
     "redistribute, reduced_propagation, partial_from_replicate, seed, dtype, mutant";
@@ -103,7 +105,8 @@ std::string mutant_option(const json& value) {
 
 // ---- the op table: arity and attributes of every contract-2 op ----
 
-enum class AttrType { Int, Ints, IntOrInts, Number, Bool, Spec, Axis, String, Any };
+// NumberOrInf: a number or one of the strings "inf" and "-inf" (JSON has no infinity).
+enum class AttrType { Int, Ints, IntOrInts, Number, NumberOrInf, Bool, Spec, Axis, String, Any };
 
 struct AttrRule {
   const char* key;
@@ -124,17 +127,41 @@ const std::vector<OpRule>& op_rules() {
                                                   {"keepdim", AttrType::Bool, false}};
   // A binary op's second operand may be the scalar `value` instead (then it takes one arg).
   static const std::vector<AttrRule> binary = {{"value", AttrType::Number, false}};
+  // Creation ops take no operand: a shape, placements (S, R or Rd on each axis) and a dtype.
+  static const std::vector<AttrRule> creation = {{"shape", AttrType::Ints, true},
+                                                 {"placements", AttrType::Spec, true},
+                                                 {"dtype", AttrType::String, false}};
+  static const std::vector<AttrRule> full_attrs = [] {
+    auto a = creation;
+    a.push_back({"value", AttrType::NumberOrInf, true});
+    return a;
+  }();
+  // A local_map body's vocab- or class-parallel lookup names the mesh axis that shards the table
+  // and the global size of the sharded dim (the rank's range is its torch.chunk of it).
+  static const std::vector<AttrRule> loss = {{"reduction", AttrType::String, false},
+                                             {"ignore_index", AttrType::Int, false}};
+  static const std::vector<AttrRule> nll = {{"reduction", AttrType::String, false},
+                                            {"ignore_index", AttrType::Int, false},
+                                            {"axis", AttrType::Axis, false},
+                                            {"classes", AttrType::Int, false}};
   static const std::vector<OpRule> rules = {
+      {"abs", 1, {}, true},
       {"add", 2, binary, true},
       {"amax", 1, reduction, true},
       {"amin", 1, reduction, true},
+      {"arange", 0, creation, true},
       {"bmm", 2, {}, true},
       {"cat", -1, {{"dim", AttrType::Int, true}}, true},
       {"chunk", 1, {{"chunks", AttrType::Int, true}, {"dim", AttrType::Int, false}}, true},
+      {"cross_entropy", 2, loss, true},
       {"div", 2, binary, true},
+      {"embedding", 2, {{"axis", AttrType::Axis, false}, {"vocab", AttrType::Int, false}}, true},
       {"exp", 1, {}, true},
       {"expand", 1, {{"shape", AttrType::Ints, true}}, true},
       {"flatten", 1, {{"start_dim", AttrType::Int, false}, {"end_dim", AttrType::Int, false}}, true},
+      {"full", 0, full_attrs, true},
+      {"gelu", 1, {{"approximate", AttrType::String, false}}, true},
+      {"layer_norm", 1, {{"normalized_shape", AttrType::Ints, true}, {"eps", AttrType::Number, false}}, true, 3},
       {"linear", 2, {}, true, 3},
       {"local_map",
        -1,
@@ -144,29 +171,44 @@ const std::vector<OpRule>& op_rules() {
         {"returns", AttrType::Any, true},
         {"reference", AttrType::Any, false}},
        true},
+      {"log", 1, {}, true},
+      {"log_softmax", 1, {{"dim", AttrType::Int, true}}, true},
+      {"masked_fill", 2, {{"value", AttrType::NumberOrInf, true}}, true},
       {"matmul", 2, {}, true},
       {"mean", 1, reduction, true},
       {"mm", 2, {}, true},
       {"mul", 2, binary, true},
       {"narrow", 1, {{"dim", AttrType::Int, true}, {"start", AttrType::Int, true}, {"length", AttrType::Int, true}}, true},
       {"neg", 1, {}, true},
+      {"nll_loss", 2, nll, true},
+      {"ones", 0, creation, true},
       {"permute", 1, {{"dims", AttrType::Ints, true}}, true},
+      {"pow", 1, {{"exponent", AttrType::Number, true}}, true},
       {"redistribute", 1, {{"placements", AttrType::Spec, true}}, true},
       {"relu", 1, {}, true},
       {"reshape", 1, {{"shape", AttrType::Ints, true}}, true},
+      {"rms_norm", 1, {{"normalized_shape", AttrType::Ints, true}, {"eps", AttrType::Number, false}}, true, 2},
+      {"rsqrt", 1, {}, true},
       {"scale", 1, {{"value", AttrType::Number, true}}, true},
+      {"sigmoid", 1, {}, true},
+      {"silu", 1, {}, true},
       {"sin", 1, {}, true},
       {"softmax", 1, {{"dim", AttrType::Int, true}}, true},
       {"split", 1, {{"sizes", AttrType::Ints, false}, {"size", AttrType::Int, false}, {"dim", AttrType::Int, false}}, true},
+      {"sqrt", 1, {}, true},
       {"squeeze", 1, {{"dim", AttrType::Int, false}}, true},
       {"stack", -1, {{"dim", AttrType::Int, true}}, true},
       {"sub", 2, binary, true},
       {"sum", 1, reduction, true},
       {"tanh", 1, {}, true},
       {"transpose", 1, {{"dim0", AttrType::Int, true}, {"dim1", AttrType::Int, true}}, true},
+      {"tril", 1, {{"diagonal", AttrType::Int, false}}, true},
+      {"triu", 1, {{"diagonal", AttrType::Int, false}}, true},
       {"unflatten", 1, {{"dim", AttrType::Int, true}, {"sizes", AttrType::Ints, true}}, true},
       {"unsqueeze", 1, {{"dim", AttrType::Int, true}}, true},
       {"view", 1, {{"shape", AttrType::Ints, true}}, true},
+      {"where", 3, {}, true},
+      {"zeros", 0, creation, true},
   };
   return rules;
 }
@@ -184,6 +226,12 @@ const std::vector<OpRule>& body_op_rules() {
   return rules;
 }
 
+}  // namespace
+
+bool is_creation_op(const std::string& op) { return op == "arange" || op == "full" || op == "ones" || op == "zeros"; }
+
+namespace {
+
 // Where an op stands decides which ops it may be.
 enum class Region { Program, Body, Reference };
 
@@ -191,7 +239,7 @@ const OpRule* find_op_rule(const std::string& name, Region region = Region::Prog
   if (region == Region::Body)
     for (const auto& r : body_op_rules())
       if (name == r.name) return &r;
-  if (region != Region::Program && name == "local_map") return nullptr;
+  if (region != Region::Program && (name == "local_map" || is_creation_op(name))) return nullptr;
   if (region == Region::Body && name == "redistribute") return nullptr;
   for (const auto& r : op_rules())
     if (name == r.name) return &r;
@@ -384,7 +432,7 @@ class ScenarioParser {
 
   void parse_input(const json& in, const std::string& path) {
     r_.only_keys(r_.object(in, path), path,
-                 {"name", "shape", "placements", "init", "from_local", "requires_grad"});
+                 {"name", "shape", "placements", "init", "from_local", "requires_grad", "dtype"});
     InputDecl decl;
     decl.path = path;
     decl.name = new_value(r_.field(in, path, "name"), child(path, "name"));
@@ -394,7 +442,24 @@ class ScenarioParser {
     r_.check_shape(s_.mesh, decl.placements, decl.shape.size(), placements);
     // Negative shard dims are wrapped by the input's rank (check_shape checked the range).
     decl.placements = normalize_spec(decl.placements, static_cast<int64_t>(decl.shape.size()));
-    if (in.contains("init")) decl.init = parse_init(in["init"], child(path, "init"));
+    if (in.contains("dtype")) {
+      try {
+        decl.dtype = parse_element_type(r_.string(in["dtype"], child(path, "dtype")));
+      } catch (const std::invalid_argument& e) {
+        r_.fail(child(path, "dtype"), e.what());
+      }
+    }
+    if (in.contains("init")) parse_init(in["init"], child(path, "init"), decl);
+    if (decl.dtype != ElementType::Float) {
+      for (size_t k = 0; k < decl.placements.size(); ++k)
+        if (decl.placements[k].is_partial())
+          r_.fail(child(placements, k), std::string("a ") + element_type_name(decl.dtype) +
+                                            " input is S, R or Rd on each axis, not " + decl.placements[k].str());
+      if (decl.init == "randn")
+        r_.fail(child(path, "init"), std::string("init randn makes float values, not ") + element_type_name(decl.dtype));
+    }
+    if (decl.init == "ids" && decl.dtype != ElementType::Int64)
+      r_.fail(child(path, "init"), "init {\"ids\": high} makes int64 values: add \"dtype\": \"int64\"");
     if (in.contains("from_local"))
       decl.from_local = r_.boolean(in["from_local"], child(path, "from_local"));
     // A strided shard must divide the global value evenly (from_local: every rank's equal local
@@ -408,14 +473,26 @@ class ScenarioParser {
       r_.fail(placements, why, ErrorKind::ShapeMismatch);
     if (in.contains("requires_grad"))
       decl.requires_grad = r_.boolean(in["requires_grad"], child(path, "requires_grad"));
+    if (decl.requires_grad && decl.dtype != ElementType::Float)
+      r_.fail(child(path, "requires_grad"), std::string("a ") + element_type_name(decl.dtype) + " input has no gradient");
     s_.inputs.push_back(std::move(decl));
   }
 
-  std::string parse_init(const json& v, const std::string& path) const {
+  // A name, or {"ids": high} (int64 ids uniform in [0, high)).
+  void parse_init(const json& v, const std::string& path, InputDecl& decl) const {
+    if (v.is_object()) {
+      r_.only_keys(v, path, {"ids"});
+      decl.init = "ids";
+      decl.ids_high = r_.integer(r_.field(v, path, "ids"), child(path, "ids"), 1);
+      return;
+    }
     std::string init = r_.string(v, path);
     for (const char* known : {"int", "ones", "arange", "randn"})
-      if (init == known) return init;
-    r_.fail(path, "unknown init " + in_quotes(init) + " (expected int, ones, arange or randn)");
+      if (init == known) {
+        decl.init = init;
+        return;
+      }
+    r_.fail(path, "unknown init " + in_quotes(init) + " (expected int, ones, arange, randn or {\"ids\": high})");
   }
 
   void parse_op(const json& op, const std::string& path, Region region = Region::Program,
@@ -430,7 +507,10 @@ class ScenarioParser {
     std::vector<std::string> allowed = {multi ? "outs" : "out", "op", "args"};
     for (const auto& a : rule.attrs) allowed.push_back(a.key);
     r_.only_keys(op, path, allowed);
-    const json& args = r_.array(r_.field(op, path, "args"), child(path, "args"));
+    static const json kNoArgs = json::array();
+    const json& args = is_creation_op(decl.op) && !op.contains("args")
+                           ? kNoArgs
+                           : r_.array(r_.field(op, path, "args"), child(path, "args"));
     for (size_t k = 0; k < args.size(); ++k)
       decl.args.push_back(value_name(args[k], child(child(path, "args"), k)));
     int min_args = rule.arity, max_args = rule.max_arity == -2 ? rule.arity : rule.max_arity;
@@ -447,6 +527,7 @@ class ScenarioParser {
     if ((decl.op == "cat" || decl.op == "stack") && args.empty())
       r_.fail(child(path, "args"), decl.op + " takes one or more arguments, got none");
     for (const auto& attr : rule.attrs) check_attr(op, path, attr, decl);
+    check_choices(op, path, decl.op);
     decl.attrs = op;
     if (decl.op == "local_map") {
       parse_local_map(op, path, decl);
@@ -561,6 +642,11 @@ class ScenarioParser {
         break;
       }
       case AttrType::Number: r_.number(v, path); break;
+      case AttrType::NumberOrInf:
+        if (!(v.is_string() && (v == "inf" || v == "-inf"))) {
+          if (!v.is_number()) r_.fail(path, "expected a number, \"inf\" or \"-inf\", got " + brief(v));
+        }
+        break;
       case AttrType::Bool: r_.boolean(v, path); break;
       case AttrType::Any: break;
       case AttrType::String: r_.string(v, path); break;
@@ -575,9 +661,46 @@ class ScenarioParser {
         // Only inputs have a rank known before the run; op results are checked when it runs.
         if (const InputDecl* in = decl.args.empty() ? nullptr : s_.find_input(decl.args[0]))
           r_.check_shape(s_.mesh, spec, in->shape.size(), path);
+        if (is_creation_op(decl.op) && op.contains("shape") && op["shape"].is_array()) {
+          r_.check_shape(s_.mesh, spec, op["shape"].size(), path);
+          for (size_t k = 0; k < spec.size(); ++k)
+            if (spec[k].is_partial())
+              r_.fail(child(path, k), decl.op + " makes S, R or Rd values, not " + spec[k].str());
+        }
         break;
       }
     }
+  }
+
+  // Attributes with a fixed set of spellings, and the shapes of creation ops.
+  void check_choices(const json& op, const std::string& path, const std::string& name) const {
+    auto one_of = [&](const char* key, std::initializer_list<const char*> choices) {
+      if (!op.contains(key)) return;
+      std::string v = r_.string(op[key], child(path, key)), list;
+      for (const char* c : choices) {
+        if (v == c) return;
+        list += (list.empty() ? "" : ", ") + std::string(c);
+      }
+      r_.fail(child(path, key), "expected one of " + list + ", got " + in_quotes(v));
+    };
+    if (name == "gelu") one_of("approximate", {"none", "tanh"});
+    if (name == "cross_entropy" || name == "nll_loss") {
+      one_of("reduction", {"mean", "sum"});
+      if (op.contains("axis") != op.contains("classes"))
+        r_.fail(child(path, op.contains("axis") ? "classes" : "axis"),
+                name + ": a class-parallel pick in a local_map body names both axis and classes");
+    }
+    if (name == "embedding" && op.contains("axis") != op.contains("vocab"))
+      r_.fail(child(path, op.contains("axis") ? "vocab" : "axis"),
+              "embedding: a vocab-parallel lookup in a local_map body names both axis and vocab");
+    if (is_creation_op(name)) {
+      one_of("dtype", {"float", "bool", "int64"});
+      r_.shape(op["shape"], child(path, "shape"), 0);
+      if (name == "arange" && op.value("dtype", "float") == "bool")
+        r_.fail(child(path, "dtype"), "arange makes float or int64 values, not bool");
+    }
+    if ((name == "layer_norm" || name == "rms_norm") && op.contains("normalized_shape"))
+      r_.shape(op["normalized_shape"], child(path, "normalized_shape"), 1);
   }
 
   // A name that refers to a value visible here (an input or an earlier op's out; inside a
@@ -621,6 +744,12 @@ const char* reduced_propagation_name(ReducedPropagation r) {
   return name_of(r, kReducedPropagations);
 }
 const char* dtype_name(DType d) { return name_of(d, kDTypes); }
+const char* element_type_name(ElementType t) { return name_of(t, kElementTypes); }
+ElementType parse_element_type(const std::string& text) {
+  for (const auto& c : kElementTypes)
+    if (text == c.name) return c.value;
+  throw std::invalid_argument("unknown dtype " + in_quotes(text) + " (expected " + choice_list(kElementTypes) + ")");
+}
 
 json RunOptions::to_json() const {
   return {{"redistribute", redistribute_mode_name(redistribute)},

@@ -18,10 +18,16 @@ namespace meshsim {
 enum class RedistributeMode { AboveAutograd, BelowAutograd };
 enum class ReducedPropagation { Intersection, Union, Strict };
 enum class DType { Float64, Float32 };
+// The element type of an input or a created value: float (the run's dtype), bool (masks and
+// conditions) or int64 (ids and targets). Only float values carry gradients or Partial placements.
+enum class ElementType { Float, Bool, Int64 };
 
 const char* redistribute_mode_name(RedistributeMode m);
 const char* reduced_propagation_name(ReducedPropagation r);
 const char* dtype_name(DType d);
+const char* element_type_name(ElementType t);  // "float" | "bool" | "int64"
+// "float" | "bool" | "int64"; throws std::invalid_argument otherwise.
+ElementType parse_element_type(const std::string& text);
 
 // The options of a run (contract 2, "options"). Planted bugs are switched on by name.
 struct RunOptions {
@@ -42,7 +48,9 @@ struct InputDecl {
   std::string name;
   Shape shape;  // global shape, or each rank's local shape when from_local
   Spec placements;
-  std::string init = "int";  // int | ones | arange | randn
+  std::string init = "int";  // int | ones | arange | randn | ids ({"ids": high}: uniform in [0, high))
+  int64_t ids_high = 0;      // init ids
+  ElementType dtype = ElementType::Float;
   bool from_local = false;
   bool requires_grad = false;
   std::string path;  // JSON path, for messages: "/inputs/1"
@@ -82,6 +90,9 @@ const std::vector<std::string>& known_ops();
 // The subset of known_ops() this version's runtime implements, in alphabetical order; a scenario
 // using any other known op is rejected with ErrorKind::UnsupportedOp.
 const std::vector<std::string>& implemented_ops();
+
+// zeros, ones, full, arange: ops without operands that make a value of a shape and placements.
+bool is_creation_op(const std::string& op);
 
 // Checks the document and builds the scenario; throws InputError naming `file` and the JSON path.
 Scenario parse_scenario(const nlohmann::json& doc, const std::string& file);

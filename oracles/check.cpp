@@ -279,7 +279,7 @@ CheckedRun check_scenario(const Scenario& sc, const RunOptions& options) {
   out.events = run.runtime->events();
   OracleRun oracle;
   try {
-    oracle = run_oracle(sc, run.input_globals);
+    oracle = run_oracle(sc, run.input_globals, options.dtype);
   } catch (const SemanticError& e) {  // a local_map reference libtorch refuses
     semantic_error(out, e);
     return out;

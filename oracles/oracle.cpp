@@ -63,7 +63,7 @@ std::vector<at::Tensor> reference(const OpDecl& op, const std::vector<at::Tensor
 
 }  // namespace
 
-OracleRun run_oracle(const Scenario& sc, const std::map<std::string, at::Tensor>& input_globals) {
+OracleRun run_oracle(const Scenario& sc, const std::map<std::string, at::Tensor>& input_globals, DType dtype) {
   OracleRun run;
   std::vector<at::Tensor> leaves;
   std::vector<std::string> leaf_names;
@@ -78,6 +78,10 @@ OracleRun run_oracle(const Scenario& sc, const std::map<std::string, at::Tensor>
   for (const auto& op : sc.program) {
     std::vector<at::Tensor> xs;
     for (const auto& a : op.args) xs.push_back(run.values.at(a));
+    if (is_creation_op(op.op)) {
+      run.values[op.out] = created_value(op, dtype);
+      continue;
+    }
     if (op.op == "local_map") {
       std::vector<at::Tensor> outs = reference(op, xs);
       for (size_t k = 0; k < outs.size(); ++k) run.values[op.outs[k]] = outs[k];

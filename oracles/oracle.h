@@ -18,6 +18,8 @@ struct OracleRun {
 
 // A local_map reference that libtorch refuses throws SemanticError(InvalidScenario) naming its JSON
 // path; a program op the oracle cannot run (the mesh could) throws std::runtime_error.
-OracleRun run_oracle(const Scenario& sc, const std::map<std::string, at::Tensor>& input_globals);
+// Creation ops make float values of `dtype` (the run's).
+OracleRun run_oracle(const Scenario& sc, const std::map<std::string, at::Tensor>& input_globals,
+                     DType dtype = DType::Float64);
 
 }  // namespace meshsim

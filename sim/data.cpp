@@ -53,6 +53,20 @@ at::Tensor make_init(const std::string& init, const Shape& shape, DType dtype, R
   return t.to(scalar_type(dtype));
 }
 
+at::Tensor make_input(const InputDecl& in, DType dtype, Rng& rng) {
+  if (in.dtype == ElementType::Float) return make_init(in.init, in.shape, dtype, rng);
+  at::Tensor t;
+  if (in.init == "ids" || (in.dtype == ElementType::Bool && in.init == "int")) {
+    const int64_t high = in.init == "ids" ? in.ids_high : 2;
+    t = at::empty(in.shape, at::TensorOptions().dtype(at::kLong));
+    int64_t* p = t.data_ptr<int64_t>();
+    for (int64_t i = 0, n = t.numel(); i < n; ++i) p[i] = rng.uniform_int(0, high - 1);
+  } else {
+    t = make_init(in.init, in.shape, DType::Float64, rng).to(at::kLong);
+  }
+  return in.dtype == ElementType::Bool ? t.to(at::kBool) : t;
+}
+
 namespace {
 
 at::Tensor random_ints_like(const at::Tensor& t, Rng& rng, int64_t lo, int64_t hi) {

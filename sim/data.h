@@ -29,6 +29,10 @@ at::ScalarType scalar_type(DType d);
 
 // A tensor of `shape` filled by `init`: int (small integers in [-4, 4]), ones, arange, randn.
 at::Tensor make_init(const std::string& init, const Shape& shape, DType dtype, Rng& rng);
+// An input's initial value, of its element type: float as make_init; int64 as make_init's
+// integers, or ids uniform in [0, ids_high); bool: int draws a fair coin per element (the same
+// stream), ones is all true, arange is true but at index 0.
+at::Tensor make_input(const InputDecl& in, DType dtype, Rng& rng);
 
 // The locals of a global value laid out by `spec`. With an `rng`, Partial axes are split unevenly
 // with random integers (sum, avg: the parts reduce to the value; max, min: rank 0 holds the value

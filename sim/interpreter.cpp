@@ -1,6 +1,10 @@
 #include "sim/interpreter.h"
 
+#include <optional>
+#include <set>
+
 #include "core/error.h"
+#include "core/mutants.h"
 #include "sim/data.h"
 #include "sim/local_map.h"
 #include "sim/local_ops.h"
@@ -15,13 +19,13 @@ std::vector<DTensor> make_inputs(const Scenario& sc, const RunOptions& options,
     Rng rng(options.seed, i);
     DTensor t{in.name, in.shape, in.placements, {}};
     if (in.from_local) {
-      at::Tensor local = make_init(in.init, in.shape, options.dtype, rng);
+      at::Tensor local = make_input(in, options.dtype, rng);
       t.locals.assign(static_cast<size_t>(sc.mesh.size()), local);
       at::Tensor global = assemble(sc.mesh, in.placements, t.locals);
       t.shape = global.sizes().vec();
       globals[in.name] = global;
     } else {
-      at::Tensor global = make_init(in.init, in.shape, options.dtype, rng);
+      at::Tensor global = make_input(in, options.dtype, rng);
       t.locals = distribute(sc.mesh, in.placements, global, &rng);
       globals[in.name] = global;
     }
@@ -73,13 +77,169 @@ DTensor scalar_operand(Runtime& rt, double value, const at::Tensor& like, const 
                  Locals(static_cast<size_t>(mesh.size()), v)};
 }
 
+ElementType element_type(const at::Tensor& t) {
+  if (t.scalar_type() == at::kBool) return ElementType::Bool;
+  if (t.scalar_type() == at::kLong) return ElementType::Int64;
+  return ElementType::Float;
+}
+
+// Ops that move or select data whatever its element type; every other op computes on floats.
+bool any_element_type(const std::string& op) {
+  static const std::set<std::string> ops = {"cat",  "chunk", "expand",  "flatten", "narrow",    "permute",
+                                            "reshape", "split", "squeeze", "stack",   "transpose", "tril",
+                                            "triu", "unflatten", "unsqueeze", "view", "where"};
+  return ops.count(op) > 0;
+}
+
+// The element type an operand slot needs (nothing: the op's data type, float unless the op moves
+// any data).
+std::optional<ElementType> slot_type(const std::string& op, size_t i) {
+  if ((op == "embedding" && i == 0) || ((op == "nll_loss" || op == "cross_entropy") && i == 1)) return ElementType::Int64;
+  if ((op == "where" && i == 0) || (op == "masked_fill" && i == 1)) return ElementType::Bool;
+  if (any_element_type(op)) return std::nullopt;
+  return ElementType::Float;
+}
+
+// Every operand of the element type its slot needs; the data operands of a moving op (cat, where)
+// of one type.
+void check_operand_types(const OpDecl& op, const std::vector<DTensor>& args) {
+  std::optional<ElementType> data;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const ElementType got = element_type(args[i].locals.at(0));
+    auto fail = [&](const std::string& want) {
+      throw SemanticError(ErrorKind::InvalidScenario, op.path + "/args/" + std::to_string(i) + ": " + op.op + ": \"" +
+                                                         op.args[i] + "\" is " + element_type_name(got) + ", " + want);
+    };
+    if (const auto want = slot_type(op.op, i)) {
+      if (got != *want) fail(std::string("expected ") + element_type_name(*want));
+    } else if (data && got != *data) {
+      fail(std::string("the other data operands are ") + element_type_name(*data));
+    } else {
+      data = got;
+    }
+  }
+}
+
+// Ids (or targets) in [0, high), or ignore_index: a libtorch lookup out of range is an error of the
+// scenario, named with the value, where it sits on which rank, and the range.
+void check_ids(const OpDecl& op, size_t slot, const DTensor& ids, int64_t high, std::optional<int64_t> ignore) {
+  for (size_t r = 0; r < ids.locals.size(); ++r) {
+    at::Tensor t = ids.locals[r];
+    if (ignore) t = t.masked_select(t.ne(*ignore));
+    if (t.numel() == 0) continue;
+    const int64_t lo = t.min().item<int64_t>(), hi = t.max().item<int64_t>();
+    if (lo >= 0 && hi < high) continue;
+    throw SemanticError(ErrorKind::InvalidScenario,
+                        op.path + "/args/" + std::to_string(slot) + ": " + op.op + ": \"" + op.args[slot] + "\" holds " +
+                            std::to_string(lo < 0 ? lo : hi) + " on rank " + std::to_string(r) + ", outside [0, " +
+                            std::to_string(high) + ")" + (ignore ? " and not ignore_index " + std::to_string(*ignore) : ""));
+  }
+}
+
+bool shards_dim(const Spec& spec, int64_t dim) {
+  for (const auto& p : spec)
+    if (p.is_shard() && p.dim == dim) return true;
+  return false;
+}
+
+// A creation op: the global value laid out by its placements (no operand, no gradient).
+DTensor create(Runtime& rt, const OpDecl& op) {
+  const Mesh& mesh = rt.mesh();
+  const at::Tensor global = created_value(op, rt.options().dtype);
+  Spec spec;
+  for (const auto& p : op.attrs.at("placements")) spec.push_back(parse_placement(p.get<std::string>()));
+  spec = normalize_spec(spec, global.dim());
+  if (std::string why = check_strided(mesh, spec, global.sizes().vec()); !why.empty())
+    throw SemanticError(ErrorKind::ShapeMismatch, op.path + "/placements: " + why);
+  DTensor t{op.out, global.sizes().vec(), spec, distribute(mesh, spec, global, nullptr)};
+  Event e = rt.make_event("op", op.op, op.out, t.locals);
+  e.out_spec = spec_str(spec);
+  rt.recorder().add(std::move(e));
+  return t;
+}
+
+OpAttrs over(int64_t dim, bool keepdim) {
+  OpAttrs a;
+  a.dim = dim;
+  a.keepdim = keepdim;
+  return a;
+}
+
+// log_softmax over a dim that a mesh axis shards: loss parallel, as PyTorch's loss_parallel
+// computes it. The max of the logits is all_reduced (P(max) -> R, outside autograd: the shift
+// cancels in the result), the sum of the exponentials is all_reduced (P(sum) -> R before the log),
+// and the result keeps the class shard.
+DTensor loss_parallel_log_softmax(Runtime& rt, const DTensor& x, int64_t dim, const std::string& out) {
+  DTensor m;
+  {
+    at::NoGradGuard no_grad;
+    m = rt.apply_op("amax", over(dim, true), {x}, out + ".max");
+  }
+  if (mutant_on(Mutant::LossParallelLocalMax))  // planted bug: each rank keeps its own max
+    for (auto& p : m.spec)
+      if (p.is_partial()) p = Placement::replicate();
+  const DTensor shifted = rt.apply_op("sub", {}, {x, m}, out + ".shifted");
+  const DTensor e = rt.apply_op("exp", {}, {shifted}, out + ".exp");
+  const DTensor s = rt.apply_op("sum", over(dim, true), {e}, out + ".sumexp");
+  const DTensor l = rt.apply_op("log", {}, {s}, out + ".logsumexp");
+  return rt.apply_op("sub", {}, {shifted, l}, out);
+}
+
+DTensor log_softmax(Runtime& rt, const DTensor& x, int64_t dim, const std::string& out) {
+  const auto rank = static_cast<int64_t>(x.shape.size());
+  if (dim < -rank || dim >= rank)
+    throw SemanticError(ErrorKind::ShapeMismatch, "log_softmax: dim " + std::to_string(dim) + " out of range for " + shape_str(x.shape));
+  const int64_t d = dim < 0 ? dim + rank : dim;
+  if (shards_dim(x.spec, d)) return loss_parallel_log_softmax(rt, x, d, out);
+  return rt.apply_op("log_softmax", over(d, false), {x}, out);
+}
+
+// nll_loss(log_probs [N, C], target [N]): the target pick (pick_target: a batch shard stays, a
+// class shard is the masked pick, P(sum)), then the sum, or the mean over the targets not
+// ignored. The mean is exact over uneven shards: without ignore_index, mean's global count; with
+// it, the sum over the count of targets kept, itself summed over the ranks.
+DTensor nll_loss(Runtime& rt, const OpDecl& op, const OpAttrs& a, const DTensor& logp, const DTensor& target,
+                 const std::string& out) {
+  if (logp.shape.size() != 2 || target.shape.size() != 1 || target.shape[0] != logp.shape[0])
+    throw SemanticError(ErrorKind::ShapeMismatch, op.path + ": " + op.op + " needs [N, C] scores and a target [N], got " +
+                                                      shape_str(logp.shape) + " and " + shape_str(target.shape));
+  check_ids(op, 1, target, logp.shape[1], a.ignore_index);
+  OpAttrs pick;
+  pick.ignore_index = a.ignore_index;
+  const DTensor picked = rt.apply_op("pick_target", pick, {logp, target}, out + ".pick");
+  if (a.sum_reduction) return rt.apply_op("sum", {}, {picked}, out);
+  if (!a.ignore_index) return rt.apply_op("mean", {}, {picked}, out);
+  const DTensor total = rt.apply_op("sum", {}, {picked}, out + ".total");
+  OpAttrs keep;
+  keep.ignore_index = a.ignore_index;
+  keep.float32 = rt.options().dtype == DType::Float32;
+  const DTensor kept = rt.apply_op("count_targets", keep, {target}, out + ".kept");
+  const DTensor count = rt.apply_op("sum", {}, {kept}, out + ".count");
+  return rt.apply_op("div", {}, {total, count}, out);
+}
+
 }  // namespace
 
 // One DTensor op of the program. A binary op with a `value` takes it as a replicated 0-d operand;
 // linear runs as transpose, matmul and add (PyTorch decomposes aten.linear likewise), each with
 // its own rule row and event ("y.weight_t", "y.matmul").
 DTensor apply_program_op(Runtime& rt, const OpDecl& op, const std::vector<DTensor>& args) {
+  if (is_creation_op(op.op)) return create(rt, op);
+  check_operand_types(op, args);
   OpAttrs attrs = op_attrs(op);
+  if (op.op == "embedding") {
+    if (args.at(1).shape.size() != 2)
+      throw SemanticError(ErrorKind::ShapeMismatch, op.path + ": embedding: the weight must be 2-D [vocab, dim], got " +
+                                                        shape_str(args[1].shape));
+    check_ids(op, 0, args[0], args[1].shape[0], std::nullopt);
+  }
+  if (op.op == "log_softmax") return log_softmax(rt, args.at(0), attrs.dim.value_or(-1), op.out);
+  if (op.op == "nll_loss") return nll_loss(rt, op, attrs, args.at(0), args.at(1), op.out);
+  if (op.op == "cross_entropy") {
+    if (args.at(0).shape.size() != 2)
+      throw SemanticError(ErrorKind::ShapeMismatch, op.path + ": cross_entropy needs [N, C] scores, got " + shape_str(args[0].shape));
+    return nll_loss(rt, op, attrs, log_softmax(rt, args[0], 1, op.out + ".log_softmax"), args[1], op.out);
+  }
   if (attrs.scalar && args.size() == 1) {
     attrs.scalar = false;
     return rt.apply_op(op.op, attrs, {args[0], scalar_operand(rt, attrs.value, args[0].locals.at(0), op.out + ".value")},

@@ -227,11 +227,18 @@ LTensor BodyContext::op(const std::string& op, const nlohmann::json& attrs, std:
   OpDecl decl;
   decl.op = op;
   decl.attrs = attrs;
-  const OpAttrs a = op_attrs(decl);
+  OpAttrs a = op_attrs(decl);
+  // A vocab- or class-parallel lookup ({axis, vocab} / {axis, classes}): the rank's torch.chunk of
+  // the table's global extent along that mesh axis.
+  const Mesh& mesh = rt_.mesh();
+  const int axis = attrs.contains("axis") ? mesh.axis_index(attrs["axis"].get<std::string>()) : -1;
+  const int64_t extent = attrs.value("vocab", attrs.value("classes", int64_t{0}));
   Locals locals(xs.at(0).locals.size());
   for (size_t r = 0; r < locals.size(); ++r) {
     std::vector<at::Tensor> in;
     for (const auto& x : xs) in.push_back(x.locals[r]);
+    if (axis >= 0)
+      a.range = chunk_of(extent, mesh.axis_size(axis), mesh.coords(static_cast<int64_t>(r))[static_cast<size_t>(axis)]);
     locals[r] = local_op(op, a, in);
   }
   return wrap("op", op, out, std::move(locals), variant, reduced, xs);

@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "core/error.h"
+#include "core/mutants.h"
 
 namespace meshsim {
 
@@ -25,10 +27,22 @@ OpAttrs op_attrs(const OpDecl& decl) {
   }
   if (j.contains("dims")) a.dims = ints("dims");  // permute
   if (j.contains("keepdim") && j["keepdim"].is_boolean()) a.keepdim = j["keepdim"].get<bool>();
+  const bool binary = decl.op == "add" || decl.op == "sub" || decl.op == "mul" || decl.op == "div";
   if (j.contains("value") && j["value"].is_number()) {
     a.value = j["value"].get<double>();
-    a.scalar = decl.op != "scale";
+    a.scalar = binary;
   }
+  if (decl.op == "masked_fill" || decl.op == "full") {
+    if (j.contains("value") && j["value"].is_number()) a.fill = j["value"].get<double>();
+    if (j.contains("value") && j["value"].is_string()) a.fill = j["value"] == "-inf" ? -INFINITY : INFINITY;
+  }
+  a.tanh = j.value("approximate", "none") == "tanh";
+  if (j.contains("exponent") && j["exponent"].is_number()) a.exponent = j["exponent"].get<double>();
+  if (integer("diagonal")) a.diagonal = j["diagonal"].get<int64_t>();
+  a.normalized_shape = ints("normalized_shape");
+  if (j.contains("eps") && j["eps"].is_number()) a.eps = j["eps"].get<double>();
+  a.sum_reduction = j.value("reduction", "mean") == "sum";
+  if (integer("ignore_index")) a.ignore_index = j["ignore_index"].get<int64_t>();
   if (integer("dim0")) a.dim0 = j["dim0"].get<int64_t>();
   if (integer("dim1")) a.dim1 = j["dim1"].get<int64_t>();
   a.shape = ints("shape");
@@ -102,6 +116,84 @@ at::Tensor second(const OpAttrs& attrs, const std::vector<at::Tensor>& xs) {
   return xs.at(1);
 }
 
+// gelu {approximate}. Planted bug: approximate none differentiated as the tanh approximation
+// (the exact value, the tanh form's gradient).
+at::Tensor gelu(const at::Tensor& x, bool tanh) {
+  if (tanh) return at::gelu(x, "tanh");
+  at::Tensor y = at::gelu(x, "none");
+  if (!mutant_on(Mutant::GeluTanhDerivative) || !x.requires_grad()) return y;
+  at::Tensor approx = at::gelu(x, "tanh");
+  return y.detach() + (approx - approx.detach());
+}
+
+// The normalized (trailing) dims of a norm.
+std::vector<int64_t> normalized_dims(const at::Tensor& x, const OpAttrs& attrs) {
+  std::vector<int64_t> dims;
+  for (int64_t d = x.dim() - static_cast<int64_t>(attrs.normalized_shape.size()); d < x.dim(); ++d) dims.push_back(d);
+  return dims;
+}
+
+// rms_norm: x / sqrt(mean(x^2) + eps) * weight, eps by default the dtype's machine epsilon (as
+// torch.nn.functional.rms_norm with eps=None).
+at::Tensor rms_norm(const std::vector<at::Tensor>& xs, const OpAttrs& attrs) {
+  const at::Tensor& x = xs.at(0);
+  const double eps = attrs.eps.value_or(x.scalar_type() == at::kFloat ? std::numeric_limits<float>::epsilon()
+                                                                      : std::numeric_limits<double>::epsilon());
+  at::Tensor y = x * at::rsqrt(x.pow(2).mean(normalized_dims(x, attrs), /*keepdim=*/true) + eps);
+  return xs.size() > 1 ? y * xs[1] : y;
+}
+
+// A vocab- or class-parallel table on a rank: the ids in its range, shifted to local rows (0 for
+// the others), and the mask of those in range. Planted bug: ids outside the range are clamped
+// into it and not masked.
+std::pair<at::Tensor, at::Tensor> local_ids(const at::Tensor& ids, const Chunk& range) {
+  at::Tensor in = (ids >= range.offset).logical_and(ids < range.offset + range.size);
+  if (mutant_on(Mutant::VocabLookupUnmasked) && range.size > 0)
+    return {(ids - range.offset).clamp(0, range.size - 1), at::ones_like(in)};
+  return {at::where(in, ids - range.offset, at::zeros_like(ids)), in};
+}
+
+// embedding(ids, weight): the rows of the weight at the ids; on a vocab-sharded rank (range), the
+// ids in its range and zeros for the others (PyTorch's _MaskPartial).
+at::Tensor embedding(const at::Tensor& ids, const at::Tensor& weight, const OpAttrs& attrs) {
+  if (!attrs.range) return at::embedding(weight, ids);
+  auto [local, in] = local_ids(ids, *attrs.range);
+  if (weight.size(0) == 0) {  // an empty vocab shard (uneven split): every id is another rank's
+    auto shape = ids.sizes().vec();
+    shape.push_back(weight.size(1));
+    return at::zeros(shape, weight.options());
+  }
+  return at::embedding(weight, local) * in.unsqueeze(-1).to(weight.scalar_type());
+}
+
+// -log_probs[n, target[n]], 0 where the target is ignore_index or (range) outside the rank's
+// classes.
+at::Tensor pick_target(const at::Tensor& logp, const at::Tensor& target, const OpAttrs& attrs) {
+  at::Tensor keep = attrs.ignore_index ? target.ne(*attrs.ignore_index) : at::ones_like(target, at::kBool);
+  at::Tensor index = target;
+  if (attrs.range) {
+    auto [local, in] = local_ids(target, *attrs.range);
+    keep = keep.logical_and(in);
+    index = local;
+  }
+  index = at::where(keep, index, at::zeros_like(index));
+  if (logp.size(1) == 0) return at::zeros({logp.size(0)}, logp.options());
+  at::Tensor picked = logp.gather(1, index.unsqueeze(1)).squeeze(1);
+  return -(picked * keep.to(logp.scalar_type()));
+}
+
+// nll_loss on whole tensors (the oracle, a local_map body): libtorch's, or, in a body with a
+// class range, the masked pick summed or averaged over the targets not ignored.
+at::Tensor nll_loss(const at::Tensor& logp, const at::Tensor& target, const OpAttrs& attrs) {
+  if (!attrs.range)
+    return at::nll_loss(logp, target, {}, attrs.sum_reduction ? at::Reduction::Sum : at::Reduction::Mean,
+                        attrs.ignore_index.value_or(-100));
+  at::Tensor loss = pick_target(logp, target, attrs).sum();
+  if (attrs.sum_reduction) return loss;
+  at::Tensor count = attrs.ignore_index ? target.ne(*attrs.ignore_index).sum() : at::scalar_tensor(target.numel());
+  return loss / count.to(logp.scalar_type());
+}
+
 }  // namespace
 
 bool is_split_op(const std::string& op) { return op == "split" || op == "chunk"; }
@@ -134,6 +226,23 @@ std::vector<OpAttrs> split_as_narrows(const OpDecl& decl, const std::vector<int6
     out.push_back(n);
   }
   return out;
+}
+
+at::Tensor created_value(const OpDecl& op, DType run_dtype) {
+  const auto& j = op.attrs;
+  std::vector<int64_t> shape = j.at("shape").get<std::vector<int64_t>>();
+  const ElementType type = parse_element_type(j.value("dtype", "float"));
+  const at::ScalarType st = type == ElementType::Bool    ? at::kBool
+                            : type == ElementType::Int64 ? at::kLong
+                            : run_dtype == DType::Float32 ? at::kFloat
+                                                          : at::kDouble;
+  const auto opts = at::TensorOptions().dtype(st);
+  if (op.op == "zeros") return at::zeros(shape, opts);
+  if (op.op == "ones") return at::ones(shape, opts);
+  if (op.op == "full") return at::full(shape, op_attrs(op).fill, opts);
+  int64_t count = 1;
+  for (int64_t e : shape) count *= e;
+  return at::arange(count, opts).reshape(shape);
 }
 
 // In the order of rule_families().
@@ -173,6 +282,32 @@ at::Tensor local_op(const std::string& op, const OpAttrs& attrs, const std::vect
   if (op == "amax") return reduce_extremum(xs.at(0), attrs, true);
   if (op == "amin") return reduce_extremum(xs.at(0), attrs, false);
   if (op == "softmax") return at::softmax(xs.at(0), attrs.dim.value_or(-1));
+  if (op == "log_softmax") return at::log_softmax(xs.at(0), attrs.dim.value_or(-1));
+  if (op == "abs") return at::abs(xs.at(0));
+  if (op == "gelu") return gelu(xs.at(0), attrs.tanh);
+  if (op == "log") return at::log(xs.at(0));
+  if (op == "pow") return at::pow(xs.at(0), attrs.exponent);
+  if (op == "rsqrt") return at::rsqrt(xs.at(0));
+  if (op == "sigmoid") return at::sigmoid(xs.at(0));
+  if (op == "silu") return at::silu(xs.at(0));
+  if (op == "sqrt") return at::sqrt(xs.at(0));
+  if (op == "where") return at::where(xs.at(0), xs.at(1), xs.at(2));
+  if (op == "masked_fill") return xs.at(0).masked_fill(xs.at(1), attrs.fill);
+  if (op == "tril") return at::tril(xs.at(0), attrs.diagonal);
+  if (op == "triu") return at::triu(xs.at(0), attrs.diagonal);
+  if (op == "layer_norm") {
+    const at::Tensor w = xs.size() > 1 ? xs[1] : at::Tensor(), b = xs.size() > 2 ? xs[2] : at::Tensor();
+    return at::layer_norm(xs.at(0), attrs.normalized_shape, w, b, attrs.eps.value_or(1e-5));
+  }
+  if (op == "rms_norm") return rms_norm(xs, attrs);
+  if (op == "embedding") return embedding(xs.at(0), xs.at(1), attrs);
+  if (op == "pick_target") return pick_target(xs.at(0), xs.at(1), attrs);
+  if (op == "count_targets") {
+    at::Tensor keep = attrs.ignore_index ? xs.at(0).ne(*attrs.ignore_index) : at::ones_like(xs.at(0), at::kBool);
+    return keep.to(attrs.float32 ? at::kFloat : at::kDouble);
+  }
+  if (op == "nll_loss") return nll_loss(xs.at(0), xs.at(1), attrs);
+  if (op == "cross_entropy") return nll_loss(at::log_softmax(xs.at(0), 1), xs.at(1), attrs);
   throw SemanticError(ErrorKind::UnsupportedOp, "op \"" + op + "\" has no local implementation");
 }
 

@@ -21,4 +21,8 @@ at::Tensor local_op(const std::string& op, const OpAttrs& attrs, const std::vect
 std::vector<OpAttrs> split_as_narrows(const OpDecl& decl, const std::vector<int64_t>& shape);
 bool is_split_op(const std::string& op);
 
+// The global value a creation op (zeros, ones, full, arange) makes: its `shape`, its `dtype`
+// (float: the run's), `value` for full; arange counts 0, 1, ... in row-major order.
+at::Tensor created_value(const OpDecl& op, DType run_dtype);
+
 }  // namespace meshsim

@@ -181,6 +181,41 @@ void Runtime::plant_rule_bugs(const std::string& op, const std::vector<Spec>& gi
   }
 }
 
+namespace {
+
+// The operand whose dim the op's per-rank kernel needs the rank's range of, when sharded:
+// embedding's vocab rows (operand 1, dim 0), pick_target's classes (operand 0, dim 1).
+std::optional<std::pair<size_t, int64_t>> ranged_operand(const std::string& op) {
+  if (op == "embedding") return std::make_pair(size_t{1}, int64_t{0});
+  if (op == "pick_target") return std::make_pair(size_t{0}, int64_t{1});
+  return std::nullopt;
+}
+
+bool shards(const Spec& spec, int64_t dim) {
+  for (const auto& p : spec)
+    if (p.is_shard() && p.dim == dim) return true;
+  return false;
+}
+
+// Planted bug (embedding_grad_wrong_rank): each rank's contribution moved to the next rank along
+// the mesh axis that shards `dim` (where the shapes agree).
+Locals next_rank_along_shard(const Mesh& mesh, const Spec& spec, int64_t dim, Locals contrib) {
+  for (int a = 0; a < mesh.ndim(); ++a) {
+    if (!spec[a].is_shard() || spec[a].dim != dim) continue;
+    Locals moved = contrib;
+    for (int64_t r = 0; r < mesh.size(); ++r) {
+      auto c = mesh.coords(r);
+      c[a] = (c[a] + 1) % mesh.axis_size(a);
+      const int64_t to = mesh.rank_of(c);
+      if (contrib[r].sizes() == contrib[to].sizes()) moved[to] = contrib[r];
+    }
+    return moved;
+  }
+  return contrib;
+}
+
+}  // namespace
+
 DTensor Runtime::apply_op(const std::string& op, const OpAttrs& attrs, const std::vector<DTensor>& args,
                           const std::string& out_name) {
   std::vector<Spec> given;
@@ -225,6 +260,10 @@ DTensor Runtime::apply_op(const std::string& op, const OpAttrs& attrs, const std
     at::AutoGradMode mode(any);
     OpAttrs rank_attrs = local_attrs;
     if (is_view_op(op)) rank_attrs.local_shape = local_layout(mesh_, out_spec, d.out_shape, static_cast<int64_t>(r)).shape;
+    if (const auto t = ranged_operand(op); t && shards(ready[t->first].spec, t->second)) {
+      const LocalLayout l = local_layout(mesh_, ready[t->first].spec, ready[t->first].shape, static_cast<int64_t>(r));
+      rank_attrs.range = Chunk{l.offset[t->second], l.shape[t->second]};
+    }
     (*results)[r] = local_op(op, rank_attrs, xs);
     outs[r] = (*results)[r].detach();
     (*leaves)[r] = std::move(xs);
@@ -264,6 +303,8 @@ DTensor Runtime::apply_op(const std::string& op, const OpAttrs& attrs, const std
                                              /*allow_unused=*/true);
             contrib[r] = vjp[0].defined() ? vjp[0] : at::zeros_like((*leaves)[r][i]);
           }
+          if (mutant_on(Mutant::EmbeddingGradWrongRank) && op == "embedding" && i == 1)
+            contrib = next_rank_along_shard(rt->mesh(), in_specs[1], 0, std::move(contrib));
           Event e = rt->make_event("grad", op, names[i], contrib);
           e.args = {out_name};
           e.in_specs = {spec_str(bd.grad_in)};
