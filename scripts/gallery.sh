@@ -2,6 +2,7 @@
 # Regenerates the pictures of docs/gallery.md with the meshsim binary:
 #   docs/images/gallery/NAME.png        the logical view of every examples/NAME.json
 #   docs/images/gallery/NAME.ranks.png  the rank view of a few (RANK_VIEWS below)
+#   docs/images/gallery/fsdp_tp_2x4.ranks.png  the rank view on 8 ranks (a scenario written below)
 #   docs/images/gallery/*.MUTANT*.png   verdicts: a run with a planted bug, logical and rank view
 #   docs/images/gallery/lm_call_opaque_unregistered.png  a failing example (examples/failing/)
 #   docs/images/fsdp_reduced.png        the README's picture
@@ -30,6 +31,29 @@ for example in "${RANK_VIEWS[@]}"; do
   "$meshsim" render "examples/$example.json" -o "$out/$name.ranks.png" --view ranks >/dev/null
   echo "$out/$name.ranks.png"
 done
+# 8 ranks: fsdp_tp_2d on dp=2 x tp=4, where w's 10 columns split 3, 3, 3, 1 over tp, so the rank
+# view draws two classes of ranks alike.
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+cat > "$tmp/fsdp_tp_2x4.json" <<'JSON'
+{
+  "format": "meshsim.scenario/1",
+  "name": "fsdp_tp_2x4",
+  "mesh": {"axes": ["dp", "tp"], "shape": [2, 4]},
+  "inputs": [
+    {"name": "x", "shape": [8, 6], "placements": ["S(0)", "R"]},
+    {"name": "w", "shape": [6, 10], "placements": ["S(0)", "S(1)"], "requires_grad": true}
+  ],
+  "program": [
+    {"out": "wf", "op": "redistribute", "args": ["w"], "placements": ["Rd", "S(1)"]},
+    {"out": "y", "op": "mm", "args": ["x", "wf"]},
+    {"out": "loss", "op": "sum", "args": ["y"]}
+  ],
+  "backward": "loss"
+}
+JSON
+"$meshsim" render "$tmp/fsdp_tp_2x4.json" -o "$out/fsdp_tp_2x4.ranks.png" --view ranks >/dev/null
+echo "$out/fsdp_tp_2x4.ranks.png"
 # Verdicts: failing runs exit 1, which is what they show.
 verdict() {  # verdict OUT ARGS...: meshsim run ARGS --render OUT, which must fail its checks
   local rc=0

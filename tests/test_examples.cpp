@@ -70,6 +70,35 @@ TEST(Examples, ResultsAndDiagramsMatchGolden) {
   }
 }
 
+// Issue #13: the rank view of 8 and 16 ranks fits a screen. Examples rescaled to dp=2 x tp=4 and
+// 4 x 4 (8 and 16 ranks on a 1-axis mesh) draw their ranks alike once, in a few clusters, and lay
+// out at most 2500 px wide at graphviz's 96 dpi (1875 pt); one cluster per rank took 4500 to 17000.
+TEST(Examples, RankViewOfEightAndSixteenRanksFitsAScreen) {
+  for (const char* name : {"attention_heads_sharded", "fsdp_tp_2d", "lm_megatron_tp", "tp_megatron_mlp"}) {
+    for (int ranks : {8, 16}) {
+      SCOPED_TRACE(std::string(name) + " on " + std::to_string(ranks) + " ranks");
+      const fs::path file = fs::path(MESHSIM_SOURCE_DIR) / "examples" / (std::string(name) + ".json");
+      nlohmann::json doc = nlohmann::json::parse(read_text(file));
+      const bool one_axis = doc["mesh"]["shape"].size() == 1;
+      doc["mesh"]["shape"] = one_axis ? nlohmann::json::array({ranks})
+                                      : (ranks == 8 ? nlohmann::json::array({2, 4}) : nlohmann::json::array({4, 4}));
+      Scenario sc = parse_scenario(doc, file.string());
+      CheckedRun run = check_scenario(sc, sc.options);
+      ASSERT_EQ(run.result["status"], "pass") << run.result.dump(2);
+      const std::string dot = render_dot(cli::trace_of(sc, sc.options, run), RenderView::Ranks);
+      size_t clusters = 0;
+      for (auto at = dot.find("subgraph \"cluster_rank"); at != std::string::npos;
+           at = dot.find("subgraph \"cluster_rank", at + 1))
+        ++clusters;
+      EXPECT_LE(clusters, 4u) << "ranks alike are drawn once";
+      const std::string svg = layout_dot(dot, "svg");
+      const auto width = svg.find("<svg width=\"");
+      ASSERT_NE(width, std::string::npos);
+      EXPECT_LE(std::stod(svg.substr(width + 12)), 1875.0) << "points wide";
+    }
+  }
+}
+
 // The examples of what meshsim reports (examples/failing): each fails or errors as its golden
 // result records, and says why.
 TEST(Examples, FailingExamplesReportTheirProblem) {

@@ -395,6 +395,20 @@ Trace mesh_trace(const std::vector<int64_t>& shape) {
   return t;
 }
 
+// The trace with a different local shape of x on every rank: no two ranks alike.
+Trace distinct_ranks(Trace t) {
+  for (size_t r = 0; r < t.events[0].local_shapes.size(); ++r) t.events[0].local_shapes[r] = {2 + static_cast<int64_t>(r), 16};
+  return t;
+}
+
+// The label of a cluster ("rank3" for cluster_rank3): its label line, or "".
+std::string cluster_label(const std::string& dot, const std::string& name) {
+  const auto at = dot.find("subgraph \"cluster_" + name + "\" {");
+  if (at == std::string::npos) return "";
+  const auto label = dot.find("label=", at);
+  return dot.substr(label, dot.find('\n', label) - label);
+}
+
 TEST(TraceRender, GoldenFsdp) {
   expect_golden("fsdp_reduced_linear.dot", render_dot(fsdp_trace()));
 }
@@ -497,10 +511,25 @@ TEST(TraceRender, RankSpecificFailureMarksThatRank) {
   const std::string dot = render_dot(t, RenderView::Ranks);
   EXPECT_NE(node_statement(dot, "r1:v:x").find("penwidth=\"3\""), std::string::npos);
   EXPECT_NE(node_statement(dot, "r1:v:x").find("rank 1 holds a local"), std::string::npos);
-  for (const char* other : {"r0:v:x", "r2:v:x", "r3:v:x", "r1:v:w"})
+  // The four ranks are alike but for the failure: rank 1 is drawn apart, the others once.
+  EXPECT_EQ(count(dot, "subgraph \"cluster_rank"), 2u);
+  EXPECT_NE(cluster_label(dot, "rank0").find("ranks 0, 2, 3"), std::string::npos) << cluster_label(dot, "rank0");
+  for (const char* other : {"r0:v:x", "r1:v:w"})
     EXPECT_EQ(node_statement(dot, other).find("penwidth=\"3\""), std::string::npos) << other;
   // The logical view marks the value.
   EXPECT_NE(node_statement(render_dot(t), "v:x").find("penwidth=\"3\""), std::string::npos);
+}
+
+TEST(TraceRender, RankSpecificFailureOfACollapsedMeshIsDrawn) {
+  Trace t = mesh_trace({4096});
+  t.result["status"] = "fail";
+  t.result["failures"] = {"x: rank 100 holds a local of shape [3, 16], its layout [S(0)] says [2, 16]"};
+  const std::string dot = render_dot(t, RenderView::Ranks);
+  const std::string x = node_statement(dot, "r100:v:x");
+  EXPECT_NE(x.find("penwidth=\"3\""), std::string::npos) << x;
+  EXPECT_NE(x.find("rank 100 holds a local"), std::string::npos) << x;
+  EXPECT_EQ(node_statement(dot, "r0:v:x").find("penwidth=\"3\""), std::string::npos);
+  EXPECT_NE(dot.find("5 of 4096 ranks shown"), std::string::npos);
 }
 
 TEST(TraceRender, ErrorNote) {
@@ -565,7 +594,7 @@ TEST(TraceRender, RedefinedNamesGetTheirOwnNodes) {
 }
 
 TEST(TraceRender, RankViewNestsClustersByMeshAxes) {
-  const std::string dot = render_dot(mesh_trace({2, 2}), RenderView::Ranks);
+  const std::string dot = render_dot(distinct_ranks(mesh_trace({2, 2})), RenderView::Ranks);
   for (const char* c : {"cluster_axes:dp=0", "cluster_axes:dp=1", "cluster_rank0", "cluster_rank3"})
     EXPECT_NE(dot.find(std::string("subgraph \"") + c + "\""), std::string::npos) << c;
   // dp=0 holds ranks 0 and 1 (row-major), dp=1 ranks 2 and 3.
@@ -573,6 +602,7 @@ TEST(TraceRender, RankViewNestsClustersByMeshAxes) {
   EXPECT_LT(dp0, dot.find("cluster_rank0"));
   EXPECT_LT(dot.find("cluster_rank1"), dp1);
   EXPECT_LT(dp1, dot.find("cluster_rank2"));
+  EXPECT_NE(cluster_label(dot, "rank3").find("rank 3  \u00b7  tp=1"), std::string::npos) << cluster_label(dot, "rank3");
   // The all_gather over tp: groups {0, 1} and {2, 3}, each one node joining its ranks.
   EXPECT_NE(dot.find("\"r0:v:w\" -> \"e2:g0\""), std::string::npos);
   EXPECT_NE(dot.find("\"r1:v:w\" -> \"e2:g0\""), std::string::npos);
@@ -586,25 +616,83 @@ TEST(TraceRender, RankViewNestsClustersByMeshAxes) {
   EXPECT_EQ(count(dot, "subgraph \"cluster_rank"), 4u);
 }
 
+// Issue #13: one cluster per rank made an 8-rank rank view 8000 px wide. Ranks alike (the same
+// local shape at every event, the same collectives) are drawn once, as one cluster naming them.
+TEST(TraceRender, RankViewDrawsRanksAlikeOnce) {
+  const std::string dot = render_dot(mesh_trace({2, 4}), RenderView::Ranks);
+  EXPECT_EQ(count(dot, "subgraph \"cluster_rank"), 1u);
+  const std::string label = cluster_label(dot, "rank0");
+  for (const char* part : {"ranks 0\u20137", "(8 alike)", "dp=*, tp=*"})
+    EXPECT_NE(label.find(part), std::string::npos) << part << " in " << label;
+  EXPECT_EQ(count(dot, ":v:w\" [label="), 1u) << "w is drawn once for the 8 ranks";
+  // The all_gather over tp is one node for its two groups, joined by the one cluster.
+  EXPECT_NE(node_statement(dot, "e2:g0").find("2 groups: {0\u20133} {4\u20137}"), std::string::npos)
+      << node_statement(dot, "e2:g0");
+  EXPECT_EQ(node_statement(dot, "e2:g4"), "");
+  EXPECT_NE(dot.find("\"r0:v:w\" -> \"e2:g0\""), std::string::npos);
+  EXPECT_NE(dot.find("8 ranks, drawn as 1 class of ranks alike"), std::string::npos);
+  // The same on 16 ranks: the diagram does not grow with the mesh.
+  const std::string sixteen = render_dot(mesh_trace({4, 4}), RenderView::Ranks);
+  EXPECT_EQ(count(sixteen, "subgraph \"cluster_rank"), 1u);
+  EXPECT_EQ(count(sixteen, " [label="), count(dot, " [label="));
+}
+
+TEST(TraceRender, RankViewDrawsRanksThatDifferApart) {
+  // w is [4, 4] on every rank but those of tp=3, which hold [3, 4].
+  Trace t = mesh_trace({2, 4});
+  for (int64_t r : {3, 7}) t.events[1].local_shapes[r] = {3, 4};
+  const std::string dot = render_dot(t, RenderView::Ranks);
+  EXPECT_EQ(count(dot, "subgraph \"cluster_rank"), 2u);
+  EXPECT_NE(cluster_label(dot, "rank0").find("ranks 0\u20132, 4\u20136"), std::string::npos) << cluster_label(dot, "rank0");
+  EXPECT_NE(cluster_label(dot, "rank0").find("dp=*, tp=0,1,2"), std::string::npos) << cluster_label(dot, "rank0");
+  EXPECT_NE(cluster_label(dot, "rank3").find("ranks 3, 7"), std::string::npos) << cluster_label(dot, "rank3");
+  EXPECT_NE(cluster_label(dot, "rank3").find("dp=*, tp=3"), std::string::npos) << cluster_label(dot, "rank3");
+  EXPECT_NE(node_statement(dot, "r3:v:w").find("[3, 4]"), std::string::npos);
+  EXPECT_NE(node_statement(dot, "r0:v:w").find("[4, 4]"), std::string::npos);
+  // Each all_gather group over tp holds ranks of both classes: one node joins the two clusters.
+  EXPECT_NE(dot.find("\"r0:v:w\" -> \"e2:g0\""), std::string::npos);
+  EXPECT_NE(dot.find("\"r3:v:w\" -> \"e2:g0\""), std::string::npos);
+}
+
+TEST(TraceRender, RankViewSeparatesRanksThatMeetDifferentCollectives) {
+  // On dp=2 x tp=2, rank 0 alone holds another x. Ranks 1, 2 and 3 hold the same shapes, but
+  // rank 1 meets rank 0 in the all_gather over tp, and ranks 2 and 3 meet each other: three classes.
+  Trace t = mesh_trace({2, 2});
+  t.events[0].local_shapes[0] = {3, 16};
+  const std::string dot = render_dot(t, RenderView::Ranks);
+  EXPECT_EQ(count(dot, "subgraph \"cluster_rank"), 3u);
+  EXPECT_NE(cluster_label(dot, "rank2").find("ranks 2, 3"), std::string::npos) << cluster_label(dot, "rank2");
+  EXPECT_NE(node_statement(dot, "e2:g0").find("ranks 0, 1"), std::string::npos);
+  EXPECT_NE(node_statement(dot, "e2:g2").find("ranks 2, 3"), std::string::npos);
+  EXPECT_NE(dot.find("\"r1:v:w\" -> \"e2:g0\""), std::string::npos);
+  EXPECT_NE(dot.find("\"r2:v:w\" -> \"e2:g2\""), std::string::npos);
+  EXPECT_EQ(dot.find("\"r1:v:w\" -> \"e2:g2\""), std::string::npos);
+  EXPECT_EQ(dot.find("\"r2:v:w\" -> \"e2:g0\""), std::string::npos);
+}
+
 TEST(TraceRender, RankViewDrawsUpToSixteenRanks) {
-  const std::string dot = render_dot(mesh_trace({4, 4}), RenderView::Ranks);
+  const std::string dot = render_dot(distinct_ranks(mesh_trace({4, 4})), RenderView::Ranks);
   EXPECT_EQ(count(dot, "subgraph \"cluster_rank"), 16u);
   EXPECT_EQ(dot.find("more ranks like these"), std::string::npos);
 }
 
 TEST(TraceRender, RankViewCollapsesLargeMeshes) {
   const std::string one_axis = render_dot(mesh_trace({4096}), RenderView::Ranks);
-  EXPECT_EQ(count(one_axis, "subgraph \"cluster_rank"), 4u);
+  EXPECT_EQ(count(one_axis, "subgraph \"cluster_rank"), 1u);
+  EXPECT_NE(cluster_label(one_axis, "rank0").find("ranks 0\u20133"), std::string::npos);
   EXPECT_NE(one_axis.find("and 4092 more ranks like these"), std::string::npos);
-  EXPECT_NE(node_statement(one_axis, "e2:g0").find("ranks 0, 1, 2, 3 \u2026 (4096 in the group)"),
-            std::string::npos)
-      << node_statement(one_axis, "e2:g0");
+  const std::string gather = node_statement(one_axis, "e2:g0");
+  EXPECT_NE(gather.find("ranks 0\u20133<"), std::string::npos) << gather;
+  EXPECT_NE(gather.find(">\u2026 (4096 in the group)<"), std::string::npos) << gather;
   EXPECT_LT(one_axis.size(), 100000u);
-  const std::string two_axes = render_dot(mesh_trace({2, 9}), RenderView::Ranks);
+  const std::string two_axes = render_dot(distinct_ranks(mesh_trace({2, 9})), RenderView::Ranks);
   EXPECT_EQ(count(two_axes, "subgraph \"cluster_rank"), 4u);
   for (const char* c : {"cluster_rank0\"", "cluster_rank1\"", "cluster_rank9\"", "cluster_rank10\""})
     EXPECT_NE(two_axes.find(c), std::string::npos) << c;
   EXPECT_NE(two_axes.find("and 14 more ranks like these"), std::string::npos);
+  // Alike, the four shown ranks are one cluster: every coordinate of dp, the shown ones of tp.
+  const std::string folded = render_dot(mesh_trace({2, 9}), RenderView::Ranks);
+  EXPECT_NE(cluster_label(folded, "rank0").find("dp=*, tp=0,1<"), std::string::npos) << cluster_label(folded, "rank0");
 }
 
 TEST(TraceRender, EscapesLabels) {
@@ -644,7 +732,8 @@ TEST(TraceRender, LaysOutEveryGoldenDiagram) {
   // Every label is valid graphviz HTML: each view of each hand-made trace lays out.
   Trace failing = failing_trace();
   failing.result["failures"] = {"y: differs <by> 3 & more"};
-  for (const Trace& t : {fsdp_trace(), failing, mesh_trace({2, 2}), mesh_trace({4096})})
+  for (const Trace& t : {fsdp_trace(), failing, mesh_trace({2, 2}), distinct_ranks(mesh_trace({2, 2})),
+                         mesh_trace({2, 4}), mesh_trace({4096})})
     for (auto view : {RenderView::Logical, RenderView::Ranks})
       EXPECT_NO_THROW(layout_dot(render_dot(t, view), "svg"));
 }

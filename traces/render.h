@@ -8,19 +8,27 @@
 // one shape and one color; the edge leaving a collective is drawn in its color and labelled with
 // the bytes it moves per rank. A legend explains the styles.
 //
-// The rank view draws the same run once per rank: one cluster per rank, nested by mesh axes (a
-// cluster per coordinate of the first axis holding clusters per coordinate of the second, ...),
-// each value and gradient with its local shape on that rank, and one node per group of every
-// collective connecting the ranks of that group. A mesh of more than kRankViewMaxRanks ranks is
-// collapsed to a representative sub-mesh (the first 4 coordinates of a 1-axis mesh, the first 2
-// of each of the first 4 axes otherwise, so at most 16 ranks) and a node "... and N more ranks
-// like these".
+// The rank view draws where the data lives: each value and gradient with its local shape, in one
+// cluster per class of ranks alike, and one node per collective and group of ranks it joins.
+// Ranks are alike when every event gives them the same local shape, the same values fail on
+// them, and every collective puts them in groups of the same classes (refined to a fixed point,
+// so each class meets one node per collective); a class is drawn once, labelled with its ranks
+// and, when they form a sub-mesh, its coordinates ("ranks 0–2, 4–6 (6 alike)", "dp=*, tp=0,1,2").
+// An 8-rank dp x tp mesh thus draws its 1 to 4 distinct behaviours, not 8 columns (8000 px wide
+// before). While every class has one coordinate on the leading axes, clusters per coordinate of
+// those axes nest the classes (on dp=2 x tp=2 with four distinct ranks: "dp = 0" holds ranks 0
+// and 1). Classes go left to right by their first rank; their nodes are named after it ("r4:v:x").
+// A mesh of more than kRankViewMaxRanks ranks is first collapsed to a representative sub-mesh
+// (the first 4 coordinates of a 1-axis mesh, the first 2 of each of the first 4 axes otherwise,
+// so at most 16 ranks, plus up to 4 ranks a failure names) and a node "... and N more ranks like
+// these".
 //
 // Verdicts, in both views: a value or gradient named by a line of the result's "failures"
 // ("y: ...", "grad w: ...", "w: gradient is ...") gets a red border and its error text (in the
-// rank view, a "rank N holds ..." failure marks that rank's node only); a failing run has a red
-// note with its failed checks; an error run a red note with the error's kind and message, and,
-// when the run stopped before its first event, the scenario's program as written.
+// rank view, a "rank N holds ..." failure marks the node of rank N's class only, a class of the
+// ranks failing on that value, and its text names the rank); a failing run has a red note with
+// its failed checks; an error run a red note with the error's kind and message, and, when the
+// run stopped before its first event, the scenario's program as written.
 #pragma once
 
 #include <cstdint>

@@ -1,0 +1,163 @@
+// The renderer's insides, shared by its files (not a public header; traces/render.h is):
+//   render_common.cpp  DOT text, styles, and the facts a diagram needs besides the events
+//   render_logical.cpp the logical view
+//   render_ranks.cpp   the rank view
+//   render.cpp         the frame of a diagram (title, status note, legend, the program as
+//                      written), layout with libgvc, and the public functions
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/mesh.h"
+#include "traces/trace.h"
+
+namespace meshsim::render_detail {
+
+using nlohmann::json;
+
+// ---------------------------------------------------------------------------------------------
+// DOT text
+// ---------------------------------------------------------------------------------------------
+
+using Attrs = std::vector<std::pair<std::string, std::string>>;
+
+// An attribute value written as an HTML-like label <...> (html is already escaped).
+std::string html_value(const std::string& html);
+// A DOT string literal: quotes and backslashes escaped, newlines as DOT line breaks.
+std::string quote(const std::string& text);
+// " [key="value", key=<html>]"
+std::string attr_list(const Attrs& attrs);
+// Text inside an HTML-like label: markup characters escaped, newlines as line breaks.
+std::string esc(const std::string& text);
+
+inline constexpr const char* kFont = "Helvetica";
+inline constexpr const char* kMono = "Courier";
+inline constexpr const char* kGray = "#666666";
+inline constexpr const char* kLightGray = "#8c8c8c";
+inline constexpr const char* kRed = "#d7191c";
+inline constexpr const char* kGreen = "#1a9641";
+inline constexpr const char* kBackwardEdge = "#9e4a73";
+inline constexpr const char* kBr = "<BR/>";
+
+// <FONT ...>html</FONT>; html is already escaped.
+std::string font(const std::string& html, const std::string& color, int size = 0, const std::string& face = "");
+std::string bold(const std::string& text);
+std::string mono(const std::string& text, const std::string& color = "#08306b", int size = 0);
+std::string small(const std::string& text, const std::string& color = kGray, int size = 8);
+
+// Words joined into lines of at most `width` characters (a longer word gets its own line).
+std::vector<std::string> wrap(const std::string& text, size_t width);
+// Red lines "✗ message", wrapped.
+std::string error_lines(const std::vector<std::string>& messages, size_t width = 40);
+
+std::string shape_str(const std::vector<int64_t>& shape);
+// "384 B", "1.5 KiB", "2 MiB"
+std::string bytes_str(int64_t bytes);
+std::string show(const json& v);
+// ["S(0)", "R"] -> "[S(0), R]"; anything else -> "".
+std::string spec_of_json(const json& placements);
+std::vector<int64_t> ints_of_json(const json& v, bool* ok);
+
+// ---------------------------------------------------------------------------------------------
+// Styles: one row per collective kind, one per node role
+// ---------------------------------------------------------------------------------------------
+
+struct StepStyle {
+  const char* name;
+  const char* fill;
+  const char* line;  // border, edge and byte-label color
+};
+inline constexpr StepStyle kCollectives[] = {
+    {"all_gather", "#b8e3b0", "#1b7837"},
+    {"reduce_scatter", "#fdd0a2", "#d94801"},
+    {"all_reduce", "#d9c8ea", "#6a3d9a"},
+    {"all_to_all", "#b3d7ee", "#1f68b4"},
+};
+inline constexpr StepStyle kLocalStep = {"local step", "#ececec", "#737373"};
+
+const StepStyle& step_style(const std::string& name);
+bool is_collective_name(const std::string& name);
+
+enum class Role { Input, Value, Implicit, Op, Seed, Grad, InputGrad, Ghost };
+
+Attrs node_attrs(Role role, const std::string& html_label, bool failing = false, const Attrs& extra = {});
+Attrs step_attrs(const std::string& name, const std::string& html_label, const Attrs& extra = {});
+// The style of an edge leaving a step: a collective's edge is bold, in its color.
+Attrs step_out_edge(const Event& e, bool with_bytes);
+
+std::string node_line(const std::string& id, const Attrs& attrs, const std::string& indent = "    ");
+// A cluster of `body` (nothing when the body is empty).
+std::string cluster(const std::string& name, const Attrs& attrs, const std::string& body,
+                    const std::string& indent = "  ");
+
+// ---------------------------------------------------------------------------------------------
+// What the diagram needs to know besides the events: mesh, shapes, gradients, verdicts
+// ---------------------------------------------------------------------------------------------
+
+// An LTensor's spec in a trace ("variant=[...] reduced=[...]"), not a DTensor placement list.
+bool is_ltensor_spec(const std::string& spec);
+
+struct Facts {
+  std::string name = "trace";
+  Mesh mesh{{"rank"}, {1}};
+  bool mesh_from_scenario = false;
+  std::string status;  // "" (no result), pass, unchecked, fail, error
+  std::vector<std::string> passed_checks, failed_checks, unchecked_checks;  // unchecked: null, not (fully) run
+  std::string error_kind, error_message;
+  std::map<std::string, std::vector<int64_t>> global_shape;
+  std::map<std::string, std::pair<std::string, std::string>> grads;  // name -> tracked, cotangent
+  // Failures attached to a node, and those that name no node of the diagram.
+  std::map<std::string, std::vector<std::string>> value_errors, grad_errors;
+  std::map<std::string, std::map<int64_t, std::vector<std::string>>> rank_errors;
+  std::set<std::string> dtensor_values;  // values drawn at least once as a DTensor
+  std::vector<std::string> all_failures, other_failures;
+  json program = json::array();  // the scenario's program, for implicit operands and sketches
+  json inputs = json::array();
+};
+
+Facts facts_of(const Trace& t);
+
+// Whether a value name is one the runtime made for an op's operand ("y.arg1", "y.in0.dp").
+bool is_implicit(const std::string& name);
+// The operand a redistributed implicit value ("y.arg1", "y.in1") stands for: argument 1 of the
+// program op producing y; "" for the others.
+std::string implicit_source(const Facts& f, const std::string& name);
+// "w as operand 1 of y", "operand 1 of y, over dp"
+std::string implicit_text(const Facts& f, const std::string& name);
+
+// "mm: S(0), R -> S(0); mm: R, S(1) -> S(1)" -> one line per mesh axis, "dp: S(0), R → S(0)".
+std::vector<std::string> rule_lines(const Event& e, const Mesh& mesh);
+// "grad hook: [P(sum)] -> cotangent of [R]" -> "grad hook"
+std::string note_tag(const std::string& note);
+// "[S(0)] → [R]", or "[R]" when the step does not record its source.
+std::string transition(const Event& e);
+std::string step_label(const Event& e);
+// Local shapes as text: "[2, 16]" when every rank agrees, "[3, 4] / [2, 4]" otherwise.
+std::string local_shapes_str(const Event& e);
+
+inline std::string event_id(const Event& e) { return "e" + std::to_string(e.seq); }
+inline std::string value_id(const std::string& name) { return "v:" + name; }
+
+// The redistribution steps waiting for the op that consumes `value`, removed from `pending`
+// (both views draw a chain of steps where its consumer is drawn).
+std::vector<const Event*> take_pending(std::map<std::string, std::vector<const Event*>>& pending,
+                                       const std::string& value);
+
+// ---------------------------------------------------------------------------------------------
+// The views: the body of the graph (clusters, nodes, edges) between the frame's parts
+// ---------------------------------------------------------------------------------------------
+
+std::string logical_view(const Trace& trace, const Facts& facts);
+
+struct RankViewText {
+  std::string body;
+  std::string view_line;  // under the title: how many ranks, and how they are drawn
+};
+RankViewText rank_view(const Trace& trace, const Facts& facts);
+
+}  // namespace meshsim::render_detail
