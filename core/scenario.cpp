@@ -516,7 +516,8 @@ class ScenarioParser {
     int min_args = rule.arity, max_args = rule.max_arity == -2 ? rule.arity : rule.max_arity;
     // A binary op with a scalar `value` takes one tensor operand.
     for (const auto& a : rule.attrs)
-      if (std::string(a.key) == "value" && rule.arity == 2 && op.contains("value")) min_args = max_args = 1;
+      if (std::string(a.key) == "value" && a.type == AttrType::Number && rule.arity == 2 && op.contains("value"))
+        min_args = max_args = 1;
     if (rule.arity >= 0 && (args.size() < static_cast<size_t>(min_args) || args.size() > static_cast<size_t>(max_args)))
       r_.fail(child(path, "args"), decl.op + " takes " +
                                        (min_args == max_args ? std::to_string(min_args)

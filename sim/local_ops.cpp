@@ -11,7 +11,8 @@ namespace meshsim {
 
 OpAttrs op_attrs(const OpDecl& decl) {
   OpAttrs a;
-  const auto& j = decl.attrs;
+  static const nlohmann::json kNone = nlohmann::json::object();
+  const auto& j = decl.attrs.is_object() ? decl.attrs : kNone;
   auto integer = [&](const char* key) { return j.contains(key) && j[key].is_number_integer(); };
   auto ints = [&](const char* key) {
     std::vector<int64_t> out;

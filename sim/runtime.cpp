@@ -298,6 +298,11 @@ DTensor Runtime::apply_op(const std::string& op, const OpAttrs& attrs, const std
                               gin.spec, gi, out_name, "backward of " + op + ": incoming gradient");
           Locals contrib(R);
           for (size_t r = 0; r < R; ++r) {
+            // A local result no operand reaches (an empty vocab shard's zeros) contributes zeros.
+            if (!(*results)[r].requires_grad()) {
+              contrib[r] = at::zeros_like((*leaves)[r][i]);
+              continue;
+            }
             auto vjp = torch::autograd::grad({(*results)[r]}, {(*leaves)[r][i]}, {gi[r]},
                                              /*retain_graph=*/true, /*create_graph=*/false,
                                              /*allow_unused=*/true);

@@ -63,15 +63,31 @@ bool differentiable(const std::vector<Names>& specs) {
 }
 
 int arity(const std::string& op) {
-  static const std::set<std::string> binary = {"add", "bmm", "cat", "div", "matmul", "mm", "mul", "stack", "sub"};
+  static const std::set<std::string> binary = {"add", "bmm", "cat", "div", "matmul", "mm", "mul", "stack", "sub",
+                                               "masked_fill", "embedding", "nll_loss", "cross_entropy"};
+  if (op == "where") return 3;
   return binary.count(op) ? 2 : 1;
 }
 
-// The placements one axis takes, for an operand of `rank` dims (differentiable ones).
-Names axis_placements(size_t rank) {
+// The element type of operand i: ids and targets are int64, conditions and masks bool.
+std::string operand_dtype(const std::string& op, size_t i) {
+  if ((op == "embedding" && i == 0) || ((op == "nll_loss" || op == "cross_entropy") && i == 1)) return "int64";
+  if ((op == "where" && i == 0) || (op == "masked_fill" && i == 1)) return "bool";
+  return "float";
+}
+
+// Ops whose operand must be positive (it is exp(x) in the scenario), as div's denominator.
+bool positive_operand(const std::string& op, size_t i) {
+  return (op == "div" && i == 1) || op == "sqrt" || op == "rsqrt" || op == "log" || op == "pow";
+}
+
+// The placements one axis takes, for an operand of `rank` dims (differentiable ones); an int64 or
+// bool operand is never Partial.
+Names axis_placements(size_t rank, bool partial = true) {
   Names out;
   for (size_t d = 0; d < rank; ++d) out.push_back("S(" + std::to_string(d) + ")");
-  for (const char* p : {"R", "Rd", "P(sum)", "P(avg)"}) out.push_back(p);
+  for (const char* p : {"R", "Rd", "P(sum)", "P(avg)"})
+    if (partial || p[0] == 'R') out.push_back(p);
   return out;
 }
 
@@ -86,6 +102,25 @@ std::vector<OpConfig> configs(const std::string& op) {
             {op, none, {{2, 5, 3}, {3, 4}}}, {op, none, {{1, 5, 3}, {2, 3, 4}}}, {op, none, {{5, 3}, {2, 3, 4}}}};
   if (op == "cat") return {{op, {{"dim", 0}}, {tall, {2, 3}}}, {op, {{"dim", -1}}, {tall, {5, 2}}}};
   if (op == "stack") return {{op, {{"dim", 0}}, {tall, tall}}, {op, {{"dim", 2}}, {wide, wide}}};
+  if (op == "log_softmax") {
+    for (int dim : {0, 1, -1}) out.push_back({op, {{"dim", dim}}, {tall}});
+    out.push_back({op, {{"dim", 1}}, {cube}});
+    return out;
+  }
+  if (op == "where") return {{op, none, {tall, tall, tall}}, {op, none, {{3}, tall, {5, 1}}}, {op, none, {{5, 1}, {3}, {3}}}};
+  if (op == "masked_fill")
+    return {{op, {{"value", -2.5}}, {tall, tall}}, {op, {{"value", 0}}, {tall, {3}}}, {op, {{"value", 7}}, {cube, {5, 1}}}};
+  if (op == "tril" || op == "triu")
+    return {{op, none, {tall}}, {op, {{"diagonal", 1}}, {wide}}, {op, {{"diagonal", -1}}, {cube}}};
+  if (op == "layer_norm")
+    return {{op, {{"normalized_shape", {3}}}, {tall}},
+            {op, {{"normalized_shape", {3}}, {"eps", 0.5}}, {tall, {3}}},
+            {op, {{"normalized_shape", {5, 2}}}, {cube, {5, 2}, {5, 2}}}};
+  if (op == "rms_norm")
+    return {{op, {{"normalized_shape", {3}}}, {tall}}, {op, {{"normalized_shape", {2}}, {"eps", 0.25}}, {cube, {2}}}};
+  if (op == "embedding") return {{op, none, {{5}, {7, 3}}}, {op, none, {{2, 3}, {5, 4}}}};
+  if (op == "nll_loss" || op == "cross_entropy")
+    return {{op, none, {tall, {5}}}, {op, {{"reduction", "sum"}}, {{4, 5}, {4}}}, {op, {{"ignore_index", 2}}, {{6, 3}, {6}}}};
   // Binary pointwise ops: same shapes, and a broadcast operand (missing dims and size-1 dims).
   if (arity(op) == 2)
     return {{op, none, {tall, tall}}, {op, none, {wide, wide}}, {op, none, {tall, {3}}}, {op, none, {{5, 1}, tall}}};
@@ -125,7 +160,8 @@ std::vector<OpConfig> configs(const std::string& op) {
     out.push_back({op, {{"dim", 1}}, {cube}});
     return out;
   }
-  json attrs = op == "scale" ? json{{"value", 1.5}} : json::object();
+  json attrs = op == "scale" ? json{{"value", 1.5}} : op == "pow" ? json{{"exponent", 1.5}} : json::object();
+  if (op == "gelu") return {{op, none, {tall}}, {op, {{"approximate", "tanh"}}, {wide}}, {op, none, {cube}}};
   return {{op, attrs, {tall}}, {op, attrs, {wide}}, {op, attrs, {cube}}};
 }
 
@@ -135,7 +171,32 @@ std::vector<OpConfig> configs(const std::string& op) {
 std::vector<OpCase> cases(const std::string& op) {
   std::vector<OpCase> out;
   for (const auto& c : configs(op)) {
-    const Names one = axis_placements(c.shapes[0].size());
+    if (c.shapes.size() > 2 || (c.shapes.size() == 2 && arity(op) == 1)) {
+      // Three operands, or a norm's weight (and bias): every placement of the first operand against
+      // a cycle through the others' (the norms' parameters take R, Rd and their shards).
+      std::vector<Names> each;
+      for (size_t i = 0; i < c.shapes.size(); ++i) each.push_back(axis_placements(c.shapes[i].size(), operand_dtype(op, i) == "float"));
+      size_t k = 0;
+      for (Shape mesh : {Shape{3}, Shape{4}})
+        for (const auto& p : each[0])
+          for (size_t rep = 0; rep < 3; ++rep, ++k) {
+            std::vector<Names> specs{{p}};
+            for (size_t i = 1; i < each.size(); ++i) specs.push_back({each[i][(k * (2 * i + 1) + i) % each[i].size()]});
+            out.push_back({c, mesh, specs});
+          }
+      for (const auto& p : each[0])
+        for (const auto& q : each[0]) {
+          std::vector<Names> specs{{p, q}};
+          for (size_t i = 1; i < each.size(); ++i, ++k)
+            specs.push_back({each[i][k % each[i].size()], each[i][(3 * k + 1) % each[i].size()]});
+          out.push_back({c, {2, 2}, specs});
+        }
+      if (op == "where")  // x and y alike against a replicated condition (the Partial rows)
+        for (const auto& p : each[1])
+          if (c.shapes[1] == c.shapes[2]) out.push_back({c, {3}, {{"R"}, {p}, {p}}});
+      continue;
+    }
+    const Names one = axis_placements(c.shapes[0].size(), operand_dtype(op, 0) == "float");
     std::vector<Names> two;
     for (const auto& p : one)
       for (const auto& q : one) two.push_back({p, q});
@@ -145,7 +206,8 @@ std::vector<OpCase> cases(const std::string& op) {
         for (const char* p : {"P(max)", "P(min)"}) out.push_back({c, mesh, {{p}}});
       } else {
         for (const auto& p : one)
-          for (const auto& q : axis_placements(c.shapes[1].size())) out.push_back({c, mesh, {{p}, {q}}});
+          for (const auto& q : axis_placements(c.shapes[1].size(), operand_dtype(op, 1) == "float"))
+            out.push_back({c, mesh, {{p}, {q}}});
         if (op == "cat" || op == "stack")  // elements only move: P(max) and P(min) pass (forward only)
           for (const char* p : {"P(max)", "P(min)"}) out.push_back({c, mesh, {{p}, {p}}});
       }
@@ -156,10 +218,11 @@ std::vector<OpCase> cases(const std::string& op) {
       out.push_back({c, {2, 2}, {{"R", "P(min)"}}});
     } else {
       std::vector<Names> other;
-      for (const auto& p : axis_placements(c.shapes[1].size()))
-        for (const auto& q : axis_placements(c.shapes[1].size())) other.push_back({p, q});
+      const bool partial = operand_dtype(op, 1) == "float";
+      for (const auto& p : axis_placements(c.shapes[1].size(), partial))
+        for (const auto& q : axis_placements(c.shapes[1].size(), partial)) other.push_back({p, q});
       for (size_t i = 0; i < two.size(); ++i) {
-        if (c.shapes[0] == c.shapes[1]) out.push_back({c, {2, 2}, {two[i], two[i]}});
+        if (c.shapes[0] == c.shapes[1] && operand_dtype(op, 1) == "float") out.push_back({c, {2, 2}, {two[i], two[i]}});
         out.push_back({c, {2, 2}, {two[i], other[(7 * i + 3) % other.size()]}});
       }
     }
@@ -167,11 +230,20 @@ std::vector<OpCase> cases(const std::string& op) {
   return out;
 }
 
-// Every op with a rule table, in the order of rule_families().
+// The ops of the contract that run as a decomposition into ops with tables (the loss ops: log_softmax,
+// pick_target, count_targets, sum, mean, div), tested as the user writes them.
+const Names kDecomposed = {"cross_entropy", "nll_loss"};
+// Ops with a table that no scenario names (the parts of the loss ops).
+const Names kInternal = {"count_targets", "pick_target"};
+
+// Every op with a rule table, in the order of rule_families(), the internal ones replaced by the
+// contract ops that run them.
 Names tested_ops() {
   Names out;
   for (const auto& f : rule_families())
-    for (const auto& op : f.ops) out.push_back(op);
+    for (const auto& op : f.ops)
+      if (std::find(kInternal.begin(), kInternal.end(), op) == kInternal.end()) out.push_back(op);
+  out.insert(out.end(), kDecomposed.begin(), kDecomposed.end());
   return out;
 }
 
@@ -195,18 +267,22 @@ json scenario_json(const OpCase& c) {
   Names args;
   for (size_t i = 0; i < cfg.shapes.size(); ++i) {
     const std::string name = "x" + std::to_string(i);
-    const bool denominator = cfg.op == "div" && i == 1;
+    const std::string dtype = operand_dtype(cfg.op, i);
     json in = {{"name", name}, {"shape", cfg.shapes[i]}, {"placements", spec_json(c.specs[i])},
-               {"requires_grad", grad}};
+               {"requires_grad", grad && dtype == "float"}};
+    if (dtype != "float") in["dtype"] = dtype;
+    if (dtype == "int64")  // ids of the weight's vocab, targets of the classes
+      in["init"] = {{"ids", cfg.op == "embedding" ? cfg.shapes[1][0] : cfg.shapes[0][1]}};
     inputs.push_back(in);
-    if (denominator) {
+    if (positive_operand(cfg.op, i)) {
       program.push_back({{"out", "d"}, {"op", "exp"}, {"args", {name}}});
       args.push_back("d");
     } else {
       args.push_back(name);
     }
   }
-  const Shape out_shape = infer_shape(cfg.op, cfg.shapes, attrs_of(cfg.op, cfg.attrs));
+  const bool loss_op = std::find(kDecomposed.begin(), kDecomposed.end(), cfg.op) != kDecomposed.end();
+  const Shape out_shape = loss_op ? Shape{} : infer_shape(cfg.op, cfg.shapes, attrs_of(cfg.op, cfg.attrs));
   if (grad && (cfg.op == "amax" || cfg.op == "amin")) {  // a P(max) / P(min) result has no gradient
     std::vector<Spec> given;
     for (const auto& sp : c.specs) {
@@ -243,6 +319,21 @@ json run(const Scenario& sc) { return check_scenario(sc, sc.options).result; }
 // The rows propagate() chooses for every op of the scenario's program, walked as the runtime
 // walks it (propagation, then the Rd label restored by the run's policy).
 std::vector<std::string> chosen_rows(const Scenario& sc) {
+  bool decomposed = false;
+  for (const auto& op : sc.program)
+    decomposed |= std::find(kDecomposed.begin(), kDecomposed.end(), op.op) != kDecomposed.end() || op.op == "log_softmax";
+  if (decomposed) {  // the rows the runtime chose for the parts, from its events' notes
+    std::vector<std::string> rows;
+    for (const auto& e : run_distributed(sc, sc.options).runtime->events()) {
+      if (e.kind != "op") continue;
+      for (size_t at = 0; at < e.note.size();) {
+        size_t end = e.note.find("; ", at);
+        rows.push_back(e.note.substr(at, end == std::string::npos ? std::string::npos : end - at));
+        at = end == std::string::npos ? e.note.size() : end + 2;
+      }
+    }
+    return rows;
+  }
   std::map<std::string, Spec> specs;
   std::map<std::string, Shape> shapes;
   for (const auto& in : sc.inputs) {
@@ -268,6 +359,10 @@ std::vector<std::string> chosen_rows(const Scenario& sc) {
 // Every row of the tables the cases use, as "op: row".
 std::set<std::string> table_rows(const OpConfig& c) {
   std::set<std::string> out;
+  if (std::find(kDecomposed.begin(), kDecomposed.end(), c.op) != kDecomposed.end()) {  // the pick's rows
+    for (const auto& row : rule_rows_for("pick_target", c.shapes, {})) out.insert("pick_target: " + row.str());
+    return out;
+  }
   for (const auto& row : rule_rows_for(c.op, c.shapes, attrs_of(c.op, c.attrs))) out.insert(c.op + ": " + row.str());
   return out;
 }
@@ -335,7 +430,10 @@ TEST(OpTables, EveryOpOfTheContractHasAFamilyAndIsImplemented) {
   Names expected;
   for (const auto& op : known_ops())
     // linear, split and chunk run as other ops (transpose, matmul, add; narrow per piece).
-    if (op != "local_map" && op != "redistribute" && op != "linear" && op != "split" && op != "chunk") expected.push_back(op);
+    // linear, split and chunk run as other ops (transpose, matmul, add; narrow per piece); creation
+    // ops have no operand to place.
+    if (op != "local_map" && op != "redistribute" && op != "linear" && op != "split" && op != "chunk" && !is_creation_op(op))
+      expected.push_back(op);
   EXPECT_EQ(in_families, expected);
   for (const auto& op : in_families)
     EXPECT_NE(std::find(implemented_ops().begin(), implemented_ops().end(), op), implemented_ops().end()) << op;
@@ -345,6 +443,7 @@ TEST(OpTables, EveryOpOfTheContractHasAFamilyAndIsImplemented) {
 TEST(OpTables, RowsPrintAndParseBackInBothSpellings) {
   size_t checked = 0;
   for (const auto& op : tested_ops()) {
+    if (std::find(kDecomposed.begin(), kDecomposed.end(), op) != kDecomposed.end()) continue;
     for (const auto& c : configs(op)) {
       for (const auto& row : rule_rows_for(op, c.shapes, attrs_of(op, c.attrs))) {
         RuleRow back = RuleRow::parse(row.str());
@@ -647,7 +746,14 @@ TEST(OpAttrsText, EveryFieldIsInTheKey) {
   EXPECT_NE(attrs_of("scale", {{"value", 1.0000001}}).str(), attrs_of("scale", {{"value", 1.0000002}}).str());
   EXPECT_EQ(attrs_of("sum", {{"dim", 1}, {"keepdim", true}}).str(),
             "dim=1 dims=[] dims_given=0 keepdim=1 value=1 scalar=0 dim0=0 dim1=0 shape=[] sizes=[] start_dim=0 end_dim=-1 "
-            "start=0 length=0 split_size=0 chunks=0 divisor=- local_shape=-");
+            "start=0 length=0 split_size=0 chunks=0 tanh=0 exponent=1 diagonal=0 normalized_shape=[] eps=- sum_reduction=0 "
+            "ignore_index=- fill=0 float32=0 range=- divisor=- local_shape=-");
+  EXPECT_NE(attrs_of("gelu", {{"approximate", "tanh"}}).str(), attrs_of("gelu", json::object()).str());
+  EXPECT_NE(attrs_of("masked_fill", {{"value", "-inf"}}).str(), attrs_of("masked_fill", {{"value", 0}}).str());
+  EXPECT_NE(attrs_of("nll_loss", {{"ignore_index", 0}}).str(), attrs_of("nll_loss", json::object()).str());
+  OpAttrs ranged = attrs_of("embedding", json::object());
+  ranged.range = Chunk{2, 3};
+  EXPECT_NE(ranged.str(), attrs_of("embedding", json::object()).str());
   EXPECT_NE(attrs_of("permute", {{"dims", {0, 1}}}).str(), attrs_of("permute", {{"dims", {1, 0}}}).str());
   EXPECT_NE(attrs_of("view", {{"shape", {2, 3}}}).str(), attrs_of("view", {{"shape", {3, 2}}}).str());
 }

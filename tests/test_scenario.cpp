@@ -183,7 +183,7 @@ TEST(Scenario, ProgramErrors) {
       {without(ex, "/program/1/op"), "/program/1/op", "missing required field"},
       {with(ex, "/program/1/op", 3), "/program/1/op", "expected a string"},
       {with(ex, "/program/1/op", "conv2d"), "/program/1/op",
-       "unknown op \"conv2d\" (known: add, amax, amin,", ErrorKind::UnsupportedOp},
+       "unknown op \"conv2d\" (known: abs, add, amax, amin,", ErrorKind::UnsupportedOp},
       {with(ex, "/program/1/op", "all_gather"), "/program/1/op",
        "op \"all_gather\" runs only inside a local_map body", ErrorKind::UnsupportedOp},
       {with(ex, "/program/1/bias", true), "/program/1/bias", "unknown field \"bias\""},
@@ -266,7 +266,7 @@ TEST(Scenario, OptionErrors) {
 TEST(Scenario, KnownAndImplementedOps) {
   const auto& known = known_ops();
   EXPECT_TRUE(std::is_sorted(known.begin(), known.end()));
-  EXPECT_EQ(known.size(), 35u);
+  EXPECT_EQ(known.size(), 57u);
   EXPECT_EQ(implemented_ops(), known);  // every op of the file format runs in this version
   for (const auto& op : implemented_ops())
     EXPECT_NE(std::find(known.begin(), known.end(), op), known.end()) << op;
