@@ -1122,6 +1122,26 @@ TEST(Planner, NestedShardOnTwoByTwo) {
   }
 }
 
+// A Partial bound for a shard nested under a replicated outer axis: the outer axis chunks first
+// (free), and the Partial reduce_scatters its chunk instead of all_reducing the whole.
+TEST(Planner, APartialUnderAReplicatedOuterShardReduceScatters) {
+  Mesh mesh({"cp", "tp"}, {2, 2});
+  for (const Placement& outer : {kR, Placement::reduced()}) {
+    const auto plan = plan_redistribute(mesh, {outer, kPsum}, {S(0), S(0)});
+    ASSERT_EQ(plan.size(), 2u);
+    EXPECT_EQ(plan[0].kind, StepKind::LocalChunk);
+    EXPECT_EQ(plan[0].axis, 0);
+    EXPECT_EQ(plan[1].kind, StepKind::ReduceScatter);
+    for (const Shape& shape : std::vector<Shape>{{8, 4}, {13, 2}, {3, 1}})
+      expect_exact(mesh, {outer, kPsum}, {S(0), S(0)}, shape, plan);
+  }
+  // Three axes, the Partial innermost.
+  Mesh cube({"dp", "cp", "tp"}, {2, 2, 2});
+  const auto plan = plan_redistribute(cube, {kR, kR, kPsum}, {S(1), S(1), S(1)});
+  EXPECT_EQ(plan.back().kind, StepKind::ReduceScatter);
+  expect_exact(cube, {kR, kR, kPsum}, {S(1), S(1), S(1)}, {3, 16}, plan);
+}
+
 TEST(Planner, StepNamesAndCommunication) {
   EXPECT_STREQ(step_kind_name(StepKind::AllGather), "all_gather");
   EXPECT_STREQ(step_kind_name(StepKind::ReduceScatter), "reduce_scatter");
