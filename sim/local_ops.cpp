@@ -164,7 +164,8 @@ at::Tensor embedding(const at::Tensor& ids, const at::Tensor& weight, const OpAt
     shape.push_back(weight.size(1));
     return at::zeros(shape, weight.options());
   }
-  return at::embedding(weight, local) * in.unsqueeze(-1).to(weight.scalar_type());
+  at::Tensor rows = at::embedding(weight, local);
+  return at::where(in.unsqueeze(-1), rows, at::zeros_like(rows));
 }
 
 // -log_probs[n, target[n]], 0 where the target is ignore_index or (range) outside the rank's
@@ -180,7 +181,9 @@ at::Tensor pick_target(const at::Tensor& logp, const at::Tensor& target, const O
   index = at::where(keep, index, at::zeros_like(index));
   if (logp.size(1) == 0) return at::zeros({logp.size(0)}, logp.options());
   at::Tensor picked = logp.gather(1, index.unsqueeze(1)).squeeze(1);
-  return -(picked * keep.to(logp.scalar_type()));
+  // where, not a product with the mask: a gradient of inf (a mean over no kept target) stays 0
+  // where nothing was picked, as libtorch's nll_loss gives.
+  return -at::where(keep, picked, at::zeros_like(picked));
 }
 
 // nll_loss on whole tensors (the oracle, a local_map body): libtorch's, or, in a body with a

@@ -170,6 +170,15 @@ TEST(Losses, TheMeanOverAnUnevenBatchShardIsExactWithIgnoredTargets) {
   }
 }
 
+// Every target ignored: the mean is 0/0, NaN on the mesh and in the oracle, and the gradient is
+// zero as libtorch's nll_loss gives (not inf * 0).
+TEST(Losses, EveryTargetIgnoredGivesANaNLossAndAZeroGradient) {
+  json d = loss_doc({"S(0)"}, {"S(0)"}, {{"ignore_index", 1}});
+  d["inputs"][1]["init"] = "ones";
+  const json r = run(d);
+  EXPECT_EQ(r["status"], "pass") << r.dump(1);
+}
+
 TEST(Activations, GeluNoneIsDifferentiatedExactly) {
   json x = input("x", {4, 3}, {"S(0)"}, true);
   x["init"] = "randn";
