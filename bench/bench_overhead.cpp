@@ -15,6 +15,17 @@
 // = q @ k^T / 2; softmax; @ v; permute back, reshape, linear(ctx, wo): P(sum); loss = sum.
 // Backward: meshsim all_reduces x's three gradient contributions (one hook each); the baseline
 // adds the 8 ranks' gradients of x once per contribution too.
+//
+// Transformer layer: one pre-norm layer on tp=8 (examples/transformer_block_tp.json with 8 heads,
+// one per rank): rms_norm, the normed input gathered as Rd (Megatron's f: identity forward, one
+// all_reduce of its gradient backward), attention with a causal mask made by creation ops (ones
+// bool, triu 1, masked_fill -inf), row-parallel output all_reduced (R), residual; rms_norm, Rd,
+// column-parallel w1, gelu, row-parallel w2 all_reduced, residual; loss = sum. The baseline is one
+// plain autograd graph over the 8 ranks' locals: each all_reduce is the sum of the 8 ranks' partial
+// outputs, and autograd's accumulation of the gradient of the sum's consumers and of the normed
+// input over 8 ranks does the arithmetic of meshsim's backward all_reduces.
+#include <cmath>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -169,6 +180,113 @@ void BM_AttentionOverhead(benchmark::State& state) {
   paired(state, baseline, subject);
 }
 
+nlohmann::json transformer_layer_scenario(int64_t s, int64_t d) {
+  using nlohmann::json;
+  // Inputs: small integers (the default init, as the other overhead benchmarks), norm weights ones.
+  auto input = [](const std::string& name, json shape, const std::string& p, const char* init = "int") {
+    return json{{"name", name}, {"shape", shape}, {"placements", {p}}, {"requires_grad", true}, {"init", init}};
+  };
+  const int64_t hd = d / kRanks, f = 4 * d;
+  auto op = [](const std::string& out, const std::string& name, json args, json extra = json::object()) {
+    extra["out"] = out;
+    extra["op"] = name;
+    extra["args"] = args;
+    return extra;
+  };
+  return json{{"format", "meshsim.scenario/1"},
+              {"name", "transformer_layer_overhead"},
+              {"mesh", {{"axes", {"tp"}}, {"shape", {kRanks}}}},
+              {"inputs",
+               {input("x", {2, s, d}, "R"), input("norm1", {d}, "R", "ones"), input("wq", {d, d}, "S(0)"),
+                input("wk", {d, d}, "S(0)"), input("wv", {d, d}, "S(0)"), input("wo", {d, d}, "S(1)"),
+                input("norm2", {d}, "R", "ones"), input("w1", {f, d}, "S(0)"), input("w2", {d, f}, "S(1)")}},
+              {"program",
+               {op("ones_tt", "ones", json::array(), {{"shape", {s, s}}, {"placements", {"R"}}, {"dtype", "bool"}}),
+                op("causal", "triu", {"ones_tt"}, {{"diagonal", 1}}),
+                op("n1", "rms_norm", {"x", "norm1"}, {{"normalized_shape", {d}}}),
+                op("n1_rd", "redistribute", {"n1"}, {{"placements", {"Rd"}}}),
+                op("q", "linear", {"n1_rd", "wq"}), op("k", "linear", {"n1_rd", "wk"}), op("v", "linear", {"n1_rd", "wv"}),
+                op("q4", "view", {"q"}, {{"shape", {2, s, kRanks, hd}}}),
+                op("k4", "view", {"k"}, {{"shape", {2, s, kRanks, hd}}}),
+                op("v4", "view", {"v"}, {{"shape", {2, s, kRanks, hd}}}),
+                op("qh", "permute", {"q4"}, {{"dims", {0, 2, 1, 3}}}), op("kt", "permute", {"k4"}, {{"dims", {0, 2, 3, 1}}}),
+                op("vh", "permute", {"v4"}, {{"dims", {0, 2, 1, 3}}}), op("scores", "matmul", {"qh", "kt"}),
+                op("scaled", "mul", {"scores"}, {{"value", 0.25}}),
+                op("masked", "masked_fill", {"scaled", "causal"}, {{"value", "-inf"}}),
+                op("probs", "softmax", {"masked"}, {{"dim", -1}}), op("ctx", "matmul", {"probs", "vh"}),
+                op("ctx_t", "permute", {"ctx"}, {{"dims", {0, 2, 1, 3}}}),
+                op("merged", "reshape", {"ctx_t"}, {{"shape", {2, s, -1}}}), op("attn", "linear", {"merged", "wo"}),
+                op("attn_r", "redistribute", {"attn"}, {{"placements", {"R"}}}), op("h1", "add", {"x", "attn_r"}),
+                op("n2", "rms_norm", {"h1", "norm2"}, {{"normalized_shape", {d}}}),
+                op("n2_rd", "redistribute", {"n2"}, {{"placements", {"Rd"}}}), op("up", "linear", {"n2_rd", "w1"}),
+                op("act", "gelu", {"up"}), op("down", "linear", {"act", "w2"}),
+                op("mlp_r", "redistribute", {"down"}, {{"placements", {"R"}}}), op("h2", "add", {"h1", "mlp_r"}),
+                op("loss", "sum", {"h2"})}},
+              {"backward", "loss"}};
+}
+
+void BM_TransformerLayerOverhead(benchmark::State& state) {
+  const int64_t d = state.range(0), s = 16, hd = d / kRanks;
+  const Scenario sc = parse_scenario(transformer_layer_scenario(s, d), "<bench>");
+  const RunOptions options = sc.options;
+  std::map<std::string, at::Tensor> globals;
+  const std::vector<DTensor> inputs = make_inputs(sc, options, globals);
+  enum { X, Norm1, Wq, Wk, Wv, Wo, Norm2, W1, W2, Count };
+  const double eps = std::numeric_limits<double>::epsilon();  // rms_norm's default, as meshsim's
+  auto rms = [&](const at::Tensor& x, const at::Tensor& w) {
+    return x * at::rsqrt(x.pow(2).mean({-1}, /*keepdim=*/true) + eps) * w;
+  };
+  auto baseline = [&] {
+    const at::Tensor mask = at::ones({s, s}, at::kBool).triu(1);
+    std::vector<std::vector<at::Tensor>> leaf(kRanks);
+    std::vector<at::Tensor> all;
+    for (int64_t r = 0; r < kRanks; ++r)
+      for (size_t i = 0; i < Count; ++i) {
+        leaf[r].push_back(inputs[i].locals[r].detach().requires_grad_(true));
+        all.push_back(leaf[r].back());
+      }
+    std::vector<at::Tensor> h1(kRanks), n2(kRanks);
+    at::Tensor attn, down;
+    for (int64_t r = 0; r < kRanks; ++r) {  // attention, each rank its head
+      const auto& l = leaf[r];
+      const at::Tensor n1 = rms(l[X], l[Norm1]);
+      auto heads = [&](size_t w, std::vector<int64_t> dims) {
+        return at::matmul(n1, l[w].t()).view({2, s, 1, hd}).permute(dims);
+      };
+      const at::Tensor q = heads(Wq, {0, 2, 1, 3}), k = heads(Wk, {0, 2, 3, 1}), v = heads(Wv, {0, 2, 1, 3});
+      const at::Tensor p = at::softmax((at::matmul(q, k) * 0.25).masked_fill(mask, -INFINITY), -1);
+      const at::Tensor ctx = at::matmul(p, v).permute({0, 2, 1, 3}).reshape({2, s, hd});
+      const at::Tensor part = at::matmul(ctx, l[Wo].t());
+      attn = r == 0 ? part : attn + part;  // the forward all_reduce
+    }
+    for (int64_t r = 0; r < kRanks; ++r) {  // the MLP, each rank its column and row block
+      const auto& l = leaf[r];
+      h1[r] = l[X] + attn;
+      const at::Tensor part = at::matmul(at::gelu(at::matmul(rms(h1[r], l[Norm2]), l[W1].t())), l[W2].t());
+      down = r == 0 ? part : down + part;
+    }
+    at::Tensor loss;
+    for (int64_t r = 0; r < kRanks; ++r) loss = r == 0 ? (h1[r] + down).sum() : loss + (h1[r] + down).sum();
+    auto g = torch::autograd::grad({loss}, all);
+    benchmark::DoNotOptimize(g[0].data_ptr());
+  };
+  auto subject = [&] {
+    SimRun run = run_distributed(sc, options);
+    benchmark::DoNotOptimize(run.grads.at("wq")[0].data_ptr());
+  };
+  paired(state, baseline, subject);
+
+  // Part of meshsim's time: making the inputs from the seed (0.8 M values at d=256).
+  std::vector<double> ti;
+  for (int k = 0; k < 5; ++k)
+    ti.push_back(time_once([&] {
+      std::map<std::string, at::Tensor> g;
+      benchmark::DoNotOptimize(make_inputs(sc, options, g).size());
+    }));
+  state.counters["inputs_us"] = median(ti) * 1e6;
+}
+
+BENCHMARK(BM_TransformerLayerOverhead)->Arg(128)->Arg(256)->UseManualTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_AttentionOverhead)->Arg(64)->Arg(256)->UseManualTime()->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_MlpOverhead, Rd, std::string("Rd"))->Arg(64)->Arg(512)->UseManualTime()->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_MlpOverhead, R, std::string("R"))->Arg(64)->Arg(512)->UseManualTime()->Unit(benchmark::kMillisecond);

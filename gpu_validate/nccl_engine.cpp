@@ -39,7 +39,9 @@ void check_nccl(ncclResult_t r, const char* what) {
 ncclDataType_t nccl_type(const at::Tensor& t) {
   if (t.scalar_type() == at::kDouble) return ncclFloat64;
   if (t.scalar_type() == at::kFloat) return ncclFloat32;
-  throw std::runtime_error("NCCL engine: only float64 and float32 locals");
+  if (t.scalar_type() == at::kLong) return ncclInt64;  // ids, targets
+  if (t.scalar_type() == at::kByte) return ncclUint8;  // bool, carried as uint8 (real_engine.cpp)
+  throw std::runtime_error("NCCL engine: only float64, float32, int64 and bool locals");
 }
 
 ncclRedOp_t nccl_op(ReduceOp op) {

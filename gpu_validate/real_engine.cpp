@@ -27,6 +27,26 @@ Fault parse_fault(const std::string& spec) {
   return f;
 }
 
+namespace {
+
+// Engines move numbers, not truth values: neither Gloo nor NCCL takes a bool tensor ("Invalid
+// scalar type"). A bool local (a mask, a condition) travels as uint8 (0 or 1, one byte a value, as
+// the cost model counts it) and comes back as bool; a reduction of bools (never reached: a bool is
+// never Partial) is then the logical or (sum, max) or and (min) the simulation computes. Int64
+// locals (ids, targets) and floats go as they are.
+bool is_bool(const Locals& group) { return !group.empty() && group.front().scalar_type() == at::kBool; }
+
+Locals on_wire(const Locals& group) {
+  Locals out;
+  out.reserve(group.size());
+  for (const auto& t : group) out.push_back(t.to(at::kByte));
+  return out;
+}
+
+at::Tensor off_wire(const at::Tensor& t, bool was_bool) { return was_bool ? t.ne(0) : t; }
+
+}  // namespace
+
 int64_t position_of(const Ranks& ranks, int64_t rank) {
   for (size_t k = 0; k < ranks.size(); ++k)
     if (ranks[k] == rank) return static_cast<int64_t>(k);
@@ -74,7 +94,10 @@ at::Tensor RealCommunicator::end(const at::Tensor& mine, at::Tensor result) {
   if (progress_.is_open()) progress_ << "after collective #" << stats_.collectives << std::endl;
   if (fault_.kind == Fault::Kind::Corrupt && fault_.rank == rank_ && fault_.at == stats_.collectives && result.numel()) {
     result = result.clone(at::MemoryFormat::Contiguous);
-    result.view(-1)[0].add_(1);
+    if (result.scalar_type() == at::kBool)
+      result.view(-1)[0].logical_not_();
+    else
+      result.view(-1)[0].add_(1);
   }
   return result;
 }
@@ -82,7 +105,7 @@ at::Tensor RealCommunicator::end(const at::Tensor& mine, at::Tensor result) {
 void RealCommunicator::note_reduction(const Locals& group, ReduceOp op) {
   if (op != ReduceOp::Sum && op != ReduceOp::Avg) return;  // max and min are exact in any order
   for (const auto& t : group)
-    if (t.numel() && !at::equal(t, at::round(t))) {
+    if (t.numel() && t.is_floating_point() && !at::equal(t, at::round(t))) {
       ++stats_.inexact_reductions;
       return;
     }
@@ -93,7 +116,8 @@ Locals RealCommunicator::all_gather(const Ranks& ranks, const Locals& group, int
   const int64_t k = position_of(ranks, rank_);
   if (k < 0) return out;
   begin("all_gather", ranks);
-  out[k] = end(group[k], real_all_gather(ranks, static_cast<size_t>(k), group, dim));
+  const bool b = is_bool(group);
+  out[k] = end(group[k], off_wire(real_all_gather(ranks, static_cast<size_t>(k), b ? on_wire(group) : group, dim), b));
   return out;
 }
 
@@ -103,7 +127,8 @@ Locals RealCommunicator::all_reduce(const Ranks& ranks, const Locals& group, Red
   if (k < 0) return out;
   note_reduction(group, op);
   begin("all_reduce", ranks);
-  out[k] = end(group[k], real_all_reduce(ranks, static_cast<size_t>(k), group[k], op));
+  const bool b = is_bool(group);
+  out[k] = end(group[k], off_wire(real_all_reduce(ranks, static_cast<size_t>(k), b ? group[k].to(at::kByte) : group[k], op), b));
   return out;
 }
 
@@ -113,7 +138,8 @@ Locals RealCommunicator::reduce_scatter(const Ranks& ranks, const Locals& group,
   if (k < 0) return out;
   note_reduction(group, op);
   begin("reduce_scatter", ranks);
-  out[k] = end(group[k], real_reduce_scatter(ranks, static_cast<size_t>(k), group, op, dim));
+  const bool b = is_bool(group);
+  out[k] = end(group[k], off_wire(real_reduce_scatter(ranks, static_cast<size_t>(k), b ? on_wire(group) : group, op, dim), b));
   return out;
 }
 
@@ -122,7 +148,8 @@ Locals RealCommunicator::all_to_all(const Ranks& ranks, const Locals& group, int
   const int64_t k = position_of(ranks, rank_);
   if (k < 0) return out;
   begin("all_to_all", ranks);
-  out[k] = end(group[k], real_all_to_all(ranks, static_cast<size_t>(k), group, split_dim, concat_dim));
+  const bool b = is_bool(group);
+  out[k] = end(group[k], off_wire(real_all_to_all(ranks, static_cast<size_t>(k), b ? on_wire(group) : group, split_dim, concat_dim), b));
   return out;
 }
 

@@ -65,8 +65,9 @@ class Validate : public ::testing::Test {
   }
 };
 
-// Every bundled example, on 4 worker processes (3 for the one 3-rank mesh; the 2x2 meshes among
-// them): the same exit code as `meshsim run`, and every rank agrees with the simulation.
+// Every bundled example, one worker process per rank of its mesh (2 to 8: the 2x2 meshes among
+// them, and the transformer step on dp=2 x cp=2 x tp=2): the same exit code as `meshsim run`, and
+// every rank agrees with the simulation.
 class EveryExample : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(EveryExample, ValidatesOnGloo) {
@@ -197,6 +198,45 @@ TEST_F(Validate, UnevenAndEmptyPiecesCrossGloo) {
   const Outcome o = meshsim("validate " + q((dir / "uneven.json").string()));
   EXPECT_EQ(o.code, 0) << o;
   EXPECT_TRUE(contains(o.out, "rank 3: pass: 8 values and 2 gradients, 10 equal bit for bit; 4 collectives")) << o;
+}
+
+TEST_F(Validate, BoolAndInt64LocalsCrossGloo) {
+  // Gloo takes no bool tensor ("Invalid scalar type"): a mask travels as uint8 and comes back as
+  // bool. Int64 ids go as they are: gathered, moved by an all_to_all, gathered again, then looked
+  // up; a bool made by a creation op and a bool input are gathered and meet in a where.
+  const json doc = json::parse(R"json({"format": "meshsim.scenario/1", "name": "int_bool_collectives",
+    "mesh": {"axes": ["dp"], "shape": [4]},
+    "inputs": [{"name": "flags", "shape": [6, 8], "placements": ["S(1)"], "dtype": "bool"},
+               {"name": "ids", "shape": [8, 4], "placements": ["S(0)"], "dtype": "int64", "init": {"ids": 6}},
+               {"name": "emb", "shape": [6, 3], "placements": ["R"], "requires_grad": true}],
+    "program": [{"out": "flags_r", "op": "redistribute", "args": ["flags"], "placements": ["R"]},
+                {"out": "mask", "op": "ones", "shape": [8, 6], "placements": ["S(0)"], "dtype": "bool"},
+                {"out": "mask_r", "op": "redistribute", "args": ["mask"], "placements": ["R"]},
+                {"out": "mask_t", "op": "transpose", "args": ["mask_r"], "dim0": 0, "dim1": 1},
+                {"out": "both", "op": "where", "args": ["flags_r", "mask_t", "flags_r"]},
+                {"out": "ids_t", "op": "redistribute", "args": ["ids"], "placements": ["S(1)"]},
+                {"out": "ids_r", "op": "redistribute", "args": ["ids_t"], "placements": ["R"]},
+                {"out": "h", "op": "embedding", "args": ["ids_r", "emb"]},
+                {"out": "z", "op": "zeros", "shape": [6, 8], "placements": ["R"]},
+                {"out": "fill", "op": "masked_fill", "args": ["z", "both"], "value": 1.0},
+                {"out": "s1", "op": "sum", "args": ["h"]},
+                {"out": "s2", "op": "sum", "args": ["fill"]},
+                {"out": "loss", "op": "add", "args": ["s1", "s2"]}],
+    "backward": "loss"})json");
+  std::ofstream(dir / "int_bool.json") << doc.dump(2);
+  const std::string file = (dir / "int_bool.json").string();
+  Outcome o = meshsim("validate " + q(file));
+  EXPECT_EQ(o.code, 0) << o;
+  EXPECT_TRUE(contains(o.out, "status: pass")) << o;
+  EXPECT_TRUE(contains(o.out, "rank 3: pass")) << o;
+  EXPECT_TRUE(contains(o.out, "4 collectives on gloo (every sum over integers: exact)")) << o;
+  // A corrupted bool (the first collective: flags' all_gather) is caught, as a float would be.
+  o = meshsim("validate " + q(file) + " --fault corrupt:2:1");
+  EXPECT_EQ(o.code, 1) << o;
+  EXPECT_TRUE(contains(o.out, "rank 2: fail")) << o;
+  EXPECT_TRUE(contains(o.out, "first difference at event")) << o;
+  EXPECT_TRUE(contains(o.out, "flags_r")) << o;
+  EXPECT_TRUE(contains(o.out, "rank 0: pass")) << o;
 }
 
 TEST_F(Validate, Float32RunsOnGlooToo) {
