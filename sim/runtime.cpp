@@ -288,16 +288,41 @@ DTensor Runtime::apply_op(const std::string& op, const OpAttrs& attrs, const std
         Locals grads = defined_grads(std::move(g), like);
         const GradSpec gin = rt->grad_spec(out_name, out_spec);
         variable_list result(n_inputs);
+        // The operands whose incoming gradient needs no move share one VJP per rank (one pass
+        // through the rank's local graph instead of one per operand).
+        std::vector<BackwardDecision> decisions(in_specs.size());
+        std::vector<size_t> shared;
         for (size_t i = 0; i < in_specs.size(); ++i) {
           if (!needs[i]) continue;
-          BackwardDecision bd = backward_rule(op, rt->mesh(), in_specs, out_spec, shapes, attrs, gin.spec, i);
+          decisions[i] = backward_rule(op, rt->mesh(), in_specs, out_spec, shapes, attrs, gin.spec, i);
+          if (decisions[i].grad_in == gin.spec) shared.push_back(i);
+        }
+        std::vector<Locals> ready_contrib(in_specs.size());
+        if (shared.size() > 1) {
+          for (size_t i : shared) ready_contrib[i].resize(R);
+          for (size_t r = 0; r < R; ++r) {
+            std::vector<at::Tensor> wrt;
+            for (size_t i : shared) wrt.push_back((*leaves)[r][i]);
+            variable_list vjp((*results)[r].requires_grad() ? shared.size() : 0);
+            if (!vjp.empty())
+              vjp = torch::autograd::grad({(*results)[r]}, wrt, {grads[r]}, /*retain_graph=*/true,
+                                          /*create_graph=*/false, /*allow_unused=*/true);
+            for (size_t k = 0; k < shared.size(); ++k) {
+              const size_t i = shared[k];
+              ready_contrib[i][r] = k < vjp.size() && vjp[k].defined() ? vjp[k] : at::zeros_like((*leaves)[r][i]);
+            }
+          }
+        }
+        for (size_t i = 0; i < in_specs.size(); ++i) {
+          if (!needs[i]) continue;
+          const BackwardDecision& bd = decisions[i];
           Locals gi = grads;
           if (bd.grad_in != gin.spec)
             gi = rt->run_plan(plan_redistribute(rt->mesh(), gin.spec, bd.grad_in,
                                                 {rt->options().partial_from_replicate, true}),
                               gin.spec, gi, out_name, "backward of " + op + ": incoming gradient");
           Locals contrib(R);
-          for (size_t r = 0; r < R; ++r) {
+          for (size_t r = 0; r < R && ready_contrib[i].empty(); ++r) {
             // A local result no operand reaches (an empty vocab shard's zeros) contributes zeros.
             if (!(*results)[r].requires_grad()) {
               contrib[r] = at::zeros_like((*leaves)[r][i]);
@@ -308,6 +333,7 @@ DTensor Runtime::apply_op(const std::string& op, const OpAttrs& attrs, const std
                                              /*allow_unused=*/true);
             contrib[r] = vjp[0].defined() ? vjp[0] : at::zeros_like((*leaves)[r][i]);
           }
+          if (!ready_contrib[i].empty()) contrib = std::move(ready_contrib[i]);
           if (mutant_on(Mutant::EmbeddingGradWrongRank) && op == "embedding" && i == 1)
             contrib = next_rank_along_shard(rt->mesh(), in_specs[1], 0, std::move(contrib));
           Event e = rt->make_event("grad", op, names[i], contrib);
