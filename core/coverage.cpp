@@ -17,8 +17,12 @@ std::vector<CoverageRow> coverage_universe() {
   for (auto& r : redistribution_coverage()) rows.push_back(std::move(r));
   // local_map (SEMANTICS.md section 5): every op of a body under the union / intersection rule,
   // the collectives and casts of the variance table, and the built-in Functions.
+  // The ops a body names: those with a table but the losses' internal parts (pick_target,
+  // count_targets), and the losses, which a body runs whole.
   for (const auto& f : rule_families())
-    for (const auto& op : f.ops) rows.push_back({"local_map: " + op, ""});
+    for (const auto& op : f.ops)
+      if (op != "pick_target" && op != "count_targets") rows.push_back({"local_map: " + op, ""});
+  for (const char* op : {"cross_entropy", "nll_loss"}) rows.push_back({std::string("local_map: ") + op, ""});
   for (const char* rule : {"all_gather_to_reduced", "all_gather_to_varying", "all_reduce_sum", "all_to_all",
                            "call local_square", "call opaque_all_reduce", "mark_varying", "reduce_scatter",
                            "reduced_invariant_cast", "reduced_vary_cast"})

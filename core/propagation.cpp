@@ -1464,6 +1464,12 @@ std::vector<CoverageCase> coverage_cases(const std::string& family, const std::s
     add({{2}, {2, 2}, {2, 2}});
     add({{2, 2}, {2}, {1, 2}});
     add({{2, 2}, {2, 2}, {}});
+    // Each of the three operands whole or broadcast over the leading dim: every mix of S(d) and R.
+    for (int mix = 0; mix < 8; ++mix) {
+      std::vector<Shape> shapes;
+      for (int i = 0; i < 3; ++i) shapes.push_back((mix >> i) & 1 ? Shape{1, 2} : cube(2));
+      add(shapes);
+    }
   } else if (family == "masked_fill") {
     for (int64_t r = 1; r <= 2; ++r) add({cube(r), cube(r)});
     add({{2, 2}, {2}});
@@ -1585,8 +1591,9 @@ std::vector<CoverageRow> propagation_coverage() {
         // operands of at most 2 dims for the families whose rows do not need 3.
         size_t most = out_shape.size();
         for (const auto& sh : c.shapes) most = std::max(most, sh.size());
+        // (triangle: a shard of a batch dim needs a third dim before the two it keeps whole.)
         const bool needs_three = f.names.name == "matmul" || f.names.name == "view" || f.names.name == "permute" ||
-                                 f.names.name == "stack" || f.names.name == "expand";
+                                 f.names.name == "stack" || f.names.name == "expand" || f.names.name == "triangle";
         if (most > 2 && !needs_three) continue;
         const std::vector<Placement> placements = all_placements(static_cast<int64_t>(std::max<size_t>(most, 1)));
         AxisGrad x;

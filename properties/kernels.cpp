@@ -17,120 +17,18 @@
 #include <rapidcheck.h>
 #include <torch/csrc/autograd/autograd.h>
 
+#include "core/mutants.h"
 #include "core/propagation.h"
+#include "properties/kernel_nd.h"
+#include "properties/properties.h"
 #include "sim/local_ops.h"
 
 namespace meshsim {
 
 namespace {
 
-using Dims = std::vector<int64_t>;
+using namespace kernel_nd;
 
-int64_t count_of(const Dims& shape) {
-  int64_t n = 1;
-  for (int64_t e : shape) n *= e;
-  return n;
-}
-
-// A dense row-major N-D array of doubles (rank 0: one element): the definitions' own data type.
-struct Nd {
-  Dims shape;
-  std::vector<double> v;
-  double& at(int64_t flat) { return v[static_cast<size_t>(flat)]; }
-  double at(int64_t flat) const { return v[static_cast<size_t>(flat)]; }
-};
-
-Nd zeros(const Dims& shape) { return {shape, std::vector<double>(static_cast<size_t>(count_of(shape)), 0.0)}; }
-
-// Row-major index helpers: flat index <-> multi-index.
-Dims multi_index(int64_t flat, const Dims& shape) {
-  Dims idx(shape.size(), 0);
-  for (size_t d = shape.size(); d-- > 0;) {
-    idx[d] = flat % shape[d];
-    flat /= shape[d];
-  }
-  return idx;
-}
-
-int64_t flat_index(const Dims& idx, const Dims& shape) {
-  int64_t flat = 0;
-  for (size_t d = 0; d < shape.size(); ++d) flat = flat * shape[d] + idx[d];
-  return flat;
-}
-
-// The flat index in an operand of shape `in` read at index `out_idx` of a broadcast result:
-// trailing dims aligned, a size-1 dim of the operand read at 0.
-int64_t broadcast_read(const Dims& out_idx, const Dims& in) {
-  const size_t lead = out_idx.size() - in.size();
-  int64_t flat = 0;
-  for (size_t d = 0; d < in.size(); ++d) flat = flat * in[d] + (in[d] == 1 ? 0 : out_idx[lead + d]);
-  return flat;
-}
-
-// The broadcast shape of two shapes (trailing alignment); the drawn shapes always broadcast.
-Dims broadcast(const Dims& a, const Dims& b) {
-  Dims out(std::max(a.size(), b.size()), 1);
-  for (const Dims* s : {&a, &b})
-    for (size_t d = 0; d < s->size(); ++d) {
-      int64_t& o = out[out.size() - s->size() + d];
-      if ((*s)[d] != 1) o = (*s)[d];
-    }
-  return out;
-}
-
-// `d` in [-rank, rank) as a dim in [0, rank).
-int64_t wrap(int64_t d, int64_t rank) { return d < 0 ? d + rank : d; }
-
-std::string dims_str(const Dims& v) {
-  std::string out = "[";
-  for (size_t i = 0; i < v.size(); ++i) out += (i ? ", " : "") + std::to_string(v[i]);
-  return out + "]";
-}
-
-Nd of(const at::Tensor& t) {
-  const at::Tensor c = t.detach().to(at::kDouble).contiguous();
-  return {c.sizes().vec(), std::vector<double>(c.data_ptr<double>(), c.data_ptr<double>() + c.numel())};
-}
-
-at::Tensor tensor_of(const Nd& a) { return at::tensor(a.v, at::kDouble).reshape(a.shape); }
-
-// An op's definition: its value and the gradient of sum(g * op(xs)) with respect to operand i.
-using Xs = const std::vector<Nd>&;
-struct Definition {
-  std::function<Nd(Xs)> value;
-  std::function<Nd(Xs, const Nd& g, size_t i)> vjp;
-};
-
-// Elementwise ops (with broadcasting) from the scalar function and its partial derivatives. With
-// one operand the second argument is the constant `c` (the scalar form of a binary op; ignored
-// by unary ops). The gradient of an operand sums g * df over every result element that reads it.
-Definition elementwise(double c, std::function<double(double, double)> f,
-                       std::function<double(double, double, size_t)> df) {
-  auto shape_of = [](Xs xs) { return xs.size() > 1 ? broadcast(xs[0].shape, xs[1].shape) : xs[0].shape; };
-  auto args = [c](Xs xs, const Dims& idx) {
-    const double x = xs[0].at(broadcast_read(idx, xs[0].shape));
-    return std::pair<double, double>{x, xs.size() > 1 ? xs[1].at(broadcast_read(idx, xs[1].shape)) : c};
-  };
-  Definition d;
-  d.value = [=](Xs xs) {
-    Nd y = zeros(shape_of(xs));
-    for (int64_t k = 0; k < count_of(y.shape); ++k) {
-      const auto [x, z] = args(xs, multi_index(k, y.shape));
-      y.at(k) = f(x, z);
-    }
-    return y;
-  };
-  d.vjp = [=](Xs xs, const Nd& g, size_t i) {
-    Nd r = zeros(xs[i].shape);
-    for (int64_t k = 0; k < count_of(g.shape); ++k) {
-      const Dims idx = multi_index(k, g.shape);
-      const auto [x, z] = args(xs, idx);
-      r.at(broadcast_read(idx, xs[i].shape)) += g.at(k) * df(x, z, i);
-    }
-    return r;
-  };
-  return d;
-}
 
 // torch.matmul (and mm, bmm, its 2-D and 3-D cases): a 1-D first operand is a row [1, k], a 1-D
 // second one a column [k, 1], the added dim removed from the result; the dims before the last two
@@ -452,6 +350,7 @@ Definition softmax(int64_t dim) {
 }
 
 Definition definition(const std::string& op, const OpAttrs& a, int64_t rank) {
+  if (auto nn = nn_definition(op, a, rank)) return *nn;
   const double c = a.value;
   if (op == "add") return elementwise(c, [](double x, double y) { return x + y; }, [](double, double, size_t) { return 1.0; });
   if (op == "sub")
@@ -532,9 +431,9 @@ Definition definition(const std::string& op, const OpAttrs& a, int64_t rank) {
 double relative_error(const Nd& got, const Nd& want) {
   double err = 0, scale = 1;
   for (size_t k = 0; k < want.v.size(); ++k) {
-    const double d = std::abs(got.v[k] - want.v[k]);
+    const double d = got.v[k] == want.v[k] ? 0.0 : std::abs(got.v[k] - want.v[k]);  // equal infinities agree
     if (!(d <= err)) err = d;
-    scale = std::max(scale, std::abs(want.v[k]));
+    if (std::isfinite(want.v[k])) scale = std::max(scale, std::abs(want.v[k]));
   }
   return err / scale;
 }
@@ -544,7 +443,7 @@ std::string where(const Nd& got, const Nd& want) {
   size_t worst = 0;
   double most = -1;
   for (size_t k = 0; k < want.v.size(); ++k) {
-    const double d = std::abs(got.v[k] - want.v[k]);
+    const double d = got.v[k] == want.v[k] ? 0.0 : std::abs(got.v[k] - want.v[k]);
     if (!(d <= most)) {
       most = d;
       worst = k;
@@ -558,22 +457,9 @@ std::string where(const Nd& got, const Nd& want) {
 // ---------------------------------------------------------------------------------------------
 // Drawing operands and attributes
 
-// An integer in [lo, hi], uniform at every case (rc::gen::inRange alone narrows the range to
-// `lo` in the early, small-size cases: every value alike, every rank 0), shrinking towards lo.
-int64_t draw_in(int64_t lo, int64_t hi) {
-  return lo == hi ? lo : *rc::gen::resize(100, rc::gen::inRange<int64_t>(lo, hi + 1));
-}
 
-bool coin() { return draw_in(0, 1) == 1; }
 
-// A dim in [0, rank) given as itself or, half of the time, counted from the end.
-int64_t as_given(int64_t d, int64_t rank) { return coin() ? d - rank : d; }
 
-Dims draw_shape(int64_t rank, bool ones_often = false) {
-  Dims s;
-  for (int64_t d = 0; d < rank; ++d) s.push_back(ones_often && coin() ? 1 : draw_in(1, 4));
-  return s;
-}
 
 // `n` split into `parts` factors (a random divisor at a time), one of them -1 now and then.
 Dims factorization(int64_t n, int64_t parts) {
@@ -602,12 +488,6 @@ Dims permutation_of(int64_t rank) {
   return out;
 }
 
-// Small integers as halves, so no relu sits at its kink; divisors kept away from zero.
-Nd draw_values(const Dims& shape, bool positive) {
-  Nd x = zeros(shape);
-  for (auto& e : x.v) e = positive ? static_cast<double>(draw_in(1, 8)) / 2.0 : (static_cast<double>(draw_in(-8, 8)) + 0.5) / 2.0;
-  return x;
-}
 
 // Values drawn for amax / amin: distinct half of the time, else from a few values (ties).
 Nd draw_extremum_values(const Dims& shape) {
@@ -644,13 +524,9 @@ void draw_reduction(OpAttrs& a, int64_t rank) {
   }
 }
 
-struct Case {
-  OpAttrs attrs;
-  std::vector<Nd> xs;
-};
-
 Case draw_case(const std::string& op) {
   Case c;
+  if (nn_case(op, c)) return c;
   OpAttrs& a = c.attrs;
   auto& xs = c.xs;
   auto one = [&](const Dims& shape) { xs.push_back(draw_values(shape, false)); };
@@ -777,26 +653,44 @@ void kernels_match_definitions() {
   std::vector<std::string> ops;
   for (const auto& f : rule_families())
     for (const auto& o : f.ops) ops.push_back(o);
+  for (const auto& o : whole_ops()) ops.push_back(o);
+  // Twice the ops whose kernels take the most forms (gelu's approximation, a rank's vocab or
+  // class range, the norms' parameters).
+  for (const char* o : {"gelu", "embedding", "pick_target", "nll_loss", "layer_norm", "rms_norm"}) ops.push_back(o);
   const std::string op = *rc::gen::elementOf(ops);
-  const auto [a, xs] = draw_case(op);
+  const auto [a, xs, types] = draw_case(op);
   std::string shapes;
   for (const auto& x : xs) shapes += (shapes.empty() ? "" : " ") + dims_str(x.shape);
   const std::string name = op + " of " + shapes + " " + a.str();
+  auto type_of = [&types = types](size_t i) { return i < types.size() ? types[i] : std::string("float"); };
 
-  std::vector<at::Tensor> ts;
-  for (const auto& x : xs) ts.push_back(tensor_of(x).requires_grad_(true));
+  // The kernel under test, with the planted bug of the check run on (a kernel's bug is the kernel's).
+  std::vector<at::Tensor> ts, floats;
+  for (size_t i = 0; i < xs.size(); ++i) {
+    const std::string t = type_of(i);
+    ts.push_back(t == "bool" ? tensor_of(xs[i]).to(at::kBool) : t == "int64" ? tensor_of(xs[i]).to(at::kLong)
+                                                                             : tensor_of(xs[i]).requires_grad_(true));
+    if (t == "float") floats.push_back(ts.back());
+  }
   const Definition def = definition(op, a, static_cast<int64_t>(xs[0].shape.size()));
-  const at::Tensor y = local_op(op, a, ts);
+  at::Tensor y;
+  {
+    MutantScope planted(parse_mutant(planted_mutant()));
+    y = local_op(op, a, ts);
+  }
   const Nd want = def.value(xs), got = of(y);
   if (got.shape != want.shape)
     RC_FAIL(name + ": the kernel's result has shape " + dims_str(got.shape) + ", the definition's " + dims_str(want.shape));
   if (!(relative_error(got, want) <= 1e-12))
     RC_FAIL(name + ": the kernel's value differs from the definition " + where(got, want));
+  if (floats.empty() || !y.requires_grad()) return;  // count_targets: no gradient
   const Nd g = draw_values(want.shape, false);
-  const auto grads = torch::autograd::grad({y}, ts, {tensor_of(g)}, false, false, true);
-  for (size_t i = 0; i < xs.size(); ++i) {
+  const auto grads = torch::autograd::grad({y}, floats, {tensor_of(g).to(y.scalar_type())}, false, false, true);
+  for (size_t i = 0, f = 0; i < xs.size(); ++i) {
+    if (type_of(i) != "float") continue;
     const Nd dwant = def.vjp(xs, g, i);
-    const Nd dgot = grads[i].defined() ? of(grads[i]) : zeros(xs[i].shape);
+    const Nd dgot = grads[f].defined() ? of(grads[f]) : zeros(xs[i].shape);
+    ++f;
     if (dgot.shape != dwant.shape)
       RC_FAIL(name + ": the gradient of operand " + std::to_string(i) + " has shape " + dims_str(dgot.shape) +
               ", the operand " + dims_str(dwant.shape));

@@ -129,6 +129,10 @@ struct LocalMapBuilder {
   std::vector<BodyValue> pool;
   json body = json::array(), reference = json::array(), twin_ops = json::array();
   int counter = 0;
+  uint64_t seed = 0;                  // the run's: the data of an int64 input are known from it
+  json extra_inputs = json::array();  // region args the ops draw: masks, ids, targets (no gradient)
+  std::vector<std::string> extra_args;
+  static constexpr size_t kFirstInputs = 3;  // x, w, z
 
   std::string fresh() { return "t" + std::to_string(counter++); }
 
@@ -140,11 +144,11 @@ struct LocalMapBuilder {
 
   // One body op: the drawn kind if it applies to the drawn operand, else the next kind that does.
   void step() {
-    constexpr int kKinds = 17;
+    constexpr int kKinds = 18;
     // The collectives (kinds 3-6) three times as often as each other kind: they apply to fewer
     // operands, and the variance rules are what local_map programs exist to test.
     const int first = *rc::gen::weightedElement<int>({{1, 0}, {1, 1}, {1, 2}, {3, 3}, {3, 4}, {3, 5}, {3, 6}, {1, 7},
-                                                      {1, 8}, {1, 9}, {1, 10}, {1, 11}, {1, 12}, {1, 13}, {1, 14}, {1, 15}, {1, 16}});
+                                                      {1, 8}, {1, 9}, {1, 10}, {1, 11}, {1, 12}, {1, 13}, {1, 14}, {1, 15}, {1, 16}, {2, 17}});
     const BodyValue x = any();
     const size_t a = static_cast<size_t>(*rc::gen::inRange<int>(0, mesh.ndim()));
     for (int i = 0; i < kKinds; ++i)
@@ -262,6 +266,7 @@ struct LocalMapBuilder {
       return local_unary(y, "softmax", x, {{"dim", d}}, 1.0);
     }
     if (kind == 16) return try_layer_kind(x);
+    if (kind == 17) return try_nn_kind(x);
     if (kind == 15) {  // mark_varying of an invariant axis (an identity on global values)
       if (x.label[a] != Label::None || x.reading[a] != Reading::Replicated) return false;
       y.label[a] = Label::Variant;
@@ -428,6 +433,222 @@ struct LocalMapBuilder {
     return false;
   }
 
+  // A region arg without a gradient (a bool mask, int64 ids or targets), laid out per axis as
+  // `reading` gives it (Shard of a dim, or Replicated: R, or Rd now and then); entered, not pooled.
+  BodyValue region_arg(const Shape& shape, const std::vector<std::pair<Reading, int64_t>>& reading, const std::string& dtype,
+                       int64_t high = 0) {
+    Spec spec;
+    for (const auto& [r, d] : reading)
+      spec.push_back(r == Reading::Shard ? Placement::shard(d) : *rc::gen::inRange(0, 4) == 0 ? Placement::reduced() : Placement::replicate());
+    const std::string name = "q" + std::to_string(extra_args.size());
+    json decl = typed_input(name, shape, spec, dtype, high);
+    extra_inputs.push_back(decl);
+    extra_args.push_back(name);
+    return entered(name, shape, spec);
+  }
+  size_t next_input_index() const { return kFirstInputs + extra_args.size(); }
+  // x's readings per axis, a Partial one read as Replicated (for an arg read alike).
+  static std::vector<std::pair<Reading, int64_t>> alike(const BodyValue& x) {
+    std::vector<std::pair<Reading, int64_t>> r;
+    for (size_t b = 0; b < x.reading.size(); ++b)
+      r.emplace_back(x.reading[b] == Reading::Shard ? Reading::Shard : Reading::Replicated, x.shard_dim[b]);
+    return r;
+  }
+
+  // The ops of issue #13 in a body (kind 17), each where the local result is the global op's
+  // under the value's reading: the non-linear pointwise ops, log_softmax and the norms of values
+  // with no Partial axis (over dims no axis shards); tril and triu where no axis shards the last two
+  // dims; where and masked_fill with a bool arg read alike; embedding {axis, vocab} (a table
+  // sharded on its vocab along one axis: the masked lookup, Partial there); nll_loss {axis,
+  // classes} (scores sharded on the classes along one axis: the masked pick, Partial there) and
+  // cross_entropy, summed over a sharded batch.
+  bool try_nn_kind(const BodyValue& x) {
+    const size_t rank = x.shape.size();
+    const auto r = static_cast<int64_t>(rank);
+    BodyValue y = x;
+    y.name = fresh();
+    const int pick = *rc::gen::inRange(0, 8);
+    if (pick == 0) {  // non-linear pointwise
+      if (x.has_partial()) return false;
+      const std::string name = *rc::gen::element<std::string>("abs", "gelu", "log", "pow", "rsqrt", "sigmoid", "silu", "sqrt");
+      json extra = json::object();
+      if (name == "gelu" && *rc::gen::arbitrary<bool>()) extra["approximate"] = *rc::gen::element<std::string>("none", "tanh");
+      if (name == "pow") extra["exponent"] = *rc::gen::element(-1.0, -0.5, 0.5, 1.5, 2.0, 3.0);
+      BodyValue v = x;  // log, sqrt, rsqrt, pow: of a positive value, exp of x where x is not
+      if (needs_positive(name) && !(x.floor > 0)) {
+        BodyValue e = x;
+        e.name = fresh();
+        e.floor = std::exp(-x.bound);
+        if (!local_unary(e, "exp", x, {}, std::exp(x.bound))) return false;
+        v = pool.back();
+      }
+      const double bound = unary_bound(name, extra, v.bound, v.floor);
+      if (name == "sqrt") y.floor = std::sqrt(v.floor);
+      if (name == "rsqrt") y.floor = 1 / std::sqrt(v.bound);
+      if (!local_unary(y, name, v, extra, bound)) return false;
+      pool.back().floor = y.floor;
+      return true;
+    }
+    if (pick == 1) {  // log_softmax along a dim no axis shards
+      if (rank == 0 || x.has_partial()) return false;
+      const int64_t d = dim_of(x);
+      if (sharded(x, wrap(d, rank))) return false;
+      return local_unary(y, "log_softmax", x, {{"dim", d}}, 2 * x.bound + std::log(std::max<double>(1, static_cast<double>(x.shape[static_cast<size_t>(wrap(d, rank))]))));
+    }
+    if (pick == 2) {  // tril, triu: the last two dims whole on every rank (Partial passes: linear)
+      if (rank < 2 || sharded(x, r - 1) || sharded(x, r - 2)) return false;
+      return local_unary(y, *rc::gen::element<std::string>("tril", "triu"), x, {{"diagonal", *rc::gen::inRange<int64_t>(-2, 3)}}, x.bound);
+    }
+    if (pick == 3) {  // where(mask, x, u) with u read alike (Partial x and u of one kind: linear), masked_fill
+      const BodyValue mask = region_arg(x.shape, alike(x), "bool");
+      if (*rc::gen::arbitrary<bool>()) {
+        if (x.has_partial()) return false;
+        const double value = *rc::gen::element(-2.0, 0.0, 3.5);
+        if (!within_bounds("masked_fill", {}, {{x.bound, x.rounded}}, std::max(x.bound, std::abs(value)), y.rounded)) return false;
+        y.label = local_label({&x, &mask});
+        y.bound = std::max(x.bound, std::abs(value));
+        y.floor = 0;
+        add_local(y, "masked_fill", {x, mask}, {{"value", value}});
+        return true;
+      }
+      std::vector<const BodyValue*> partners;
+      for (const auto& v : pool) {
+        bool fits = v.shape == x.shape;
+        for (size_t b = 0; b < x.reading.size() && fits; ++b) fits = same_reading(x, v, b);
+        if (fits) partners.push_back(&v);
+      }
+      const BodyValue u = *partners.at(static_cast<size_t>(*rc::gen::inRange<int>(0, static_cast<int>(partners.size()))));
+      if (!within_bounds("where", {}, {{x.bound, x.rounded}, {u.bound, u.rounded}}, std::max(x.bound, u.bound), y.rounded)) return false;
+      y.label = local_label({&mask, &x, &u});
+      y.bound = std::max(x.bound, u.bound);
+      y.floor = std::min(x.floor, u.floor);
+      add_local(y, "where", {mask, x, u});
+      return true;
+    }
+    if (pick == 4) {  // layer_norm, rms_norm over the last 1-2 dims no axis shards, a replicated weight now and then
+      if (rank == 0 || x.has_partial()) return false;
+      const auto k = static_cast<size_t>(*rc::gen::inRange<int64_t>(1, std::min<int64_t>(r, 2) + 1));
+      for (size_t d = rank - k; d < rank; ++d)
+        if (sharded(x, static_cast<int64_t>(d))) return false;
+      const Shape ns(x.shape.end() - static_cast<std::ptrdiff_t>(k), x.shape.end());
+      if (numel(ns) == 0) return false;  // normalized_shape takes extents >= 1
+      const std::string name = *rc::gen::element<std::string>("layer_norm", "rms_norm");
+      json extra = {{"normalized_shape", ns}};
+      if (x.rounded || *rc::gen::inRange(0, 3) != 0) extra["eps"] = *rc::gen::element(1e-5, 0.25);
+      std::vector<BodyValue> xs = {x};
+      double bound = std::sqrt(static_cast<double>(std::max<int64_t>(1, numel(ns))));
+      for (const auto& v : pool) {
+        bool replicated = v.shape == ns && !(v.name == x.name);
+        for (auto rd : v.reading) replicated &= rd == Reading::Replicated;
+        if (replicated && *rc::gen::arbitrary<bool>()) {
+          xs.push_back(v);
+          bound *= v.bound;
+          break;
+        }
+      }
+      std::vector<const BodyValue*> ptrs;
+      for (const auto& v : xs) ptrs.push_back(&v);
+      if (!within_bounds(name, extra, {{x.bound, x.rounded}}, bound, y.rounded)) return false;
+      y.label = local_label(ptrs);
+      y.bound = bound;
+      y.floor = 0;
+      add_local(y, name, xs, extra);
+      return true;
+    }
+    if (pick == 5) return embedding(x, y);
+    return loss(x, y);
+  }
+
+  // embedding(ids, table x): per axis, a table sharded on its vocab (one axis at most: the
+  // lookup's `axis`) gives Partial with replicated ids; on its embedding dim, the result's last
+  // dim sharded; a replicated table, the ids' reading (Shard of dim 0 or Replicated); a Partial
+  // table, Partial with replicated ids.
+  bool embedding(const BodyValue& x, BodyValue& y) {
+    if (x.shape.size() != 2 || x.shape[0] == 0) return false;
+    const Shape ids_shape = *rc::gen::arbitrary<bool>() ? Shape{*rc::gen::inRange<int64_t>(1, 7)}
+                                                        : Shape{*rc::gen::inRange<int64_t>(1, 4), *rc::gen::inRange<int64_t>(1, 4)};
+    std::vector<std::pair<Reading, int64_t>> ids_reading;
+    std::optional<size_t> vocab_axis;
+    const auto out_rank = static_cast<int64_t>(ids_shape.size());
+    y.shape = ids_shape;
+    y.shape.push_back(x.shape[1]);
+    for (size_t b = 0; b < x.reading.size(); ++b) {
+      const bool shard_ids = x.reading[b] == Reading::Replicated && *rc::gen::arbitrary<bool>();
+      ids_reading.emplace_back(shard_ids ? Reading::Shard : Reading::Replicated, shard_ids ? 0 : -1);
+      if (x.reading[b] == Reading::Shard && x.shard_dim[b] == 0) {
+        if (vocab_axis) return false;
+        vocab_axis = b;
+        y.reading[b] = Reading::Partial;
+        y.shard_dim[b] = -1;
+      } else if (x.reading[b] == Reading::Shard) {
+        y.shard_dim[b] = out_rank;
+      } else if (shard_ids) {
+        y.reading[b] = Reading::Shard;
+        y.shard_dim[b] = 0;
+      }
+    }
+    const BodyValue ids = region_arg(ids_shape, ids_reading, "int64", x.shape[0]);
+    if (!within_bounds("embedding", {}, {{x.bound, x.rounded}}, x.bound, y.rounded)) return false;
+    y.label = local_label({&ids, &x});
+    y.floor = 0;
+    json extra = json::object();
+    if (vocab_axis) extra = {{"axis", mesh.axes()[*vocab_axis]}, {"vocab", x.shape[0]}};
+    add_local(y, "embedding", {ids, x}, extra);
+    // The reference and the twin look up the whole table.
+    reference.back().erase("axis");
+    reference.back().erase("vocab");
+    twin_ops.back().erase("axis");
+    twin_ops.back().erase("vocab");
+    return true;
+  }
+
+  // nll_loss or cross_entropy of scores x [N, C] against an int64 target read as x's batch: per
+  // axis, scores sharded on the classes (nll_loss, one axis at most: the pick's `axis`) or on the
+  // batch (the target alike; summed, Partial), Partial scores (nll_loss: linear), or replicated.
+  bool loss(const BodyValue& x, BodyValue& y) {
+    if (x.shape.size() != 2 || x.shape[0] == 0 || x.shape[1] == 0) return false;
+    const std::string name = *rc::gen::element<std::string>("nll_loss", "cross_entropy");
+    std::vector<std::pair<Reading, int64_t>> target_reading;
+    std::optional<size_t> class_axis;
+    bool batch_sharded = false;
+    y.shape = {};
+    for (size_t b = 0; b < x.reading.size(); ++b) {
+      target_reading.emplace_back(Reading::Replicated, -1);
+      if (x.reading[b] == Reading::Replicated) continue;
+      if (x.reading[b] == Reading::Partial && name == "cross_entropy") return false;
+      if (x.reading[b] == Reading::Shard && x.shard_dim[b] == 1) {
+        if (name == "cross_entropy" || class_axis) return false;
+        class_axis = b;
+      }
+      if (x.reading[b] == Reading::Shard && x.shard_dim[b] == 0) {
+        batch_sharded = true;
+        target_reading.back() = {Reading::Shard, 0};
+      }
+      y.reading[b] = Reading::Partial;
+      y.shard_dim[b] = -1;
+    }
+    const int64_t n = x.shape[0], classes = x.shape[1];
+    json extra = {{"reduction", batch_sharded || *rc::gen::arbitrary<bool>() ? "sum" : "mean"}};
+    const size_t index = next_input_index();
+    const BodyValue target = region_arg({n}, target_reading, "int64", classes);
+    if (*rc::gen::arbitrary<bool>())
+      if (const auto ignore = ignore_index_for(drawn_ids(seed, index, {n}, classes), *rc::gen::inRange<int64_t>(0, 8)))
+        extra["ignore_index"] = *ignore;
+    const double each = name == "cross_entropy" ? 2 * x.bound + std::log(static_cast<double>(classes)) : x.bound;
+    const double bound = extra["reduction"] == "sum" ? each * static_cast<double>(n) : each;
+    if (name == "cross_entropy" && x.bound > operand_limit("cross_entropy")) return false;
+    if (!within_bounds(name, extra, {{x.bound, x.rounded}}, bound, y.rounded)) return false;
+    y.label = local_label({&x, &target});
+    y.bound = bound;
+    y.floor = 0;
+    json body_extra = extra;
+    if (class_axis) body_extra.update({{"axis", mesh.axes()[*class_axis]}, {"classes", classes}});
+    add_local(y, name, {x, target}, body_extra);
+    reference.back() = op(y.name, name, {x.ref, target.ref}, extra);
+    twin_ops.back() = op("d_" + y.name, name, {x.twin, target.twin}, extra);
+    return true;
+  }
+
   // x @ z for a partner z with a direct mm row on every axis: y (x's copy, named) gets the
   // product's shape, readings, label and bound; z, or null when there is none or the bound fails.
   const BodyValue* mm_product(BodyValue& y, const BodyValue& x, const char* name) {
@@ -584,7 +805,9 @@ struct LocalMapBuilder {
 }  // namespace
 
 json local_map_program(const ProgramOptions& o, json* twin, std::map<std::string, BodyLabels>* labels) {
-  LocalMapBuilder b{small_mesh(), {}, json::array(), json::array(), json::array(), 0};
+  LocalMapBuilder b{small_mesh(), {}, json::array(), json::array(), json::array(), 0, 0, json::array(), {}};
+  json options = draw_options({});
+  b.seed = options["seed"].get<uint64_t>();
   const int64_t m = *rc::gen::inRange<int64_t>(1, 7), k = *rc::gen::inRange<int64_t>(1, 7),
                 n = *rc::gen::inRange<int64_t>(1, 7);
   auto placement = rc::gen::elementOf(std::vector<Placement>{
@@ -601,8 +824,11 @@ json local_map_program(const ProgramOptions& o, json* twin, std::map<std::string
   for (const auto& v : b.pool)
     if (v.out_spec()) ret = &v;
   const Spec out = *ret->out_spec();
+  for (const auto& in : b.extra_inputs) inputs.push_back(in);  // after x, w, z: their data streams
   inputs.push_back(input("c", ret->shape, Spec(static_cast<size_t>(b.mesh.ndim()), Placement::replicate()), false, o.float32_randn));
-  json lm = op("y", "local_map", {"x", "w", "z"});
+  std::vector<std::string> args = {"x", "w", "z"};
+  args.insert(args.end(), b.extra_args.begin(), b.extra_args.end());
+  json lm = op("y", "local_map", args);
   lm["out_placements"] = json::array({spec_json(out)});
   lm["body"] = b.body;  // dead ops too: their labels are checked (counterexamples shrink them away)
   lm["returns"] = {ret->name};
@@ -611,7 +837,6 @@ json local_map_program(const ProgramOptions& o, json* twin, std::map<std::string
     reference.push_back(op(ret->name, "redistribute", {ret->ref}, {{"placements", spec_json(out)}}));
   lm["reference"] = live_ops(reference, {ret->name});
   json program = {lm, op("weighted", "mul", {"y", "c"}), op("loss", "sum", {"weighted"})};
-  json options = draw_options({});
   if (o.float32_randn) options["dtype"] = "float32";
   json doc = {{"format", "meshsim.scenario/1"}, {"name", "local_map_program"}, {"mesh", mesh_json(b.mesh)},
               {"options", options}, {"inputs", inputs}, {"program", program}, {"backward", "loss"}};

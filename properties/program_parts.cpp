@@ -4,8 +4,10 @@
 
 #include <rapidcheck.h>
 
+#include "core/scenario.h"
 #include "oracles/check.h"
 #include "properties/generators.h"
+#include "sim/data.h"
 
 namespace meshsim::gen::parts {
 
@@ -20,6 +22,37 @@ json input(const std::string& name, const Shape& shape, const Spec& spec, bool g
   if (grad) d["requires_grad"] = true;
   if (randn) d["init"] = "randn";
   return d;
+}
+
+json typed_input(const std::string& name, const Shape& shape, const Spec& spec, const std::string& dtype, int64_t high) {
+  json d = {{"name", name}, {"shape", shape}, {"placements", spec_json(without_partial(spec))}, {"dtype", dtype}};
+  if (high > 0) d["init"] = {{"ids", high}};
+  return d;
+}
+
+Spec without_partial(Spec spec) {
+  for (auto& p : spec)
+    if (p.is_partial()) p = Placement::replicate();
+  return spec;
+}
+
+std::vector<int64_t> drawn_ids(uint64_t seed, size_t index, const Shape& shape, int64_t high) {
+  InputDecl in;
+  in.shape = shape;
+  in.init = "ids";
+  in.ids_high = high;
+  in.dtype = ElementType::Int64;
+  Rng rng(seed, index);
+  const at::Tensor t = make_input(in, DType::Float64, rng).contiguous();
+  return std::vector<int64_t>(t.data_ptr<int64_t>(), t.data_ptr<int64_t>() + t.numel());
+}
+
+std::optional<int64_t> ignore_index_for(const std::vector<int64_t>& targets, int64_t pick) {
+  std::set<int64_t> values(targets.begin(), targets.end());
+  if (values.size() < 2) return std::nullopt;
+  auto it = values.begin();
+  std::advance(it, static_cast<std::ptrdiff_t>(pick % static_cast<int64_t>(values.size())));
+  return *it;
 }
 
 Mesh small_mesh() {
@@ -66,8 +99,31 @@ bool mesh_rounds(const Mesh& mesh) {
 double operand_limit(const std::string& name) {
   if (name == "exp") return 6;
   if (name == "softmax") return 8;
-  if (name == "sin" || name == "tanh") return 64;
+  if (name == "sin" || name == "tanh" || name == "gelu" || name == "sigmoid" || name == "silu" ||
+      name == "log_softmax" || name == "cross_entropy" || name == "pow")
+    return 64;
   return kMaxBound;
+}
+
+bool has_kink(const std::string& name) { return name == "relu" || name == "abs"; }
+
+bool needs_positive(const std::string& name) {
+  return name == "log" || name == "sqrt" || name == "rsqrt" || name == "pow";
+}
+
+double unary_bound(const std::string& name, const json& extra, double x, double floor) {
+  if (needs_positive(name) && !(floor > 0)) return INFINITY;
+  if (name == "abs" || name == "relu" || name == "gelu" || name == "silu") return x;
+  if (name == "sigmoid" || name == "tanh" || name == "sin") return std::min(1.0, x);
+  if (name == "exp") return std::exp(x);
+  if (name == "log") return std::max(std::abs(std::log(floor)), std::abs(std::log(std::max(x, 1.0))));
+  if (name == "sqrt") return std::sqrt(x);
+  if (name == "rsqrt") return 1 / std::sqrt(floor);
+  if (name == "pow") {
+    const double e = extra.value("exponent", 1.0);
+    return std::max(std::pow(x, e), std::pow(floor, e));
+  }
+  return INFINITY;
 }
 
 bool within_bounds(const std::string& name, const json& extra, const std::vector<Operand>& xs, double bound,
@@ -80,7 +136,7 @@ bool within_bounds(const std::string& name, const json& extra, const std::vector
     rounded |= x.rounded;
     if (x.bound > operand_limit(name)) return false;
     // relu has a kink at 0: a rounded value the oracle has at exactly 0 may be 1e-17 on the mesh.
-    if (name == "relu" && x.rounded) return false;
+    if (has_kink(name) && x.rounded) return false;
   }
   return std::isfinite(bound) && bound <= (rounded ? kMaxRoundedBound : kMaxBound);
 }

@@ -3,6 +3,8 @@
 // or well-conditioned.
 #pragma once
 
+#include <cstdint>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -20,6 +22,19 @@ using json = nlohmann::json;
 // An op of a scenario's program (`extra`: its attributes) and an input declaration.
 json op(const std::string& out, const std::string& name, std::vector<std::string> args, json extra = json::object());
 json input(const std::string& name, const Shape& shape, const Spec& spec, bool grad, bool randn);
+// An input without a gradient of element type "bool" (init int: a fair coin per element) or "int64"
+// (ids in [0, high), `high` > 0); its spec has no Partial (S, R or Rd on each axis).
+json typed_input(const std::string& name, const Shape& shape, const Spec& spec, const std::string& dtype,
+                 int64_t high = 0);
+// `spec` with every Partial replaced by R: the placements a bool or int64 value may have.
+Spec without_partial(Spec spec);
+
+// The global values of an int64 input {"ids": high}, as the run makes them: stream `index` (the
+// input's position in the scenario) of the run's `seed` (sim/data.cpp).
+std::vector<int64_t> drawn_ids(uint64_t seed, size_t index, const Shape& shape, int64_t high);
+// An ignore_index for these targets: one of their values, never the only one (so that a mean over
+// the targets kept has a divisor); nothing when every target is alike.
+std::optional<int64_t> ignore_index_for(const std::vector<int64_t>& targets, int64_t pick);
 
 // A small mesh: 1-2 axes of sizes 1-4, and now and then 3 axes of sizes 1-2 (the ops' cost grows
 // with ranks; larger 3-axis meshes are exercised by the redistribution properties).
@@ -59,5 +74,14 @@ bool within_bounds(const std::string& name, const json& extra, const std::vector
 bool mesh_rounds(const Mesh& mesh);
 // The largest operand bound an op takes (exp, softmax, sin, tanh take small ones).
 double operand_limit(const std::string& name);
+// Whether an op has a kink at 0 (relu, abs): it never takes a rounded operand, and the
+// single-op property gives it randn data.
+bool has_kink(const std::string& name);
+// The ops that need a positive operand (log, sqrt, rsqrt, pow: the generators give them one with a
+// known positive floor, made by exp where there is none).
+bool needs_positive(const std::string& name);
+// The bound of a non-linear unary op's result on an operand of bound `x` and positive floor `floor`
+// (0: any sign); infinity when the op cannot take it.
+double unary_bound(const std::string& name, const json& extra, double x, double floor);
 
 }  // namespace meshsim::gen::parts

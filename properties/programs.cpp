@@ -72,6 +72,9 @@ struct DTensorBuilder {
   ReducedPropagation policy;
   std::vector<DValue> pool;
   json program = json::array();
+  uint64_t seed = 0;                   // the run's: the data of an int64 input are known from it
+  json extra_inputs = json::array();   // inputs the ops draw (ids, targets, masks, tables, norm weights)
+  static constexpr size_t kFirstInputs = 4;  // a, b, c, d
 
   // The latest value half of the time (programs form chains that reach the loss), now and then a
   // value off the backward path (c and what is made of it alone: P(max) and P(min) live there),
@@ -131,6 +134,9 @@ struct DTensorBuilder {
           shape = infer_shape("add", {mm.shape, xs[2]->shape}, {});
           spec = spec_after("add", {}, mesh, {&mm, xs[2]}, policy);
         }
+      } else if (name == "log_softmax" || name == "nll_loss" || name == "cross_entropy") {
+        shape = name == "log_softmax" ? xs[0]->shape : Shape{};
+        spec = decomposed(name, attrs, xs);
       } else {
         shape = infer_shape(name, shapes, attrs);
         spec = spec_after(name, attrs, mesh, xs, policy);
@@ -140,6 +146,7 @@ struct DTensorBuilder {
     }
     if (!spec) return false;
     DValue y{"v" + std::to_string(program.size()), shape, *spec, false, bound, floor, rounded};
+    if (name == "nll_loss" || name == "cross_entropy") y.shape = {};
     std::vector<std::string> args;
     for (const auto* x : xs) {
       args.push_back(x->name);
@@ -148,6 +155,249 @@ struct DTensorBuilder {
     program.push_back(op(y.name, name, args, extra));
     pool.push_back(y);
     return true;
+  }
+
+  // The spec of an op the runtime runs as a decomposition (sim/interpreter.cpp), by the rows of
+  // its parts: log_softmax over a sharded dim is loss parallel (amax, sub, exp, sum, log, sub);
+  // nll_loss is the target pick, then sum, mean, or sum over the count of the targets kept;
+  // cross_entropy is log_softmax over the classes, then nll_loss.
+  std::optional<Spec> decomposed(const std::string& name, const OpAttrs& attrs, const std::vector<const DValue*>& xs) {
+    auto part = [&](const std::string& op, const OpAttrs& a, std::vector<const DValue*> in) -> std::optional<DValue> {
+      std::vector<Shape> shapes;
+      for (const auto* x : in) shapes.push_back(x->shape);
+      DValue y = *in[0];
+      try {
+        y.shape = infer_shape(op, shapes, a);
+      } catch (const SemanticError&) {
+        return std::nullopt;
+      }
+      const auto spec = spec_after(op, a, mesh, in, policy);
+      if (!spec) return std::nullopt;
+      y.spec = *spec;
+      return y;
+    };
+    auto over = [](int64_t dim, bool keepdim) {
+      OpAttrs a;
+      a.dim = dim;
+      a.keepdim = keepdim;
+      return a;
+    };
+    auto log_softmax = [&](const DValue& x, int64_t dim) -> std::optional<DValue> {
+      const int64_t d = dim < 0 ? dim + static_cast<int64_t>(x.shape.size()) : dim;
+      bool sharded = false;
+      for (const auto& p : x.spec) sharded |= p.is_shard() && p.dim == d;
+      if (!sharded) return part("log_softmax", over(d, false), {&x});
+      const auto m = part("amax", over(d, true), {&x});
+      if (!m) return std::nullopt;
+      const auto shifted = part("sub", {}, {&x, &*m});
+      if (!shifted) return std::nullopt;
+      const auto e = part("exp", {}, {&*shifted});
+      if (!e) return std::nullopt;
+      const auto total = part("sum", over(d, true), {&*e});
+      if (!total) return std::nullopt;
+      const auto l = part("log", {}, {&*total});
+      if (!l) return std::nullopt;
+      return part("sub", {}, {&*shifted, &*l});
+    };
+    if (name == "log_softmax") {
+      const auto y = log_softmax(*xs[0], *attrs.dim);
+      return y ? std::optional<Spec>(y->spec) : std::nullopt;
+    }
+    std::optional<DValue> logp = *xs[0];
+    if (name == "cross_entropy") logp = log_softmax(*xs[0], 1);
+    if (!logp) return std::nullopt;
+    OpAttrs pick;
+    pick.ignore_index = attrs.ignore_index;
+    const auto picked = part("pick_target", pick, {&*logp, xs[1]});
+    if (!picked) return std::nullopt;
+    if (attrs.sum_reduction || !attrs.ignore_index) {
+      const auto y = part(attrs.sum_reduction ? "sum" : "mean", {}, {&*picked});
+      return y ? std::optional<Spec>(y->spec) : std::nullopt;
+    }
+    const auto total = part("sum", {}, {&*picked});
+    const auto kept = part("count_targets", pick, {xs[1]});
+    if (!total || !kept) return std::nullopt;
+    const auto count = part("sum", {}, {&*kept});
+    if (!count) return std::nullopt;
+    const auto y = part("div", {}, {&*total, &*count});
+    return y ? std::optional<Spec>(y->spec) : std::nullopt;
+  }
+
+  // A new input of the program (its data stream is its position among the inputs).
+  std::string new_input(json decl) {
+    decl["name"] = "i" + std::to_string(extra_inputs.size());
+    extra_inputs.push_back(decl);
+    return decl["name"];
+  }
+  size_t next_input_index() const { return kFirstInputs + extra_inputs.size(); }
+  // A float input with a gradient, in any differentiable placement, in the pool.
+  DValue float_input(const Shape& shape) {
+    const Spec spec = *gen::spec(mesh, differentiable_placement(static_cast<int64_t>(shape.size())));
+    DValue v{"", shape, spec, true, kInputBound, 0, mesh_rounds(mesh)};
+    v.name = new_input(input("", shape, spec, true, false));
+    pool.push_back(v);
+    return v;
+  }
+  // A bool (mask, condition) or int64 (ids in [0, high)) input: S, R or Rd per axis; not in the pool.
+  DValue typed(const Shape& shape, const std::string& dtype, int64_t high = 0) {
+    const Spec spec = without_partial(*gen::spec(mesh, any_placement(static_cast<int64_t>(shape.size()))));
+    DValue v{"", shape, spec, false, dtype == "bool" ? 1.0 : static_cast<double>(high), 0, false};
+    v.name = new_input(typed_input("", shape, spec, dtype, high));
+    return v;
+  }
+  // A creation op (zeros, ones, full, arange) of a shape, in random S, R or Rd placements; not in the pool.
+  DValue create(const std::string& name, const Shape& shape, const std::string& dtype, json extra = json::object()) {
+    const Spec spec = without_partial(*gen::spec(mesh, any_placement(static_cast<int64_t>(shape.size()))));
+    extra.update({{"shape", shape}, {"placements", spec_json(spec)}, {"dtype", dtype}});
+    const double fill = extra.contains("value") && extra["value"].is_number() ? extra["value"].get<double>() : 0.0;
+    const double bound = name == "ones" ? 1.0 : name == "full" ? std::abs(fill) : name == "arange" ? static_cast<double>(numel(shape)) : 0.0;
+    DValue v{"v" + std::to_string(program.size()), shape, spec, false, bound, name == "ones" ? 1.0 : fill > 0 ? fill : 0.0, false};
+    program.push_back(op(v.name, name, {}, extra));
+    return v;
+  }
+  // The latest op's result out of the pool (a bool or int64 value, or one only its next op may read).
+  DValue take() {
+    DValue v = pool.back();
+    pool.pop_back();
+    return v;
+  }
+
+  // A value of x's shape known positive: x, a value of its shape with a positive floor, or exp of x.
+  std::optional<DValue> positive(const DValue& x) {
+    if (x.floor > 0) return x;
+    if (const DValue* v = partner([&](const DValue& v) { return v.shape == x.shape && v.floor > 0; })) return *v;
+    if (!add("exp", {&x}, {}, std::exp(x.bound), std::exp(-x.bound))) return std::nullopt;
+    return pool.back();
+  }
+
+  // The ops of issue #13 (kinds 14-19).
+  bool try_layer_kind(int kind, const DValue& x) {
+    const auto rank = static_cast<int64_t>(x.shape.size());
+    switch (kind) {
+      case 14: {  // the non-linear pointwise ops; log, sqrt, rsqrt, pow of a positive operand
+        const std::string name = *rc::gen::element<std::string>("abs", "gelu", "log", "pow", "rsqrt", "sigmoid", "silu", "sqrt");
+        json extra = json::object();
+        if (name == "gelu" && *rc::gen::arbitrary<bool>()) extra["approximate"] = *rc::gen::element<std::string>("none", "tanh");
+        if (name == "pow") extra["exponent"] = *rc::gen::element(-1.0, -0.5, 0.5, 1.5, 2.0, 3.0);
+        const auto v = needs_positive(name) ? positive(x) : std::optional<DValue>(x);
+        if (!v) return false;
+        const double bound = unary_bound(name, extra, v->bound, v->floor);
+        double floor = 0;
+        if (name == "sigmoid") floor = 1 / (1 + std::exp(v->bound));
+        if (name == "sqrt") floor = std::sqrt(v->floor);
+        if (name == "rsqrt") floor = 1 / std::sqrt(v->bound);
+        if (name == "pow") floor = std::min(std::pow(v->floor, extra["exponent"].get<double>()), std::pow(v->bound, extra["exponent"].get<double>()));
+        const DValue operand = *v;
+        return add(name, {&operand}, extra, bound, floor);
+      }
+      case 15: {  // masks: where, masked_fill (a finite value, or -inf then softmax), tril, triu
+        const int pick = *rc::gen::inRange(0, 4);
+        if (pick == 0) {  // where(cond, x, y): a bool input, whole or broadcast
+          const DValue* y = partner([&](const DValue& v) { return v.shape == x.shape; });
+          if (!y) return false;
+          const DValue other = *y;
+          const DValue cond = typed(rank > 0 && *rc::gen::arbitrary<bool>() ? Shape{x.shape.back()} : x.shape, "bool");
+          return add("where", {&cond, &x, &other}, {}, std::max(x.bound, other.bound));
+        }
+        if (pick == 1) {  // masked_fill with a finite value
+          const DValue mask = typed(rank > 0 && *rc::gen::arbitrary<bool>() ? Shape{x.shape.back()} : x.shape, "bool");
+          const double value = *rc::gen::element(-2.0, 0.0, 3.5);
+          return add("masked_fill", {&x, &mask}, {{"value", value}}, std::max(x.bound, std::abs(value)));
+        }
+        if (rank < 2) return false;
+        if (pick == 2) return add(*rc::gen::element<std::string>("tril", "triu"), {&x}, {{"diagonal", *rc::gen::inRange<int64_t>(-2, 3)}}, x.bound);
+        // A causal mask: every row keeps its first column, so the softmax has a term. Either the
+        // positions above the diagonal (triu of ones, diagonal >= 1) filled with -inf, or x where
+        // tril of ones (diagonal >= 0) keeps it and full(-inf) elsewhere.
+        if (x.bound > operand_limit("softmax")) return false;
+        const Shape square(x.shape.end() - 2, x.shape.end());
+        const DValue ones = create("ones", square, "bool");
+        const bool fill = *rc::gen::arbitrary<bool>();
+        if (!add(fill ? "triu" : "tril", {&ones}, {{"diagonal", fill ? *rc::gen::inRange<int64_t>(1, 3) : *rc::gen::inRange<int64_t>(0, 2)}}, 1.0))
+          return false;
+        const DValue mask = take();
+        if (fill) {
+          if (!add("masked_fill", {&x, &mask}, {{"value", "-inf"}}, x.bound)) return false;
+        } else {
+          const DValue minus_inf = create("full", x.shape, "float", {{"value", "-inf"}});
+          if (!add("where", {&mask, &x, &minus_inf}, {}, x.bound)) return false;
+        }
+        const DValue filled = take();  // only the softmax reads the -inf
+        return add("softmax", {&filled}, {{"dim", -1}}, 1.0);
+      }
+      case 16: {  // layer_norm, rms_norm over the last 1-2 dims, with and without weight and bias
+        if (rank == 0) return false;
+        const std::string name = *rc::gen::element<std::string>("layer_norm", "rms_norm");
+        const auto k = static_cast<size_t>(*rc::gen::inRange<int64_t>(1, std::min<int64_t>(rank, 2) + 1));
+        const Shape ns(x.shape.end() - static_cast<std::ptrdiff_t>(k), x.shape.end());
+        if (numel(ns) == 0) return false;  // normalized_shape takes extents >= 1
+        json extra = {{"normalized_shape", ns}};
+        // rms_norm's default eps is the dtype's: a rounded zero row would be scaled by 1e8.
+        if (x.rounded || (name == "rms_norm" ? *rc::gen::inRange(0, 3) != 0 : *rc::gen::arbitrary<bool>()))
+          extra["eps"] = *rc::gen::element(1e-5, 0.25);
+        std::vector<DValue> params;
+        for (int p = *rc::gen::inRange(0, name == "layer_norm" ? 3 : 2); p > 0; --p) params.push_back(float_input(ns));
+        std::vector<const DValue*> xs = {&x};
+        double bound = std::sqrt(static_cast<double>(std::max<int64_t>(1, numel(ns))));
+        for (size_t p = 0; p < params.size(); ++p) {
+          xs.push_back(&params[p]);
+          bound = p == 0 ? bound * params[p].bound : bound + params[p].bound;
+        }
+        return add(name, xs, extra, bound);
+      }
+      case 17: {  // embedding: ids (an input, or zeros / arange of int64) into a table x or a new one
+        const bool own = rank == 2 && *rc::gen::arbitrary<bool>();
+        // A vocab of 12 rows (even on every axis size) or of 1-8 (uneven splits).
+        const int64_t rows = *rc::gen::arbitrary<bool>() ? 12 : *rc::gen::inRange<int64_t>(1, 9);
+        DValue table = own ? x : float_input({rows, *rc::gen::inRange<int64_t>(1, 7)});
+        if (!own && *rc::gen::arbitrary<bool>()) {  // vocab-parallel (the masked partial) on one axis, half the time
+          table.spec[static_cast<size_t>(*rc::gen::inRange(0, mesh.ndim()))] = Placement::shard(0);
+          pool.back().spec = table.spec;
+          extra_inputs.back()["placements"] = spec_json(table.spec);
+        }
+        const int64_t vocab = table.shape[0];
+        if (vocab == 0) return false;
+        const Shape ids_shape = *rc::gen::arbitrary<bool>() ? Shape{*rc::gen::inRange<int64_t>(1, 7)}
+                                                            : Shape{*rc::gen::inRange<int64_t>(1, 4), *rc::gen::inRange<int64_t>(1, 4)};
+        DValue ids;
+        const int source = *rc::gen::inRange(0, 6);
+        if (source == 0) ids = create("zeros", ids_shape, "int64");
+        else if (source == 1 && numel(ids_shape) <= vocab) ids = create("arange", ids_shape, "int64");
+        else ids = typed(ids_shape, "int64", vocab);
+        return add("embedding", {&ids, &table}, {}, table.bound);
+      }
+      case 18: {  // log_softmax; cross_entropy, nll_loss of 2-D scores against an int64 target
+        if (rank == 0) return false;
+        if (*rc::gen::inRange(0, 3) == 0) {
+          const int64_t d = dim_of(x);
+          const double extent = static_cast<double>(x.shape[static_cast<size_t>(d < 0 ? d + rank : d)]);
+          return add("log_softmax", {&x}, {{"dim", d}}, 2 * x.bound + std::log(std::max(1.0, extent)));
+        }
+        if (rank != 2 || x.shape[0] == 0 || x.shape[1] == 0) return false;
+        const std::string name = *rc::gen::element<std::string>("cross_entropy", "nll_loss");
+        const int64_t n = x.shape[0], classes = x.shape[1];
+        json extra = {{"reduction", *rc::gen::element<std::string>("mean", "sum")}};
+        const size_t index = next_input_index();
+        const DValue target = typed({n}, "int64", classes);
+        if (*rc::gen::arbitrary<bool>())
+          if (const auto ignore = ignore_index_for(drawn_ids(seed, index, {n}, classes), *rc::gen::inRange<int64_t>(0, 8)))
+            extra["ignore_index"] = *ignore;
+        const double each = name == "cross_entropy" ? 2 * x.bound + std::log(static_cast<double>(classes)) : x.bound;
+        return add(name, {&x, &target}, extra, extra["reduction"] == "sum" ? each * static_cast<double>(n) : each);
+      }
+      case 19: {  // zeros, ones, full, arange of x's shape in random placements, added to or multiplying x
+        const std::string name = *rc::gen::element<std::string>("zeros", "ones", "full", "arange");
+        json extra = json::object();
+        if (name == "full") extra["value"] = *rc::gen::element(-2.0, 0.5, 3.0);
+        const DValue made = create(name, x.shape, "float", extra);
+        pool.push_back(made);
+        const DValue c = made;
+        const bool mul = *rc::gen::arbitrary<bool>();
+        return add(mul ? "mul" : "add", {&x, &c}, {}, mul ? x.bound * c.bound : x.bound + c.bound);
+      }
+      default:
+        return false;
+    }
   }
 
   // split {sizes | size} or chunk {chunks} of x along a dim: every piece joins the pool.
@@ -194,7 +444,7 @@ struct DTensorBuilder {
 
   // One op: the drawn kind if it applies to the drawn operand, else the next kind that does.
   void step() {
-    constexpr int kKinds = 14;
+    constexpr int kKinds = 20;
     const int first = *rc::gen::inRange(0, kKinds);
     const DValue x = any();
     for (int i = 0; i < kKinds; ++i)
@@ -203,6 +453,7 @@ struct DTensorBuilder {
 
   bool try_kind(int kind, const DValue& x) {
     const int64_t rank = static_cast<int64_t>(x.shape.size());
+    if (kind >= 14) return try_layer_kind(kind, x);
     switch (kind) {
       case 0: {  // mm
         if (rank != 2) return false;
@@ -414,6 +665,7 @@ json dtensor_program(const ProgramOptions& o) {
                                         : ReducedPropagation::Intersection,
                    {},
                    json::array()};
+  b.seed = options["seed"].get<uint64_t>();
   b.pool = {{"a", {m, k}, spec(true), true}, {"b", {k, n}, spec(true), true},
             {"c", {m, n}, spec(false), false}, {"d", {m, k}, spec(true), true}};
   for (auto& v : b.pool) v.rounded = mesh_rounds(mesh);
@@ -431,209 +683,9 @@ json dtensor_program(const ProgramOptions& o) {
   }
   program = live_ops(program, {loss_of});
   program.push_back(op("loss", "sum", {loss_of}));
+  for (const auto& in : b.extra_inputs) inputs.push_back(in);
   return {{"format", "meshsim.scenario/1"}, {"name", "dtensor_program"}, {"mesh", mesh_json(mesh)},
           {"options", options}, {"inputs", inputs}, {"program", program}, {"backward", "loss"}};
-}
-
-// ---------------------------------------------------------------------------------------------
-// One op on operands of every placement
-
-namespace {
-
-// A random order of 0..n-1, each dim negative half of the time.
-std::vector<int64_t> permutation(int64_t n) {
-  std::vector<int64_t> dims(static_cast<size_t>(n));
-  std::iota(dims.begin(), dims.end(), 0);
-  for (int64_t i = n - 1; i > 0; --i) std::swap(dims[i], dims[*rc::gen::inRange<int64_t>(0, i + 1)]);
-  for (auto& d : dims)
-    if (*rc::gen::arbitrary<bool>()) d -= n;
-  return dims;
-}
-
-// The operand shapes and attributes of one op: every attribute form the op takes (dims as one
-// dim, a list or none; broadcast pairs and the scalar form of binary ops; matmul's ranks; view
-// targets with -1), on extents m, k, n and a batch b.
-std::vector<Shape> draw_case(const std::string& name, size_t arity, json& attrs) {
-  const int64_t m = *rc::gen::inRange<int64_t>(1, 7), k = *rc::gen::inRange<int64_t>(1, 7),
-                n = *rc::gen::inRange<int64_t>(1, 7), b = *rc::gen::inRange<int64_t>(1, 4);
-  const int64_t m_drawn = m;
-  auto dim = [](int64_t rank) { return *rc::gen::inRange<int64_t>(-rank, rank); };
-  if (name == "scale") attrs["value"] = *rc::gen::element(-2.0, -1.0, -0.5, 0.0, 0.5, 1.5, 3.0);
-  if (name == "transpose") attrs.update({{"dim0", dim(2)}, {"dim1", dim(2)}});
-  if (name == "softmax") attrs["dim"] = dim(2);
-  if (name == "sum" || name == "mean" || name == "amax" || name == "amin") {
-    attrs["keepdim"] = *rc::gen::arbitrary<bool>();
-    const int form = *rc::gen::inRange(0, 4);
-    if (form == 1) attrs["dim"] = dim(3);
-    if (form == 2) attrs["dim"] = json::array({0, -1});
-    if (form == 3) attrs["dim"] = json::array({dim(3)});
-    return {{m, k, n}};
-  }
-  if (name == "mm") return {{m, k}, {k, n}};
-  if (name == "bmm") return {{b + 1, m, k}, {b + 1, k, n}};
-  if (name == "matmul")
-    return *rc::gen::elementOf(std::vector<std::vector<Shape>>{{{m, k}, {k, n}},
-                                                               {{k}, {k, n}},
-                                                               {{m, k}, {k}},
-                                                               {{b, m, k}, {k, n}},
-                                                               {{1, m, k}, {b, k, n}},
-                                                               {{k}, {k}},
-                                                               {{b, m, k}, {k}},
-                                                               {{m, k}, {b + 1, k, n}},
-                                                               {{b + 1, m, k}, {b + 1, k, n}},
-                                                               {{k}, {b + 1, k, n}}});
-  if (name == "permute") {
-    attrs["dims"] = permutation(3);
-    return {{m, k, n}};
-  }
-  if (name == "view" || name == "reshape") {
-    // A leading extent of 12 half the time: even on every axis size drawn, so a shard of a merged
-    // group's leading dim stays a shard (uneven ones are gathered, view_layout_mismatches).
-    const int64_t m = *rc::gen::arbitrary<bool>() ? int64_t{12} : m_drawn;
-    Shape target = *rc::gen::elementOf(std::vector<Shape>{{m * k, n}, {m, k * n}, {m * k * n}, {m, k, n}, {m, k, n, 1}, {1, m * k, n}});
-    if (*rc::gen::arbitrary<bool>()) target[*rc::gen::inRange<size_t>(0, target.size())] = -1;
-    attrs["shape"] = target;
-    return {{m, k, n}};
-  }
-  if (name == "flatten") {
-    const int64_t start = *rc::gen::inRange<int64_t>(0, 3), end = *rc::gen::inRange<int64_t>(start, 3);
-    attrs.update({{"start_dim", start}, {"end_dim", *rc::gen::arbitrary<bool>() ? end : end - 3}});
-    return {{m, k, n}};
-  }
-  if (name == "unflatten") {
-    attrs.update({{"dim", *rc::gen::element<int64_t>(1, -1)}, {"sizes", *rc::gen::arbitrary<bool>() ? Shape{k, n} : Shape{-1, n}}});
-    return {{m, k * n}};
-  }
-  if (name == "squeeze") {
-    if (*rc::gen::arbitrary<bool>()) attrs["dim"] = *rc::gen::element<int64_t>(1, -2);
-    return {{m, 1, k}};
-  }
-  if (name == "unsqueeze") {
-    attrs["dim"] = dim(3);
-    return {{m, k}};
-  }
-  if (name == "expand") {
-    const int form = *rc::gen::inRange(0, 3);
-    attrs["shape"] = form == 0 ? Shape{m, k} : form == 1 ? Shape{m, -1} : Shape{b, m, k};
-    return {form == 0 ? Shape{1, k} : form == 1 ? Shape{1, k} : Shape{m, 1}};
-  }
-  if (name == "cat") {
-    const bool rows = *rc::gen::arbitrary<bool>();
-    attrs["dim"] = rows ? *rc::gen::element<int64_t>(0, -2) : *rc::gen::element<int64_t>(1, -1);
-    return rows ? std::vector<Shape>{{m, k}, {n, k}} : std::vector<Shape>{{m, k}, {m, n}};
-  }
-  if (name == "stack") {
-    attrs["dim"] = dim(3);
-    return {{m, k}, {m, k}};
-  }
-  if (name == "narrow") {
-    const int64_t d = *rc::gen::inRange<int64_t>(0, 2), size = d == 0 ? m : k;
-    const int64_t start = *rc::gen::inRange<int64_t>(0, size + 1), length = *rc::gen::inRange<int64_t>(0, size - start + 1);
-    attrs.update({{"dim", *rc::gen::arbitrary<bool>() ? d : d - 2}, {"start", start}, {"length", length}});
-    return {{m, k}};
-  }
-  if (arity == 2) {  // binary pointwise: the same shape, a broadcast operand, or a scalar value
-    const int form = *rc::gen::inRange(0, 6);
-    if (form == 5) {
-      attrs["value"] = name == "div" ? *rc::gen::element(0.5, 2.0, -4.0) : *rc::gen::element(-2.0, 0.0, 1.5, 3.0);
-      return {{m, k}};
-    }
-    const Shape other = std::vector<Shape>{{m, k}, {k}, {1, k}, {m, 1}, {}}[static_cast<size_t>(form)];
-    return *rc::gen::arbitrary<bool>() ? std::vector<Shape>{{m, k}, other} : std::vector<Shape>{other, {m, k}};
-  }
-  return {{m, k}};
-}
-
-}  // namespace
-
-json single_op_program() {
-  const Mesh mesh = small_mesh();
-  std::vector<std::pair<std::string, size_t>> ops;  // (op, arity)
-  for (const auto& f : rule_families())
-    for (const auto& o : f.ops)  // matmul more often: its ranks and batch broadcasting have the most rules
-      for (int copies = o == "matmul" ? 4 : o == "bmm" || o == "div" || f.name == "view" || f.name == "amax" || f.name == "amin" ||
-                                                    f.name == "expand" || f.name == "cat" || f.name == "stack"
-                                                ? 2
-                                                : 1;
-           copies > 0; --copies)
-        ops.emplace_back(o, f.arity);
-  const auto [name, arity] = *rc::gen::elementOf(ops);
-  OpDecl decl;
-  decl.op = name;
-  decl.attrs = json::object();
-  const std::vector<Shape> shapes = draw_case(name, arity, decl.attrs);
-  // Every placement per axis, or (3 times in 4) per axis the operands of a random row of the
-  // op's table, so that every row and every backward rule is drawn often (a rule of a rare shape
-  // would wait long for random placements to fit it). An operand with P(max) or P(min) on an axis
-  // has no gradient, nor have the operands of amax or amin when the result is P(max) or P(min).
-  std::vector<Spec> specs;
-  for (const auto& sh : shapes) specs.push_back(*gen::spec(mesh, any_placement(static_cast<int64_t>(sh.size()))));
-  // Views take random placements half the time: which shards a view may keep is the rule under
-  // test, and its table lists only the ones it keeps.
-  if (*rc::gen::inRange(0, 4) >= (is_view_op(name) ? 2 : 1)) {
-    std::vector<Shape> row_shapes = shapes;
-    OpAttrs row_attrs = op_attrs(decl);
-    if (row_attrs.scalar && shapes.size() == 1) {  // the scalar is a replicated 0-d operand
-      row_shapes.push_back({});
-      row_attrs.scalar = false;
-    }
-    const auto rows = rule_rows_for(name, row_shapes, row_attrs);
-    std::vector<RuleRow> shard_rows;  // rows that shard an operand: drawn two times in three
-    for (const auto& row : rows)
-      for (const auto& p : row.ins)
-        if (p.is_shard()) {
-          shard_rows.push_back(row);
-          break;
-        }
-    for (int a = 0; a < mesh.ndim(); ++a) {
-      const RuleRow& row = !shard_rows.empty() && *rc::gen::inRange(0, 3) != 0 ? *rc::gen::elementOf(shard_rows)
-                                                                              : *rc::gen::elementOf(rows);
-      for (size_t i = 0; i < shapes.size(); ++i)
-        specs[i][static_cast<size_t>(a)] =
-            row.ins[i].is_plain_replicate() && *rc::gen::arbitrary<bool>() ? Placement::reduced() : row.ins[i];
-    }
-  }
-  else if (is_view_op(name) && !shapes[0].empty()) {  // a shard of any dim, on every axis now and then
-    for (int a = 0; a < mesh.ndim(); ++a)
-      if (*rc::gen::arbitrary<bool>())
-        specs[0][static_cast<size_t>(a)] =
-            Placement::shard(*rc::gen::inRange<int64_t>(0, static_cast<int64_t>(shapes[0].size())));
-  }
-  bool result_differentiable = true;
-  if (name == "amax" || name == "amin") {
-    try {
-      for (const auto& p : propagate(name, mesh, specs, shapes, op_attrs(decl)).out_spec)
-        result_differentiable &= !p.is_partial();
-    } catch (const SemanticError&) {
-      result_differentiable = false;
-    }
-  }
-  json inputs = json::array(), program = json::array();
-  std::vector<std::string> args;
-  for (size_t i = 0; i < shapes.size(); ++i) {
-    const Spec& spec = specs[i];
-    bool grad = result_differentiable;
-    for (const auto& p : spec) grad &= !p.is_partial() || is_linear(p.op);
-    const std::string arg = std::string(1, static_cast<char>('a' + i));
-    // relu's kink at 0: on randn data no value sits there (a mesh that rounds would move it off).
-    json in = input(arg, shapes[i], spec, grad, name == "relu");
-    if (name == "div" && i == 1) in["init"] = "ones";  // a divisor with no zero, split over Partial axes
-    inputs.push_back(in);
-    args.push_back(arg);
-  }
-  program.push_back(op("y", name, args, decl.attrs));
-  // A weight of the result's shape in any differentiable placement, so that gradients are not uniform.
-  Shape out;
-  try {
-    out = infer_shape(name, shapes, op_attrs(decl));
-  } catch (const SemanticError&) {
-    out = shapes[0];
-  }
-  inputs.push_back(input("c", out, *gen::spec(mesh, differentiable_placement(static_cast<int64_t>(out.size()))), false, false));
-  program.push_back(op("weighted", "mul", {"y", "c"}));
-  program.push_back(op("loss", "sum", {"weighted"}));
-  return {{"format", "meshsim.scenario/1"}, {"name", "single_op"}, {"mesh", mesh_json(mesh)},
-          {"options", draw_options({})}, {"inputs", inputs}, {"program", program}, {"backward", "loss"}};
 }
 
 }  // namespace meshsim::gen

@@ -28,6 +28,13 @@ struct ProgramOptions {
 // and a bound on its magnitude, so that drawn programs are legal and their data stay exact
 // integers or well-conditioned. Meshes of 1-3 axes (uneven and empty shards; nested shards of one
 // dim). Options drawn: redistribute mode, Reduced policy (intersection, union), R -> P(sum).
+// The ops of issue #13 too: the non-linear pointwise ones (log, sqrt, rsqrt, pow of a value known
+// positive, exp made where there is none), where and masked_fill with bool inputs, tril/triu,
+// causal masks of ones + tril/triu filled with -inf and followed by softmax, the norms with and
+// without weight and bias, embedding of int64 ids (inputs, zeros or arange) into tables of even
+// and uneven vocab splits, log_softmax (loss parallel over a sharded dim), cross_entropy and
+// nll_loss against int64 targets (both reductions, an ignore_index among the targets, never all
+// of them), and the creation ops in random placements; the inputs these draw follow a, b, c, d.
 // Every op added to the file format joins this generator (and local_map_program) in the same change.
 nlohmann::json dtensor_program(const ProgramOptions& o = {});
 
@@ -35,7 +42,9 @@ nlohmann::json dtensor_program(const ProgramOptions& o = {});
 // placement per axis, P(max) and P(min) included (those operands without a gradient), then
 // loss = sum(op * c) with c of the result's shape in a random differentiable placement: every
 // row of every table meets operands of every kind, as DTensor's strategy validation does. A
-// divisor is initialized to ones (no zero, split unevenly over its Partial axes).
+// divisor is initialized to ones (no zero, split unevenly over its Partial axes); log, sqrt, rsqrt
+// and pow read exp of their input laid out again as drawn; bool and int64 operands (masks, ids,
+// targets) are S, R or Rd; pick_target and count_targets run as nll_loss or cross_entropy.
 nlohmann::json single_op_program();
 
 // A local_map program: the body is drawn with a DTensor reading of every body value (S(d) or
@@ -45,7 +54,11 @@ nlohmann::json single_op_program();
 // with no Partial axis, mean and softmax over dims no axis shards, division by positive values),
 // all_reduce (or the opaque all_reduce Function) on a P(sum) axis, all_gather to reduced or to
 // varying on an S(d) axis, reduce_scatter on a P(sum) axis, all_to_all between shards,
-// mark_varying of an invariant axis, and the rank-local Function local_square. When `twin` is given it receives the same program in
+// mark_varying of an invariant axis, and the rank-local Function local_square; the ops of issue #13
+// (non-linear ops, log_softmax and norms of values with no Partial axis over unsharded dims,
+// tril/triu, where and masked_fill with a bool region arg, embedding {axis, vocab} and nll_loss
+// {axis, classes} vocab- and class-parallel, cross_entropy) with their int64 and bool region args
+// after x, w, z. When `twin` is given it receives the same program in
 // DTensor mode (collectives become redistributions), for the agreement property.
 // When `labels` is given it receives, per body value the program draws, the variant and reduced
 // axes the LTensor rules give it (SEMANTICS.md section 5, written out by the generator's own model).

@@ -525,9 +525,55 @@ void placement_follows_rules() {
       }
       continue;
     }
+    // The decompositions the runtime runs (sim/interpreter.cpp), by the rows of their parts:
+    // log_softmax over a sharded dim is loss parallel (amax, sub, exp, sum, log, sub); nll_loss is
+    // the target pick, then sum, mean, or sum over the count of the targets kept (count_targets,
+    // sum, div); cross_entropy is log_softmax over dim 1, then nll_loss.
+    using Part = std::pair<Spec, Shape>;
+    auto part = [&](const std::string& name, const OpAttrs& a, const std::vector<Part>& in) -> Part {
+      std::vector<Spec> ss;
+      std::vector<Shape> hs;
+      for (const auto& [sp, sh] : in) {
+        ss.push_back(sp);
+        hs.push_back(sh);
+      }
+      return {by_rules(name, ss, hs, a), infer_shape(name, hs, a)};
+    };
+    auto over = [](int64_t dim, bool keepdim) {
+      OpAttrs a;
+      a.dim = dim;
+      a.keepdim = keepdim;
+      return a;
+    };
+    auto log_softmax = [&](const Part& x, int64_t dim) {
+      const int64_t d = dim < 0 ? dim + static_cast<int64_t>(x.second.size()) : dim;
+      bool sharded = false;
+      for (const auto& p : x.first) sharded |= p.is_shard() && p.dim == d;
+      if (!sharded) return part("log_softmax", over(d, false), {x});
+      const Part m = part("amax", over(d, true), {x});
+      const Part shifted = part("sub", {}, {x, m});
+      const Part total = part("sum", over(d, true), {part("exp", {}, {shifted})});
+      return part("sub", {}, {shifted, part("log", {}, {total})});
+    };
+    auto nll_loss = [&](const Part& logp, const Part& target, const OpAttrs& a) {
+      OpAttrs pick;
+      pick.ignore_index = a.ignore_index;
+      const Part picked = part("pick_target", pick, {logp, target});
+      if (a.sum_reduction || !a.ignore_index) return part(a.sum_reduction ? "sum" : "mean", {}, {picked});
+      const Part count = part("sum", {}, {part("count_targets", pick, {target})});
+      return part("div", {}, {part("sum", {}, {picked}), count});
+    };
     Spec want;
     OpAttrs attrs = op_attrs(op);
-    if (op.op == "redistribute") {
+    if (is_creation_op(op.op)) {  // laid out as its placements say
+      for (const auto& p : op.attrs.at("placements")) want.push_back(parse_placement(p.get<std::string>()));
+      want = normalize_spec(want, static_cast<int64_t>(op.attrs.at("shape").size()));
+    } else if (op.op == "log_softmax") {
+      want = log_softmax({specs[0], shapes[0]}, *attrs.dim).first;
+    } else if (op.op == "nll_loss" || op.op == "cross_entropy") {
+      const Part logp = op.op == "nll_loss" ? Part{specs[0], shapes[0]} : log_softmax({specs[0], shapes[0]}, 1);
+      want = nll_loss(logp, {specs[1], shapes[1]}, attrs).first;
+    } else if (op.op == "redistribute") {
       for (const auto& p : op.attrs.at("placements")) want.push_back(parse_placement(p.get<std::string>()));
     } else if (op.op == "linear") {  // transpose, matmul, add: the runtime's parts
       OpAttrs t;

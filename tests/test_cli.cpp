@@ -373,7 +373,7 @@ TEST_F(Cli, CheckOneProperty) {
 // redistribution transition and local_map variance rule, and none of those listed unreachable (a
 // row added without generator support fails here). The report names every rule with its count.
 TEST_F(Cli, CheckCoverageExercisesEveryReachableRule) {
-  // 2500 cases: the rarest rows (bmm with a P(avg) operand, squeeze of a P(min) value, among 545
+  // 2500 cases: the rarest rows (bmm with a P(avg) operand, squeeze of a P(min) value, among 707
   // rules) need more than 1000 on some seeds.
   Outcome o = meshsim("check --seed 1 --cases 2500 --coverage --out ce", 600);
   EXPECT_EQ(o.code, 0) << o;

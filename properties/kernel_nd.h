@@ -1,0 +1,168 @@
+// The kernels property's own N-D arrays and op definitions (properties/kernels.cpp and
+// kernels_nn.cpp): dense row-major arrays of doubles, the definitions written out element by
+// element on them, and the drawing of each op's operands and attributes.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <rapidcheck.h>
+
+#include "core/propagation.h"
+
+namespace meshsim::kernel_nd {
+
+using Dims = std::vector<int64_t>;
+
+inline int64_t count_of(const Dims& shape) {
+  int64_t n = 1;
+  for (int64_t e : shape) n *= e;
+  return n;
+}
+
+// A dense row-major N-D array of doubles (rank 0: one element): the definitions' own data type.
+struct Nd {
+  Dims shape;
+  std::vector<double> v;
+  double& at(int64_t flat) { return v[static_cast<size_t>(flat)]; }
+  double at(int64_t flat) const { return v[static_cast<size_t>(flat)]; }
+};
+
+inline Nd zeros(const Dims& shape) { return {shape, std::vector<double>(static_cast<size_t>(count_of(shape)), 0.0)}; }
+
+// Row-major index helpers: flat index <-> multi-index.
+inline Dims multi_index(int64_t flat, const Dims& shape) {
+  Dims idx(shape.size(), 0);
+  for (size_t d = shape.size(); d-- > 0;) {
+    idx[d] = flat % shape[d];
+    flat /= shape[d];
+  }
+  return idx;
+}
+
+inline int64_t flat_index(const Dims& idx, const Dims& shape) {
+  int64_t flat = 0;
+  for (size_t d = 0; d < shape.size(); ++d) flat = flat * shape[d] + idx[d];
+  return flat;
+}
+
+// The flat index in an operand of shape `in` read at index `out_idx` of a broadcast result:
+// trailing dims aligned, a size-1 dim of the operand read at 0.
+inline int64_t broadcast_read(const Dims& out_idx, const Dims& in) {
+  const size_t lead = out_idx.size() - in.size();
+  int64_t flat = 0;
+  for (size_t d = 0; d < in.size(); ++d) flat = flat * in[d] + (in[d] == 1 ? 0 : out_idx[lead + d]);
+  return flat;
+}
+
+// The broadcast shape of two shapes (trailing alignment); the drawn shapes always broadcast.
+inline Dims broadcast(const Dims& a, const Dims& b) {
+  Dims out(std::max(a.size(), b.size()), 1);
+  for (const Dims* s : {&a, &b})
+    for (size_t d = 0; d < s->size(); ++d) {
+      int64_t& o = out[out.size() - s->size() + d];
+      if ((*s)[d] != 1) o = (*s)[d];
+    }
+  return out;
+}
+
+// `d` in [-rank, rank) as a dim in [0, rank).
+inline int64_t wrap(int64_t d, int64_t rank) { return d < 0 ? d + rank : d; }
+
+inline std::string dims_str(const Dims& v) {
+  std::string out = "[";
+  for (size_t i = 0; i < v.size(); ++i) out += (i ? ", " : "") + std::to_string(v[i]);
+  return out + "]";
+}
+
+inline Nd of(const at::Tensor& t) {
+  const at::Tensor c = t.detach().to(at::kDouble).contiguous();
+  return {c.sizes().vec(), std::vector<double>(c.data_ptr<double>(), c.data_ptr<double>() + c.numel())};
+}
+
+inline at::Tensor tensor_of(const Nd& a) { return at::tensor(a.v, at::kDouble).reshape(a.shape); }
+
+// An op's definition: its value and the gradient of sum(g * op(xs)) with respect to operand i.
+using Xs = const std::vector<Nd>&;
+struct Definition {
+  std::function<Nd(Xs)> value;
+  std::function<Nd(Xs, const Nd& g, size_t i)> vjp;
+};
+
+// Elementwise ops (with broadcasting) from the scalar function and its partial derivatives. With
+// one operand the second argument is the constant `c` (the scalar form of a binary op; ignored
+// by unary ops). The gradient of an operand sums g * df over every result element that reads it.
+inline Definition elementwise(double c, std::function<double(double, double)> f,
+                       std::function<double(double, double, size_t)> df) {
+  auto shape_of = [](Xs xs) { return xs.size() > 1 ? broadcast(xs[0].shape, xs[1].shape) : xs[0].shape; };
+  auto args = [c](Xs xs, const Dims& idx) {
+    const double x = xs[0].at(broadcast_read(idx, xs[0].shape));
+    return std::pair<double, double>{x, xs.size() > 1 ? xs[1].at(broadcast_read(idx, xs[1].shape)) : c};
+  };
+  Definition d;
+  d.value = [=](Xs xs) {
+    Nd y = zeros(shape_of(xs));
+    for (int64_t k = 0; k < count_of(y.shape); ++k) {
+      const auto [x, z] = args(xs, multi_index(k, y.shape));
+      y.at(k) = f(x, z);
+    }
+    return y;
+  };
+  d.vjp = [=](Xs xs, const Nd& g, size_t i) {
+    Nd r = zeros(xs[i].shape);
+    for (int64_t k = 0; k < count_of(g.shape); ++k) {
+      const Dims idx = multi_index(k, g.shape);
+      const auto [x, z] = args(xs, idx);
+      r.at(broadcast_read(idx, xs[i].shape)) += g.at(k) * df(x, z, i);
+    }
+    return r;
+  };
+  return d;
+}
+
+// An integer in [lo, hi], uniform at every case (rc::gen::inRange alone narrows the range to
+// `lo` in the early, small-size cases: every value alike, every rank 0), shrinking towards lo.
+inline int64_t draw_in(int64_t lo, int64_t hi) {
+  return lo == hi ? lo : *rc::gen::resize(100, rc::gen::inRange<int64_t>(lo, hi + 1));
+}
+
+inline bool coin() { return draw_in(0, 1) == 1; }
+
+// A dim in [0, rank) given as itself or, half of the time, counted from the end.
+inline int64_t as_given(int64_t d, int64_t rank) { return coin() ? d - rank : d; }
+
+inline Dims draw_shape(int64_t rank, bool ones_often = false) {
+  Dims s;
+  for (int64_t d = 0; d < rank; ++d) s.push_back(ones_often && coin() ? 1 : draw_in(1, 4));
+  return s;
+}
+
+// Small integers as halves, so no relu sits at its kink; divisors kept away from zero.
+inline Nd draw_values(const Dims& shape, bool positive) {
+  Nd x = zeros(shape);
+  for (auto& e : x.v) e = positive ? static_cast<double>(draw_in(1, 8)) / 2.0 : (static_cast<double>(draw_in(-8, 8)) + 0.5) / 2.0;
+  return x;
+}
+
+// An op's operands and attributes; `types` per operand: "float" (the default when empty), "bool"
+// or "int64" (kept as doubles here; no gradient).
+struct Case {
+  OpAttrs attrs;
+  std::vector<Nd> xs;
+  std::vector<std::string> types;
+};
+
+// The ops of issue #13 (kernels_nn.cpp): non-linear pointwise, log_softmax, where, masked_fill,
+// tril, triu, the norms, embedding, the loss parts (pick_target, count_targets) and the losses
+// nll_loss and cross_entropy (the oracle's kernels); nothing for another op.
+std::optional<Definition> nn_definition(const std::string& op, const OpAttrs& a, int64_t rank);
+bool nn_case(const std::string& op, Case& c);
+// The ops nn_definition defines that no rule family lists (the oracle runs them whole).
+const std::vector<std::string>& whole_ops();
+
+}  // namespace meshsim::kernel_nd

@@ -1,0 +1,490 @@
+// The definitions of the ops of issue #13 for kernels_match_definitions, written out element by
+// element with std:: math (never through libtorch's fused kernels): gelu from erf (and its tanh
+// form), log_softmax from logsumexp, layer_norm from the mean and the biased variance, rms_norm
+// from the mean of squares, embedding and the target pick as lookups, cross_entropy from
+// logsumexp minus the picked score. Each with the gradient written out too.
+#include <cmath>
+#include <limits>
+#include <set>
+
+#include "properties/kernel_nd.h"
+
+namespace meshsim::kernel_nd {
+
+namespace {
+
+constexpr double kPi = 3.14159265358979323846;
+
+// A unary elementwise op from its function and derivative.
+Definition unary(std::function<double(double)> f, std::function<double(double)> df) {
+  return elementwise(0.0, [f](double x, double) { return f(x); }, [df](double x, double, size_t) { return df(x); });
+}
+
+double sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
+
+// gelu(x) = x * Phi(x), Phi the standard normal CDF; the tanh form replaces Phi(x) by
+// (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) / 2.
+Definition gelu(bool tanh_form) {
+  if (!tanh_form)
+    return unary([](double x) { return 0.5 * x * (1.0 + std::erf(x / std::sqrt(2.0))); },
+                 [](double x) {
+                   const double cdf = 0.5 * (1.0 + std::erf(x / std::sqrt(2.0)));
+                   return cdf + x * std::exp(-0.5 * x * x) / std::sqrt(2.0 * kPi);
+                 });
+  const double k = std::sqrt(2.0 / kPi), c = 0.044715;
+  return unary([=](double x) { return 0.5 * x * (1.0 + std::tanh(k * (x + c * x * x * x))); },
+               [=](double x) {
+                 const double t = std::tanh(k * (x + c * x * x * x));
+                 return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * k * (1.0 + 3.0 * c * x * x);
+               });
+}
+
+// The lines of `shape` along `dim`: calls f(flat indices of one line) for every line.
+void lines_along(const Dims& shape, int64_t dim, const std::function<void(const std::vector<int64_t>&)>& f) {
+  const auto u = static_cast<size_t>(dim);
+  int64_t stride = 1;
+  for (size_t d = u + 1; d < shape.size(); ++d) stride *= shape[d];
+  for (int64_t k = 0; k < count_of(shape); ++k) {
+    if (multi_index(k, shape)[u] != 0) continue;  // k starts a line
+    std::vector<int64_t> line;
+    for (int64_t l = 0; l < shape[u]; ++l) line.push_back(k + l * stride);
+    f(line);
+  }
+}
+
+double logsumexp(const Nd& x, const std::vector<int64_t>& line) {
+  double mx = -INFINITY, total = 0;
+  for (int64_t k : line) mx = std::max(mx, x.at(k));
+  for (int64_t k : line) total += std::exp(x.at(k) - mx);
+  return mx + std::log(total);
+}
+
+// log_softmax along dim: x - logsumexp(x); dx = g - softmax(x) * sum(g).
+Definition log_softmax(int64_t dim) {
+  Definition d;
+  d.value = [dim](Xs xs) {
+    Nd y = xs[0];
+    lines_along(y.shape, dim, [&](const std::vector<int64_t>& line) {
+      const double lse = logsumexp(xs[0], line);
+      for (int64_t k : line) y.at(k) = xs[0].at(k) - lse;
+    });
+    return y;
+  };
+  d.vjp = [dim](Xs xs, const Nd& g, size_t) {
+    Nd r = zeros(xs[0].shape);
+    lines_along(r.shape, dim, [&](const std::vector<int64_t>& line) {
+      const double lse = logsumexp(xs[0], line);
+      double total = 0;
+      for (int64_t k : line) total += g.at(k);
+      for (int64_t k : line) r.at(k) = g.at(k) - std::exp(xs[0].at(k) - lse) * total;
+    });
+    return r;
+  };
+  return d;
+}
+
+// where(cond, x, y): the three broadcast against each other; x where cond, y elsewhere. The
+// gradient of x (y) sums g where cond is true (false) over the elements reading it.
+Definition where_def() {
+  auto shape_of = [](Xs xs) { return broadcast(broadcast(xs[0].shape, xs[1].shape), xs[2].shape); };
+  Definition d;
+  d.value = [=](Xs xs) {
+    Nd out = zeros(shape_of(xs));
+    for (int64_t k = 0; k < count_of(out.shape); ++k) {
+      const Dims idx = multi_index(k, out.shape);
+      const bool c = xs[0].at(broadcast_read(idx, xs[0].shape)) != 0;
+      out.at(k) = c ? xs[1].at(broadcast_read(idx, xs[1].shape)) : xs[2].at(broadcast_read(idx, xs[2].shape));
+    }
+    return out;
+  };
+  d.vjp = [=](Xs xs, const Nd& g, size_t i) {
+    Nd r = zeros(xs[i].shape);
+    for (int64_t k = 0; k < count_of(g.shape); ++k) {
+      const Dims idx = multi_index(k, g.shape);
+      const bool c = xs[0].at(broadcast_read(idx, xs[0].shape)) != 0;
+      if (c == (i == 1)) r.at(broadcast_read(idx, xs[i].shape)) += g.at(k);
+    }
+    return r;
+  };
+  return d;
+}
+
+// masked_fill(x, mask) {value}: value where the mask (broadcast to x) is true, x elsewhere.
+Definition masked_fill(double value) {
+  Definition d;
+  d.value = [=](Xs xs) {
+    Nd y = xs[0];
+    for (int64_t k = 0; k < count_of(y.shape); ++k)
+      if (xs[1].at(broadcast_read(multi_index(k, y.shape), xs[1].shape)) != 0) y.at(k) = value;
+    return y;
+  };
+  d.vjp = [](Xs xs, const Nd& g, size_t) {
+    Nd r = g;
+    for (int64_t k = 0; k < count_of(r.shape); ++k)
+      if (xs[1].at(broadcast_read(multi_index(k, r.shape), xs[1].shape)) != 0) r.at(k) = 0;
+    return r;
+  };
+  return d;
+}
+
+// tril / triu {diagonal}: on the last two dims, element (i, j) kept where j - i <= diagonal
+// (tril) or j - i >= diagonal (triu), zero elsewhere; the gradient keeps the same elements of g.
+Definition triangle(bool lower, int64_t diagonal) {
+  auto kept = [=](const Dims& idx) {
+    const int64_t i = idx[idx.size() - 2], j = idx.back();
+    return lower ? j - i <= diagonal : j - i >= diagonal;
+  };
+  auto keep = [=](const Nd& x) {
+    Nd y = x;
+    for (int64_t k = 0; k < count_of(y.shape); ++k)
+      if (!kept(multi_index(k, y.shape))) y.at(k) = 0;
+    return y;
+  };
+  return {[=](Xs xs) { return keep(xs[0]); }, [=](Xs, const Nd& g, size_t) { return keep(g); }};
+}
+
+// The groups a norm normalizes: the flat indices of each group of the last `k` dims (row-major,
+// so each group is a run of `size` consecutive elements), and the index of each element in the
+// normalized shape (a parameter's element).
+struct Groups {
+  int64_t count, size;
+};
+Groups groups_of(const Dims& shape, size_t k) {
+  int64_t size = 1;
+  for (size_t d = shape.size() - k; d < shape.size(); ++d) size *= shape[d];
+  return {size == 0 ? 0 : count_of(shape) / size, size};
+}
+
+// layer_norm over the last dims, from the mean and the biased variance: xhat = (x - mean) /
+// sqrt(var + eps), y = xhat * w + b. dx = (gw - mean(gw) - xhat * mean(gw * xhat)) / sqrt(var + eps)
+// with gw = g * w; dw = sum over the groups of g * xhat; db = sum over the groups of g.
+// rms_norm: r = 1 / sqrt(mean(x^2) + eps), y = x * r * w; dx = r * gw - x * r^3 * mean(gw * x);
+// dw = sum over the groups of g * x * r.
+Definition norm(bool layer, size_t k, double eps) {
+  // Per group: (xhat or x * r, the scale 1 / sqrt(...)).
+  auto stats = [=](const Nd& x, int64_t gi, int64_t size) {
+    double mean = 0, var = 0;
+    for (int64_t e = 0; e < size; ++e) mean += x.at(gi * size + e);
+    mean = layer ? mean / static_cast<double>(size) : 0.0;
+    for (int64_t e = 0; e < size; ++e) var += (x.at(gi * size + e) - mean) * (x.at(gi * size + e) - mean);
+    var /= static_cast<double>(size);
+    return std::pair<double, double>{mean, 1.0 / std::sqrt(var + eps)};
+  };
+  auto param = [](Xs xs, size_t i, int64_t e, double none) { return xs.size() > i ? xs[i].at(e) : none; };
+  Definition d;
+  d.value = [=](Xs xs) {
+    const Groups gs = groups_of(xs[0].shape, k);
+    Nd y = zeros(xs[0].shape);
+    for (int64_t gi = 0; gi < gs.count; ++gi) {
+      const auto [mean, scale] = stats(xs[0], gi, gs.size);
+      for (int64_t e = 0; e < gs.size; ++e)
+        y.at(gi * gs.size + e) = (xs[0].at(gi * gs.size + e) - mean) * scale * param(xs, 1, e, 1.0) + param(xs, 2, e, 0.0);
+    }
+    return y;
+  };
+  d.vjp = [=](Xs xs, const Nd& g, size_t i) {
+    const Groups gs = groups_of(xs[0].shape, k);
+    Nd r = zeros(xs[i].shape);
+    for (int64_t gi = 0; gi < gs.count; ++gi) {
+      const auto [mean, scale] = stats(xs[0], gi, gs.size);
+      auto at = [&, mean = mean, scale = scale](int64_t e) { return (xs[0].at(gi * gs.size + e) - mean) * scale; };
+      if (i == 1 || i == 2) {
+        for (int64_t e = 0; e < gs.size; ++e) r.at(e) += g.at(gi * gs.size + e) * (i == 1 ? at(e) : 1.0);
+        continue;
+      }
+      double mg = 0, mgx = 0;  // mean(gw), mean(gw * xhat)
+      for (int64_t e = 0; e < gs.size; ++e) {
+        const double gw = g.at(gi * gs.size + e) * param(xs, 1, e, 1.0);
+        mg += gw;
+        mgx += gw * at(e);
+      }
+      mg /= static_cast<double>(gs.size);
+      mgx /= static_cast<double>(gs.size);
+      for (int64_t e = 0; e < gs.size; ++e) {
+        const double gw = g.at(gi * gs.size + e) * param(xs, 1, e, 1.0);
+        r.at(gi * gs.size + e) = layer ? (gw - mg - at(e) * mgx) * scale : (gw - at(e) * mgx) * scale;
+      }
+    }
+    return r;
+  };
+  return d;
+}
+
+// The row an id reads in a table that holds rows [offset, offset + size) of the vocab (the whole
+// table without a range), or -1 for another rank's id.
+int64_t local_row(double id, const std::optional<Chunk>& range, int64_t rows) {
+  const auto v = static_cast<int64_t>(id);
+  if (!range) return v < rows ? v : -1;
+  return v >= range->offset && v < range->offset + range->size ? v - range->offset : -1;
+}
+
+// embedding(ids, weight [V, D]): y[..., d] = weight[id, d], zeros for an id outside the rank's
+// range; the weight's gradient adds g's rows at the ids it holds.
+Definition embedding(const std::optional<Chunk>& range) {
+  Definition d;
+  d.value = [=](Xs xs) {
+    const int64_t rows = xs[1].shape[0], dim = xs[1].shape[1];
+    Dims shape = xs[0].shape;
+    shape.push_back(dim);
+    Nd y = zeros(shape);
+    for (int64_t k = 0; k < count_of(xs[0].shape); ++k) {
+      const int64_t row = local_row(xs[0].at(k), range, rows);
+      if (row >= 0)
+        for (int64_t e = 0; e < dim; ++e) y.at(k * dim + e) = xs[1].at(row * dim + e);
+    }
+    return y;
+  };
+  d.vjp = [=](Xs xs, const Nd& g, size_t) {
+    const int64_t rows = xs[1].shape[0], dim = xs[1].shape[1];
+    Nd r = zeros(xs[1].shape);
+    for (int64_t k = 0; k < count_of(xs[0].shape); ++k) {
+      const int64_t row = local_row(xs[0].at(k), range, rows);
+      if (row >= 0)
+        for (int64_t e = 0; e < dim; ++e) r.at(row * dim + e) += g.at(k * dim + e);
+    }
+    return r;
+  };
+  return d;
+}
+
+bool ignored(double target, const std::optional<int64_t>& ignore) { return ignore && static_cast<int64_t>(target) == *ignore; }
+
+// pick_target(log_probs [N, C], target [N]): -log_probs[n, target[n]], 0 where the target is
+// ignored or (range) another rank's class; the gradient puts -g[n] at the picked class.
+Definition pick_target(const OpAttrs& a) {
+  const auto range = a.range;
+  const auto ignore = a.ignore_index;
+  auto column = [=](Xs xs, int64_t n) {
+    return ignored(xs[1].at(n), ignore) ? -1 : local_row(xs[1].at(n), range, xs[0].shape[1]);
+  };
+  Definition d;
+  d.value = [=](Xs xs) {
+    Nd y = zeros({xs[0].shape[0]});
+    for (int64_t n = 0; n < xs[0].shape[0]; ++n)
+      if (const int64_t c = column(xs, n); c >= 0) y.at(n) = -xs[0].at(n * xs[0].shape[1] + c);
+    return y;
+  };
+  d.vjp = [=](Xs xs, const Nd& g, size_t) {
+    Nd r = zeros(xs[0].shape);
+    for (int64_t n = 0; n < xs[0].shape[0]; ++n)
+      if (const int64_t c = column(xs, n); c >= 0) r.at(n * xs[0].shape[1] + c) = -g.at(n);
+    return r;
+  };
+  return d;
+}
+
+// nll_loss and cross_entropy: the picks summed, or averaged over the targets not ignored.
+// cross_entropy's pick is logsumexp(scores[n]) - scores[n, target[n]]; its gradient on row n is
+// (softmax(scores[n]) - onehot(target[n])) times the row's weight (g, over the count for a mean).
+Definition loss(const OpAttrs& a, bool cross_entropy) {
+  const auto ignore = a.ignore_index;
+  const auto range = a.range;  // nll_loss in a local_map body: the rank's classes (its columns)
+  const bool sum = a.sum_reduction;
+  auto kept = [=](Xs xs, int64_t n) { return !ignored(xs[1].at(n), ignore); };
+  auto column = [=](Xs xs, int64_t n) { return local_row(xs[1].at(n), range, xs[0].shape[1]); };
+  auto weight = [=](Xs xs) {  // each kept row's weight in the result
+    int64_t count = 0;
+    for (int64_t n = 0; n < xs[0].shape[0]; ++n) count += kept(xs, n) ? 1 : 0;
+    return sum ? 1.0 : 1.0 / static_cast<double>(count);
+  };
+  auto row = [](Xs xs, int64_t n) {
+    std::vector<int64_t> line;
+    for (int64_t c = 0; c < xs[0].shape[1]; ++c) line.push_back(n * xs[0].shape[1] + c);
+    return line;
+  };
+  Definition d;
+  d.value = [=](Xs xs) {
+    double total = 0;
+    for (int64_t n = 0; n < xs[0].shape[0]; ++n) {
+      if (!kept(xs, n) || column(xs, n) < 0) continue;
+      total += (cross_entropy ? logsumexp(xs[0], row(xs, n)) : 0.0) - xs[0].at(n * xs[0].shape[1] + column(xs, n));
+    }
+    return Nd{{}, {total * weight(xs)}};
+  };
+  d.vjp = [=](Xs xs, const Nd& g, size_t) {
+    Nd r = zeros(xs[0].shape);
+    const double w = g.at(0) * weight(xs);
+    for (int64_t n = 0; n < xs[0].shape[0]; ++n) {
+      if (!kept(xs, n)) continue;
+      if (cross_entropy) {
+        const double lse = logsumexp(xs[0], row(xs, n));
+        for (int64_t k : row(xs, n)) r.at(k) = w * std::exp(xs[0].at(k) - lse);
+      }
+      if (column(xs, n) >= 0) r.at(n * xs[0].shape[1] + column(xs, n)) -= w;
+    }
+    return r;
+  };
+  return d;
+}
+
+// count_targets(target): 1 where the target is kept, else 0 (no gradient).
+Definition count_targets(const std::optional<int64_t>& ignore) {
+  return {[=](Xs xs) {
+            Nd y = zeros(xs[0].shape);
+            for (int64_t k = 0; k < count_of(y.shape); ++k) y.at(k) = ignored(xs[0].at(k), ignore) ? 0.0 : 1.0;
+            return y;
+          },
+          [](Xs xs, const Nd&, size_t) { return zeros(xs[0].shape); }};
+}
+
+const std::set<std::string>& nonlinear_ops() {
+  static const std::set<std::string> ops = {"abs", "gelu", "log", "pow", "rsqrt", "sigmoid", "silu", "sqrt"};
+  return ops;
+}
+
+// Ids (or targets) uniform in [0, high).
+Nd draw_ids(const Dims& shape, int64_t high) {
+  Nd x = zeros(shape);
+  for (auto& e : x.v) e = static_cast<double>(draw_in(0, high - 1));
+  return x;
+}
+
+Nd draw_mask(const Dims& shape) {
+  Nd x = zeros(shape);
+  for (auto& e : x.v) e = coin() ? 1.0 : 0.0;
+  return x;
+}
+
+// A range of a table's `extent` rows held by a rank: its torch.chunk over 1-4 ranks (empty
+// ones too).
+Chunk draw_range(int64_t extent) {
+  const int64_t ranks = draw_in(1, 4), r = draw_in(0, ranks - 1);
+  const int64_t size = (extent + ranks - 1) / ranks, offset = std::min(extent, r * size);
+  return {offset, std::min(size, extent - offset)};
+}
+
+// Scores [N, C] with targets in [0, C), an ignore_index now and then (one of the targets, never
+// every one), a reduction; with a class range now and then (nll_loss and pick_target: the rank's
+// classes, the scores then the rank's columns).
+void draw_loss(const std::string& op, Case& c) {
+  OpAttrs& a = c.attrs;
+  const int64_t n = draw_in(1, 4), classes = draw_in(1, 5);
+  Nd target = draw_ids({n}, classes);
+  if (coin()) {
+    const auto t = static_cast<int64_t>(draw_in(0, n - 1));
+    a.ignore_index = static_cast<int64_t>(target.at(t));
+    // Never every target: the last one is another class, or the index matches none.
+    bool all = true;
+    for (double v : target.v) all &= static_cast<int64_t>(v) == *a.ignore_index;
+    if (all) a.ignore_index = op == "count_targets" || coin() ? -100 : classes;
+  }
+  a.sum_reduction = coin();
+  int64_t columns = classes;
+  if ((op == "pick_target" || op == "nll_loss") && coin()) {
+    a.range = draw_range(classes);
+    columns = a.range->size;
+  }
+  if (op == "count_targets") {
+    a.float32 = coin();
+    c.xs = {target};
+    c.types = {"int64"};
+    return;
+  }
+  c.xs = {draw_values({n, columns}, false), target};
+  c.types = {"float", "int64"};
+}
+
+}  // namespace
+
+const std::vector<std::string>& whole_ops() {
+  static const std::vector<std::string> ops = {"cross_entropy", "nll_loss"};
+  return ops;
+}
+
+std::optional<Definition> nn_definition(const std::string& op, const OpAttrs& a, int64_t rank) {
+  if (op == "abs") return unary([](double x) { return std::abs(x); }, [](double x) { return x > 0 ? 1.0 : x < 0 ? -1.0 : 0.0; });
+  if (op == "gelu") return gelu(a.tanh);
+  if (op == "log") return unary([](double x) { return std::log(x); }, [](double x) { return 1.0 / x; });
+  if (op == "pow") {
+    const double e = a.exponent;
+    return unary([e](double x) { return std::pow(x, e); }, [e](double x) { return e * std::pow(x, e - 1.0); });
+  }
+  if (op == "rsqrt") return unary([](double x) { return 1.0 / std::sqrt(x); }, [](double x) { return -0.5 / (x * std::sqrt(x)); });
+  if (op == "sigmoid") return unary(sigmoid, [](double x) { return sigmoid(x) * (1.0 - sigmoid(x)); });
+  if (op == "silu")
+    return unary([](double x) { return x * sigmoid(x); }, [](double x) { return sigmoid(x) * (1.0 + x * (1.0 - sigmoid(x))); });
+  if (op == "sqrt") return unary([](double x) { return std::sqrt(x); }, [](double x) { return 0.5 / std::sqrt(x); });
+  if (op == "log_softmax") return log_softmax(wrap(*a.dim, rank));
+  if (op == "where") return where_def();
+  if (op == "masked_fill") return masked_fill(a.fill);
+  if (op == "tril" || op == "triu") return triangle(op == "tril", a.diagonal);
+  if (op == "layer_norm" || op == "rms_norm") {
+    const double eps = a.eps.value_or(op == "layer_norm" ? 1e-5 : std::numeric_limits<double>::epsilon());
+    return norm(op == "layer_norm", a.normalized_shape.size(), eps);
+  }
+  if (op == "embedding") return embedding(a.range);
+  if (op == "pick_target") return pick_target(a);
+  if (op == "count_targets") return count_targets(a.ignore_index);
+  if (op == "nll_loss" || op == "cross_entropy") return loss(a, op == "cross_entropy");
+  return std::nullopt;
+}
+
+bool nn_case(const std::string& op, Case& c) {
+  OpAttrs& a = c.attrs;
+  if (nonlinear_ops().count(op)) {
+    a.tanh = op == "gelu" && coin();
+    // pow: small integer and fractional exponents; log, sqrt, rsqrt, pow on positive operands.
+    if (op == "pow") a.exponent = std::vector<double>{-1.0, -0.5, 0.5, 1.5, 2.0, 3.0}[static_cast<size_t>(draw_in(0, 5))];
+    c.xs = {draw_values(draw_shape(draw_in(0, 3)), op == "log" || op == "pow" || op == "rsqrt" || op == "sqrt")};
+    return true;
+  }
+  if (op == "log_softmax") {
+    const int64_t r = draw_in(1, 3);
+    a.dim = as_given(draw_in(0, r - 1), r);
+    c.xs = {draw_values(draw_shape(r), false)};
+    return true;
+  }
+  if (op == "where" || op == "masked_fill") {  // a shape and operands broadcasting against it
+    const Dims out = draw_shape(draw_in(0, 3));
+    auto suffix = [&] {
+      Dims s(out.end() - draw_in(0, static_cast<int64_t>(out.size())), out.end());
+      for (auto& e : s)
+        if (draw_in(0, 3) == 0) e = 1;
+      return s;
+    };
+    if (op == "masked_fill") {
+      a.fill = std::vector<double>{-2.0, 0.0, 3.5, INFINITY, -INFINITY}[static_cast<size_t>(draw_in(0, 4))];
+      c.xs = {draw_values(out, false), draw_mask(coin() ? out : suffix())};
+      c.types = {"float", "bool"};
+      return true;
+    }
+    const size_t whole = static_cast<size_t>(draw_in(0, 2));  // one operand has the result's shape
+    std::vector<Dims> shapes = {suffix(), suffix(), suffix()};
+    shapes[whole] = out;
+    c.xs = {draw_mask(shapes[0]), draw_values(shapes[1], false), draw_values(shapes[2], false)};
+    c.types = {"bool", "float", "float"};
+    return true;
+  }
+  if (op == "tril" || op == "triu") {
+    a.diagonal = draw_in(-3, 3);
+    c.xs = {draw_values(draw_shape(draw_in(2, 4)), false)};
+    return true;
+  }
+  if (op == "layer_norm" || op == "rms_norm") {
+    const int64_t r = draw_in(1, 3), k = draw_in(1, r);
+    const Dims x = draw_shape(r);
+    a.normalized_shape.assign(x.end() - k, x.end());
+    if (op == "layer_norm" || coin()) a.eps = coin() ? std::optional<double>{} : std::optional<double>{0.25};
+    c.xs = {draw_values(x, false)};
+    for (int64_t p = draw_in(0, op == "layer_norm" ? 2 : 1); p > 0; --p) c.xs.push_back(draw_values(a.normalized_shape, false));
+    return true;
+  }
+  if (op == "embedding") {  // ids of 0-2 dims into the whole table or a rank's vocab range of it
+    const int64_t vocab = draw_in(1, 6), dim = draw_in(1, 3);
+    int64_t rows = vocab;
+    if (coin()) {
+      a.range = draw_range(vocab);
+      rows = a.range->size;
+    }
+    c.xs = {draw_ids(draw_shape(draw_in(0, 2)), vocab), draw_values({rows, dim}, false)};
+    c.types = {"int64", "float"};
+    return true;
+  }
+  if (op == "pick_target" || op == "count_targets" || op == "nll_loss" || op == "cross_entropy") {
+    draw_loss(op, c);
+    return true;
+  }
+  return false;
+}
+
+}  // namespace meshsim::kernel_nd

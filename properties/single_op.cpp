@@ -1,0 +1,328 @@
+// single_op_equivalence's programs: one op of the file format on operands laid out, three times in
+// four, as a random row of the op's own table per mesh axis (properties/programs.h).
+#include <cmath>
+#include <numeric>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "core/layout.h"
+#include "core/placement.h"
+#include "core/propagation.h"
+#include "core/redistribute.h"
+#include "core/scenario.h"
+#include "properties/generators.h"
+#include "properties/program_parts.h"
+#include "properties/programs.h"
+#include "sim/local_ops.h"
+
+namespace meshsim::gen {
+
+using namespace parts;
+
+// ---------------------------------------------------------------------------------------------
+// One op on operands of every placement
+
+namespace {
+
+// A random order of 0..n-1, each dim negative half of the time.
+std::vector<int64_t> permutation(int64_t n) {
+  std::vector<int64_t> dims(static_cast<size_t>(n));
+  std::iota(dims.begin(), dims.end(), 0);
+  for (int64_t i = n - 1; i > 0; --i) std::swap(dims[i], dims[*rc::gen::inRange<int64_t>(0, i + 1)]);
+  for (auto& d : dims)
+    if (*rc::gen::arbitrary<bool>()) d -= n;
+  return dims;
+}
+
+// The operand shapes and attributes of one op: every attribute form the op takes (dims as one
+// dim, a list or none; broadcast pairs and the scalar form of binary ops; matmul's ranks; view
+// targets with -1), on extents m, k, n and a batch b.
+std::vector<Shape> draw_case(const std::string& name, size_t arity, json& attrs) {
+  const int64_t m = *rc::gen::inRange<int64_t>(1, 7), k = *rc::gen::inRange<int64_t>(1, 7),
+                n = *rc::gen::inRange<int64_t>(1, 7), b = *rc::gen::inRange<int64_t>(1, 4);
+  const int64_t m_drawn = m;
+  auto dim = [](int64_t rank) { return *rc::gen::inRange<int64_t>(-rank, rank); };
+  if (name == "scale") attrs["value"] = *rc::gen::element(-2.0, -1.0, -0.5, 0.0, 0.5, 1.5, 3.0);
+  if (name == "transpose") attrs.update({{"dim0", dim(2)}, {"dim1", dim(2)}});
+  if (name == "softmax") attrs["dim"] = dim(2);
+  if (name == "sum" || name == "mean" || name == "amax" || name == "amin") {
+    attrs["keepdim"] = *rc::gen::arbitrary<bool>();
+    const int form = *rc::gen::inRange(0, 4);
+    if (form == 1) attrs["dim"] = dim(3);
+    if (form == 2) attrs["dim"] = json::array({0, -1});
+    if (form == 3) attrs["dim"] = json::array({dim(3)});
+    return {{m, k, n}};
+  }
+  if (name == "mm") return {{m, k}, {k, n}};
+  if (name == "bmm") return {{b + 1, m, k}, {b + 1, k, n}};
+  if (name == "matmul")
+    return *rc::gen::elementOf(std::vector<std::vector<Shape>>{{{m, k}, {k, n}},
+                                                               {{k}, {k, n}},
+                                                               {{m, k}, {k}},
+                                                               {{b, m, k}, {k, n}},
+                                                               {{1, m, k}, {b, k, n}},
+                                                               {{k}, {k}},
+                                                               {{b, m, k}, {k}},
+                                                               {{m, k}, {b + 1, k, n}},
+                                                               {{b + 1, m, k}, {b + 1, k, n}},
+                                                               {{k}, {b + 1, k, n}}});
+  if (name == "permute") {
+    attrs["dims"] = permutation(3);
+    return {{m, k, n}};
+  }
+  if (name == "view" || name == "reshape") {
+    // A leading extent of 12 half the time: even on every axis size drawn, so a shard of a merged
+    // group's leading dim stays a shard (uneven ones are gathered, view_layout_mismatches).
+    const int64_t m = *rc::gen::arbitrary<bool>() ? int64_t{12} : m_drawn;
+    Shape target = *rc::gen::elementOf(std::vector<Shape>{{m * k, n}, {m, k * n}, {m * k * n}, {m, k, n}, {m, k, n, 1}, {1, m * k, n}});
+    if (*rc::gen::arbitrary<bool>()) target[*rc::gen::inRange<size_t>(0, target.size())] = -1;
+    attrs["shape"] = target;
+    return {{m, k, n}};
+  }
+  if (name == "flatten") {
+    const int64_t start = *rc::gen::inRange<int64_t>(0, 3), end = *rc::gen::inRange<int64_t>(start, 3);
+    attrs.update({{"start_dim", start}, {"end_dim", *rc::gen::arbitrary<bool>() ? end : end - 3}});
+    return {{m, k, n}};
+  }
+  if (name == "unflatten") {
+    attrs.update({{"dim", *rc::gen::element<int64_t>(1, -1)}, {"sizes", *rc::gen::arbitrary<bool>() ? Shape{k, n} : Shape{-1, n}}});
+    return {{m, k * n}};
+  }
+  if (name == "squeeze") {
+    if (*rc::gen::arbitrary<bool>()) attrs["dim"] = *rc::gen::element<int64_t>(1, -2);
+    return {{m, 1, k}};
+  }
+  if (name == "unsqueeze") {
+    attrs["dim"] = dim(3);
+    return {{m, k}};
+  }
+  if (name == "expand") {
+    const int form = *rc::gen::inRange(0, 3);
+    attrs["shape"] = form == 0 ? Shape{m, k} : form == 1 ? Shape{m, -1} : Shape{b, m, k};
+    return {form == 0 ? Shape{1, k} : form == 1 ? Shape{1, k} : Shape{m, 1}};
+  }
+  if (name == "cat") {
+    const bool rows = *rc::gen::arbitrary<bool>();
+    attrs["dim"] = rows ? *rc::gen::element<int64_t>(0, -2) : *rc::gen::element<int64_t>(1, -1);
+    return rows ? std::vector<Shape>{{m, k}, {n, k}} : std::vector<Shape>{{m, k}, {m, n}};
+  }
+  if (name == "stack") {
+    attrs["dim"] = dim(3);
+    return {{m, k}, {m, k}};
+  }
+  if (name == "narrow") {
+    const int64_t d = *rc::gen::inRange<int64_t>(0, 2), size = d == 0 ? m : k;
+    const int64_t start = *rc::gen::inRange<int64_t>(0, size + 1), length = *rc::gen::inRange<int64_t>(0, size - start + 1);
+    attrs.update({{"dim", *rc::gen::arbitrary<bool>() ? d : d - 2}, {"start", start}, {"length", length}});
+    return {{m, k}};
+  }
+  // The ops of issue #13: the non-linear unary ones take {m, k} (below), with their attributes.
+  if (name == "gelu" && *rc::gen::arbitrary<bool>()) attrs["approximate"] = *rc::gen::element<std::string>("none", "none", "tanh");
+  if (name == "pow") attrs["exponent"] = *rc::gen::element(-1.0, -0.5, 0.5, 1.5, 2.0, 3.0);
+  if (name == "log_softmax") attrs["dim"] = dim(2);
+  if (name == "where") {  // condition, x, y: each whole or broadcast, one of them whole
+    const std::vector<Shape> forms = {{m, k}, {k}, {1, k}, {m, 1}, {}, {1, k}};
+    std::vector<Shape> shapes;
+    for (int i = 0; i < 3; ++i) shapes.push_back(*rc::gen::elementOf(forms));
+    shapes[*rc::gen::inRange<size_t>(0, 3)] = {m, k};
+    return shapes;
+  }
+  if (name == "masked_fill") {  // x, mask broadcast to x
+    attrs["value"] = *rc::gen::element(-2.0, 0.0, 3.5);
+    return *rc::gen::elementOf(std::vector<std::vector<Shape>>{{{m, k}, {m, k}}, {{m, k}, {k}}, {{m, k}, {1, k}}, {{m, k}, {m, 1}}});
+  }
+  if (name == "tril" || name == "triu") {
+    if (*rc::gen::arbitrary<bool>()) attrs["diagonal"] = *rc::gen::inRange<int64_t>(-2, 3);
+    return {*rc::gen::arbitrary<bool>() ? Shape{m, k} : Shape{b + 1, m, k}};
+  }
+  if (name == "layer_norm" || name == "rms_norm") {  // over the last 1 or 2 dims, with 0-2 parameters
+    const Shape x = *rc::gen::arbitrary<bool>() ? Shape{m, k} : Shape{b + 1, m, k};
+    const auto normalized = *rc::gen::inRange<size_t>(1, 3);
+    const Shape ns(x.end() - static_cast<std::ptrdiff_t>(normalized), x.end());
+    attrs["normalized_shape"] = ns;
+    // rms_norm's default eps is the dtype's epsilon: a rounded zero row would be scaled by 1/sqrt(eps).
+    if (name == "rms_norm" || *rc::gen::arbitrary<bool>()) attrs["eps"] = *rc::gen::element(1e-5, 0.25);
+    std::vector<Shape> shapes{x};
+    // A weight three times in four: its gradient is summed over the sharded batch dims.
+    const int params = *rc::gen::inRange(0, 4) == 0 ? 0 : name == "layer_norm" ? *rc::gen::inRange(1, 3) : 1;
+    for (int p = 0; p < params; ++p) shapes.push_back(ns);
+    return shapes;
+  }
+  if (name == "embedding") {  // ids [m] or [m, k], a vocab of 12 rows (even on every axis size) or 1-8 (uneven)
+    const int64_t vocab = *rc::gen::arbitrary<bool>() ? 12 : *rc::gen::inRange<int64_t>(1, 9);
+    return {*rc::gen::arbitrary<bool>() ? Shape{m} : Shape{m, k}, {vocab, n}};
+  }
+  if (name == "pick_target" || name == "count_targets") return {{m, k}, {m}};  // scores [N, C], target [N]
+  if (arity == 2) {  // binary pointwise: the same shape, a broadcast operand, or a scalar value
+    const int form = *rc::gen::inRange(0, 6);
+    if (form == 5) {
+      attrs["value"] = name == "div" ? *rc::gen::element(0.5, 2.0, -4.0) : *rc::gen::element(-2.0, 0.0, 1.5, 3.0);
+      return {{m, k}};
+    }
+    const Shape other = std::vector<Shape>{{m, k}, {k}, {1, k}, {m, 1}, {}}[static_cast<size_t>(form)];
+    return *rc::gen::arbitrary<bool>() ? std::vector<Shape>{{m, k}, other} : std::vector<Shape>{other, {m, k}};
+  }
+  return {{m, k}};
+}
+
+}  // namespace
+
+namespace {
+
+// The element type of operand i of an op: the condition of where and the mask of masked_fill are
+// bool, embedding's ids and the losses' targets int64.
+std::string operand_type(const std::string& name, size_t i) {
+  if ((name == "where" && i == 0) || (name == "masked_fill" && i == 1)) return "bool";
+  if ((name == "embedding" && i == 0) || ((name == "pick_target" || name == "count_targets") && i == 1)) return "int64";
+  return "float";
+}
+
+// How often each op is drawn: matmul's ranks and batch broadcasting have the most rules; the
+// losses and the embedding have the planted bugs of the most kinds.
+int copies_of(const RuleFamily& f, const std::string& o) {
+  if (o == "matmul" || o == "bmm") return 4;
+  if (o == "embedding" || o == "pick_target" || f.name == "norm") return 4;
+  // Three forms of `approximate`; three operands broadcast; loss parallel besides the rows.
+  if (o == "gelu" || o == "where" || o == "log_softmax") return 3;
+  if (o == "div" || f.name == "view" || f.name == "amax" ||
+      f.name == "amin" || f.name == "expand" || f.name == "cat" || f.name == "stack")
+    return 2;
+  return 1;
+}
+
+}  // namespace
+
+json single_op_program() {
+  // The mesh and the op uniform at every case (inRange and elementOf alone narrow to the smallest
+  // mesh and the first ops in the early, small-size cases, where a rule's bug may not show).
+  const Mesh mesh = *rc::gen::resize(100, rc::gen::exec([] { return small_mesh(); }));
+  const json options = draw_options({});
+  std::vector<std::pair<std::string, size_t>> ops;  // (op, arity)
+  for (const auto& f : rule_families())
+    for (const auto& o : f.ops)
+      for (int copies = copies_of(f, o); copies > 0; --copies) ops.emplace_back(o, f.arity);
+  const auto [name, arity] = *rc::gen::resize(100, rc::gen::elementOf(ops));
+  OpDecl decl;
+  decl.op = name;
+  decl.attrs = json::object();
+  const std::vector<Shape> shapes = draw_case(name, arity, decl.attrs);
+  // pick_target and count_targets are the parts of nll_loss and cross_entropy (their programs'
+  // op); count_targets runs for a mean with an ignore_index.
+  const bool loss = name == "pick_target" || name == "count_targets";
+  const std::string program_op = !loss ? name : *rc::gen::arbitrary<bool>() ? "cross_entropy" : "nll_loss";
+  // Every placement per axis, or (3 times in 4) per axis the operands of a random row of the
+  // op's table, so that every row and every backward rule is drawn often (a rule of a rare shape
+  // would wait long for random placements to fit it). An operand with P(max) or P(min) on an axis
+  // has no gradient, nor have the operands of amax or amin when the result is P(max) or P(min).
+  std::vector<Spec> specs;
+  for (const auto& sh : shapes) specs.push_back(*gen::spec(mesh, any_placement(static_cast<int64_t>(sh.size()))));
+  // Views take random placements half the time: which shards a view may keep is the rule under
+  // test, and its table lists only the ones it keeps.
+  if (*rc::gen::inRange(0, 4) >= (is_view_op(name) ? 2 : 1)) {
+    // The operands the table is about: count_targets' is the target (operand 1).
+    const size_t first = name == "count_targets" ? 1 : 0;
+    std::vector<Shape> row_shapes = name == "count_targets" ? std::vector<Shape>{shapes[1]} : shapes;
+    OpAttrs row_attrs = op_attrs(decl);
+    if (row_attrs.scalar && shapes.size() == 1) {  // the scalar is a replicated 0-d operand
+      row_shapes.push_back({});
+      row_attrs.scalar = false;
+    }
+    std::vector<std::vector<Placement>> rows, shard_rows;  // rows that shard an operand: drawn two times in three
+    for (const auto& row : rule_rows_for(name, row_shapes, row_attrs)) {
+      rows.push_back(row.ins);
+      for (const auto& p : row.ins)
+        if (p.is_shard()) {
+          shard_rows.push_back(row.ins);
+          break;
+        }
+    }
+    // embedding's vocab-parallel row (the masked partial, whose lookup and backward take a rank's
+    // range) as often as the other rows together.
+    if (name == "embedding")
+      for (const auto& row : rows)
+        if (row.size() == 2 && row[1].is_shard() && row[1].dim == 0)
+          for (size_t more = shard_rows.size(); more > 0; --more) shard_rows.push_back(row);
+    // log_softmax of a shard of its dim: loss parallel (no row: it runs as a decomposition).
+    if (name == "log_softmax") {
+      const int64_t d = decl.attrs["dim"].get<int64_t>();
+      shard_rows.push_back({Placement::shard(d < 0 ? d + 2 : d)});
+      shard_rows.push_back({Placement::shard(d < 0 ? d + 2 : d)});
+    }
+    for (int a = 0; a < mesh.ndim(); ++a) {
+      const auto& row = !shard_rows.empty() && *rc::gen::inRange(0, 3) != 0 ? *rc::gen::elementOf(shard_rows) : *rc::gen::elementOf(rows);
+      for (size_t i = 0; i < row.size() && first + i < specs.size(); ++i)
+        specs[first + i][static_cast<size_t>(a)] = row[i].is_plain_replicate() && *rc::gen::arbitrary<bool>() ? Placement::reduced() : row[i];
+    }
+  } else if (is_view_op(name) && !shapes[0].empty()) {  // a shard of any dim, on every axis now and then
+    for (int a = 0; a < mesh.ndim(); ++a)
+      if (*rc::gen::arbitrary<bool>())
+        specs[0][static_cast<size_t>(a)] =
+            Placement::shard(*rc::gen::inRange<int64_t>(0, static_cast<int64_t>(shapes[0].size())));
+  }
+  bool result_differentiable = true;
+  if (name == "amax" || name == "amin") {
+    try {
+      for (const auto& p : propagate(name, mesh, specs, shapes, op_attrs(decl)).out_spec)
+        result_differentiable &= !p.is_partial();
+    } catch (const SemanticError&) {
+      result_differentiable = false;
+    }
+  }
+  json inputs = json::array(), program = json::array();
+  std::vector<std::string> args;
+  const uint64_t seed = options["seed"].get<uint64_t>();
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    const std::string arg = std::vector<std::string>{"a", "b", "d"}.at(i);  // "c" weighs the result
+    const std::string type = operand_type(name, i);
+    args.push_back(arg);
+    if (type != "float") {  // no gradient, no Partial; ids in the table's vocab, targets in the classes
+      specs[i] = without_partial(specs[i]);
+      const int64_t high = name == "embedding" ? shapes[1][0] : loss ? shapes[0][1] : 0;
+      inputs.push_back(typed_input(arg, shapes[i], specs[i], type, high));
+      continue;
+    }
+    const Spec& spec = specs[i];
+    bool grad = result_differentiable;
+    for (const auto& p : spec) grad &= !p.is_partial() || is_linear(p.op);
+    // A kink at 0 (relu, abs): on randn data no value sits there (a mesh that rounds would move it off).
+    json in = input(arg, shapes[i], spec, grad, has_kink(name));
+    if (name == "div" && i == 1) in["init"] = "ones";  // a divisor with no zero, split over Partial axes
+    inputs.push_back(in);
+    if (needs_positive(name)) {  // a positive operand: exp of the input, laid out as drawn where it can be
+      program.push_back(op(arg + "_exp", "exp", {arg}));
+      args.back() = arg + "_exp";
+      try {
+        const ShardingDecision e = propagate("exp", mesh, {spec}, {shapes[i]}, {});
+        if (redistribute_illegal_reason(e.out_spec, spec).empty()) {
+          program.push_back(op(arg + "_laid", "redistribute", {arg + "_exp"}, {{"placements", spec_json(spec)}}));
+          args.back() = arg + "_laid";
+        }
+      } catch (const SemanticError&) {
+      }
+    }
+  }
+  if (loss) {  // a reduction, and an ignore_index among the targets now and then (always for count_targets)
+    decl.attrs["reduction"] = name == "count_targets" ? "mean" : *rc::gen::element<std::string>("mean", "sum");
+    if (name == "count_targets" || *rc::gen::arbitrary<bool>()) {
+      const auto ignore = ignore_index_for(drawn_ids(seed, 1, shapes[1], shapes[0][1]), *rc::gen::inRange<int64_t>(0, 8));
+      if (ignore || name == "count_targets") decl.attrs["ignore_index"] = ignore.value_or(-100);
+    }
+  }
+  program.push_back(op("y", program_op, args, decl.attrs));
+  // A weight of the result's shape in any differentiable placement, so that gradients are not uniform.
+  Shape out;
+  try {
+    out = loss ? Shape{} : infer_shape(name, shapes, op_attrs(decl));
+  } catch (const SemanticError&) {
+    out = shapes[0];
+  }
+  inputs.push_back(input("c", out, *gen::spec(mesh, differentiable_placement(static_cast<int64_t>(out.size()))), false, false));
+  program.push_back(op("weighted", "mul", {"y", "c"}));
+  program.push_back(op("loss", "sum", {"weighted"}));
+  return {{"format", "meshsim.scenario/1"}, {"name", "single_op"}, {"mesh", mesh_json(mesh)},
+          {"options", options}, {"inputs", inputs}, {"program", program}, {"backward", "loss"}};
+}
+
+}  // namespace meshsim::gen
