@@ -58,6 +58,26 @@ nlohmann::json mlp_scenario(int64_t n, const std::string& wp) {
               {"backward", "loss"}};
 }
 
+// meshsim's run of `sc` paired with `baseline` (the same per-rank libtorch ops run directly); with
+// `inputs_too`, the counter inputs_us: the part of meshsim's time spent making the inputs from the
+// seed (inside the subject).
+void paired_with_meshsim(benchmark::State& state, const Scenario& sc, const RunOptions& options,
+                         const std::function<void()>& baseline, const std::string& grad_of, bool inputs_too) {
+  auto subject = [&] {
+    SimRun run = run_distributed(sc, options);
+    benchmark::DoNotOptimize(run.grads.at(grad_of)[0].data_ptr());
+  };
+  paired(state, baseline, subject);
+  if (!inputs_too) return;
+  std::vector<double> ti;
+  for (int k = 0; k < 5; ++k)
+    ti.push_back(time_once([&] {
+      std::map<std::string, at::Tensor> g;
+      benchmark::DoNotOptimize(make_inputs(sc, options, g).size());
+    }));
+  state.counters["inputs_us"] = median(ti) * 1e6;
+}
+
 void BM_MlpOverhead(benchmark::State& state, const std::string& wp) {
   const int64_t n = state.range(0);
   const Scenario sc = parse_scenario(mlp_scenario(n, wp), "<bench>");
@@ -91,20 +111,7 @@ void BM_MlpOverhead(benchmark::State& state, const std::string& wp) {
     }
     benchmark::DoNotOptimize(g1[0].data_ptr());
   };
-  auto subject = [&] {
-    SimRun run = run_distributed(sc, options);
-    benchmark::DoNotOptimize(run.grads.at("w1")[0].data_ptr());
-  };
-  paired(state, baseline, subject);
-
-  // Where meshsim's time goes, part 1: making the inputs from the seed (in the subject above).
-  std::vector<double> ti;
-  for (int k = 0; k < 5; ++k)
-    ti.push_back(time_once([&] {
-      std::map<std::string, at::Tensor> g;
-      benchmark::DoNotOptimize(make_inputs(sc, options, g).size());
-    }));
-  state.counters["inputs_us"] = median(ti) * 1e6;
+  paired_with_meshsim(state, sc, options, baseline, "w1", /*inputs_too=*/true);
 }
 
 nlohmann::json attention_scenario(int64_t s, int64_t d) {
@@ -173,11 +180,7 @@ void BM_AttentionOverhead(benchmark::State& state) {
     }
     benchmark::DoNotOptimize(gw[0].data_ptr());
   };
-  auto subject = [&] {
-    SimRun run = run_distributed(sc, options);
-    benchmark::DoNotOptimize(run.grads.at("wq")[0].data_ptr());
-  };
-  paired(state, baseline, subject);
+  paired_with_meshsim(state, sc, options, baseline, "wq", /*inputs_too=*/false);
 }
 
 nlohmann::json transformer_layer_scenario(int64_t s, int64_t d) {
@@ -270,20 +273,7 @@ void BM_TransformerLayerOverhead(benchmark::State& state) {
     auto g = torch::autograd::grad({loss}, all);
     benchmark::DoNotOptimize(g[0].data_ptr());
   };
-  auto subject = [&] {
-    SimRun run = run_distributed(sc, options);
-    benchmark::DoNotOptimize(run.grads.at("wq")[0].data_ptr());
-  };
-  paired(state, baseline, subject);
-
-  // Part of meshsim's time: making the inputs from the seed (0.8 M values at d=256).
-  std::vector<double> ti;
-  for (int k = 0; k < 5; ++k)
-    ti.push_back(time_once([&] {
-      std::map<std::string, at::Tensor> g;
-      benchmark::DoNotOptimize(make_inputs(sc, options, g).size());
-    }));
-  state.counters["inputs_us"] = median(ti) * 1e6;
+  paired_with_meshsim(state, sc, options, baseline, "wq", /*inputs_too=*/true);
 }
 
 BENCHMARK(BM_TransformerLayerOverhead)->Arg(128)->Arg(256)->UseManualTime()->Unit(benchmark::kMillisecond);

@@ -157,7 +157,7 @@ struct Case {
   std::vector<std::string> types;
 };
 
-// The ops of issue #13 (kernels_nn.cpp): non-linear pointwise, log_softmax, where, masked_fill,
+// The transformer-layer ops (kernels_nn.cpp): non-linear pointwise, log_softmax, where, masked_fill,
 // tril, triu, the norms, embedding, the loss parts (pick_target, count_targets) and the losses
 // nll_loss and cross_entropy (the oracle's kernels); nothing for another op.
 std::optional<Definition> nn_definition(const std::string& op, const OpAttrs& a, int64_t rank);

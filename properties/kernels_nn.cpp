@@ -1,4 +1,4 @@
-// The definitions of the ops of issue #13 for kernels_match_definitions, written out element by
+// The definitions of the transformer-layer ops for kernels_match_definitions, written out element by
 // element with std:: math (never through libtorch's fused kernels): gelu from erf (and its tanh
 // form), log_softmax from logsumexp, layer_norm from the mean and the biased variance, rms_norm
 // from the mean of squares, embedding and the target pick as lookups, cross_entropy from

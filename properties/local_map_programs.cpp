@@ -455,7 +455,7 @@ struct LocalMapBuilder {
     return r;
   }
 
-  // The ops of issue #13 in a body (kind 17), each where the local result is the global op's
+  // The transformer-layer ops in a body (kind 17), each where the local result is the global op's
   // under the value's reading: the non-linear pointwise ops, log_softmax and the norms of values
   // with no Partial axis (over dims no axis shards); tril and triu where no axis shards the last two
   // dims; where and masked_fill with a bool arg read alike; embedding {axis, vocab} (a table

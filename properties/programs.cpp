@@ -270,7 +270,7 @@ struct DTensorBuilder {
     return pool.back();
   }
 
-  // The ops of issue #13 (kinds 14-19).
+  // The transformer-layer ops (kinds 14-19).
   bool try_layer_kind(int kind, const DValue& x) {
     const auto rank = static_cast<int64_t>(x.shape.size());
     switch (kind) {

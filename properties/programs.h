@@ -28,7 +28,7 @@ struct ProgramOptions {
 // and a bound on its magnitude, so that drawn programs are legal and their data stay exact
 // integers or well-conditioned. Meshes of 1-3 axes (uneven and empty shards; nested shards of one
 // dim). Options drawn: redistribute mode, Reduced policy (intersection, union), R -> P(sum).
-// The ops of issue #13 too: the non-linear pointwise ones (log, sqrt, rsqrt, pow of a value known
+// The transformer-layer ops too: the non-linear pointwise ones (log, sqrt, rsqrt, pow of a value known
 // positive, exp made where there is none), where and masked_fill with bool inputs, tril/triu,
 // causal masks of ones + tril/triu filled with -inf and followed by softmax, the norms with and
 // without weight and bias, embedding of int64 ids (inputs, zeros or arange) into tables of even
@@ -54,7 +54,7 @@ nlohmann::json single_op_program();
 // with no Partial axis, mean and softmax over dims no axis shards, division by positive values),
 // all_reduce (or the opaque all_reduce Function) on a P(sum) axis, all_gather to reduced or to
 // varying on an S(d) axis, reduce_scatter on a P(sum) axis, all_to_all between shards,
-// mark_varying of an invariant axis, and the rank-local Function local_square; the ops of issue #13
+// mark_varying of an invariant axis, and the rank-local Function local_square; the transformer-layer ops
 // (non-linear ops, log_softmax and norms of values with no Partial axis over unsharded dims,
 // tril/triu, where and masked_fill with a bool region arg, embedding {axis, vocab} and nll_loss
 // {axis, classes} vocab- and class-parallel, cross_entropy) with their int64 and bool region args

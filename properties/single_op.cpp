@@ -118,10 +118,13 @@ std::vector<Shape> draw_case(const std::string& name, size_t arity, json& attrs)
     attrs.update({{"dim", *rc::gen::arbitrary<bool>() ? d : d - 2}, {"start", start}, {"length", length}});
     return {{m, k}};
   }
-  // The ops of issue #13: the non-linear unary ones take {m, k} (below), with their attributes.
+  // The transformer-layer ops: the non-linear unary ones take {m, k} (below), with their attributes.
   if (name == "gelu" && *rc::gen::arbitrary<bool>()) attrs["approximate"] = *rc::gen::element<std::string>("none", "none", "tanh");
   if (name == "pow") attrs["exponent"] = *rc::gen::element(-1.0, -0.5, 0.5, 1.5, 2.0, 3.0);
-  if (name == "log_softmax") attrs["dim"] = dim(2);
+  if (name == "log_softmax") {  // at least 2 classes: a shard of one class has every rank's max right
+    attrs["dim"] = dim(2);
+    return {{m + 1, k + 1}};
+  }
   if (name == "where") {  // condition, x, y: each whole or broadcast, one of them whole
     const std::vector<Shape> forms = {{m, k}, {k}, {1, k}, {m, 1}, {}, {1, k}};
     std::vector<Shape> shapes;
@@ -184,8 +187,9 @@ std::string operand_type(const std::string& name, size_t i) {
 int copies_of(const RuleFamily& f, const std::string& o) {
   if (o == "matmul" || o == "bmm") return 4;
   if (o == "embedding" || o == "pick_target" || f.name == "norm") return 4;
-  // Three forms of `approximate`; three operands broadcast; loss parallel besides the rows.
-  if (o == "gelu" || o == "where" || o == "log_softmax") return 3;
+  if (o == "log_softmax") return 8;  // loss parallel besides the rows
+  // Three forms of `approximate`; three operands broadcast.
+  if (o == "gelu" || o == "where") return 3;
   if (o == "div" || f.name == "view" || f.name == "amax" ||
       f.name == "amin" || f.name == "expand" || f.name == "cat" || f.name == "stack")
     return 2;
@@ -247,8 +251,7 @@ json single_op_program() {
     // log_softmax of a shard of its dim: loss parallel (no row: it runs as a decomposition).
     if (name == "log_softmax") {
       const int64_t d = decl.attrs["dim"].get<int64_t>();
-      shard_rows.push_back({Placement::shard(d < 0 ? d + 2 : d)});
-      shard_rows.push_back({Placement::shard(d < 0 ? d + 2 : d)});
+      for (int more = 0; more < 3; ++more) shard_rows.push_back({Placement::shard(d < 0 ? d + 2 : d)});
     }
     for (int a = 0; a < mesh.ndim(); ++a) {
       const auto& row = !shard_rows.empty() && *rc::gen::inRange(0, 3) != 0 ? *rc::gen::elementOf(shard_rows) : *rc::gen::elementOf(rows);
@@ -286,8 +289,11 @@ json single_op_program() {
     const Spec& spec = specs[i];
     bool grad = result_differentiable;
     for (const auto& p : spec) grad &= !p.is_partial() || is_linear(p.op);
-    // A kink at 0 (relu, abs): on randn data no value sits there (a mesh that rounds would move it off).
-    json in = input(arg, shapes[i], spec, grad, has_kink(name));
+    // A kink at 0 (relu, abs): on randn data no value sits there (a mesh that rounds would move it
+    // off). Scores of a loss: randn too, so that the ranks' maxes of a row differ (small integers
+    // tie often, and a wrong max that ties the right one does not show).
+    const bool scores = name == "log_softmax" || (loss && i == 0);
+    json in = input(arg, shapes[i], spec, grad, has_kink(name) || scores);
     if (name == "div" && i == 1) in["init"] = "ones";  // a divisor with no zero, split over Partial axes
     inputs.push_back(in);
     if (needs_positive(name)) {  // a positive operand: exp of the input, laid out as drawn where it can be

@@ -198,16 +198,18 @@ bool shards(const Spec& spec, int64_t dim) {
 }
 
 // Planted bug (embedding_grad_wrong_rank): each rank's contribution moved to the next rank along
-// the mesh axis that shards `dim` (where the shapes agree).
+// the mesh axis that shards `dim`: its first rows (as many as the next rank holds) land there.
 Locals next_rank_along_shard(const Mesh& mesh, const Spec& spec, int64_t dim, Locals contrib) {
   for (int a = 0; a < mesh.ndim(); ++a) {
-    if (!spec[a].is_shard() || spec[a].dim != dim) continue;
-    Locals moved = contrib;
+    if (!spec[a].is_shard() || spec[a].dim != dim || mesh.axis_size(a) < 2) continue;
+    Locals moved(contrib.size());
     for (int64_t r = 0; r < mesh.size(); ++r) {
       auto c = mesh.coords(r);
       c[a] = (c[a] + 1) % mesh.axis_size(a);
       const int64_t to = mesh.rank_of(c);
-      if (contrib[r].sizes() == contrib[to].sizes()) moved[to] = contrib[r];
+      const int64_t rows = std::min(contrib[r].size(dim), contrib[to].size(dim));
+      moved[to] = at::zeros_like(contrib[to]);
+      moved[to].narrow(dim, 0, rows).copy_(contrib[r].narrow(dim, 0, rows));
     }
     return moved;
   }

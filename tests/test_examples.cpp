@@ -70,7 +70,7 @@ TEST(Examples, ResultsAndDiagramsMatchGolden) {
   }
 }
 
-// Issue #13: the rank view of 8 and 16 ranks fits a screen. Examples rescaled to dp=2 x tp=4 and
+// The rank view of 8 and 16 ranks fits a screen. Examples rescaled to dp=2 x tp=4 and
 // 4 x 4 (8 and 16 ranks on a 1-axis mesh) draw their ranks alike once, in a few clusters, and lay
 // out at most 2500 px wide at graphviz's 96 dpi (1875 pt); one cluster per rank took 4500 to 17000.
 TEST(Examples, RankViewOfEightAndSixteenRanksFitsAScreen) {

@@ -1,4 +1,4 @@
-// The transformer layers of issue "Real layers II", by their meaning: each test runs a scenario
+// The transformer layers (norms, embedding, losses, masks), by their meaning: each test runs a scenario
 // against the single-device oracle and checks where the collectives fall (the norm weight's
 // sequence-parallel all_reduce, the vocab-parallel embedding's masked partial, loss parallel's two
 // all_reduces and no gather of the logits), that the planted bug of its class makes it fail, and

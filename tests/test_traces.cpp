@@ -616,7 +616,7 @@ TEST(TraceRender, RankViewNestsClustersByMeshAxes) {
   EXPECT_EQ(count(dot, "subgraph \"cluster_rank"), 4u);
 }
 
-// Issue #13: one cluster per rank made an 8-rank rank view 8000 px wide. Ranks alike (the same
+// One cluster per rank made an 8-rank rank view 8000 px wide. Ranks alike (the same
 // local shape at every event, the same collectives) are drawn once, as one cluster naming them.
 TEST(TraceRender, RankViewDrawsRanksAlikeOnce) {
   const std::string dot = render_dot(mesh_trace({2, 4}), RenderView::Ranks);
