@@ -40,6 +40,15 @@ namespace {
 
 constexpr int64_t kRanks = 8;
 
+// One op of a scenario's program: {out, op, args, ...extra}.
+nlohmann::json op(const std::string& out, const std::string& name, nlohmann::json args,
+                  nlohmann::json extra = nlohmann::json::object()) {
+  extra["out"] = out;
+  extra["op"] = name;
+  extra["args"] = std::move(args);
+  return extra;
+}
+
 nlohmann::json mlp_scenario(int64_t n, const std::string& wp) {
   using nlohmann::json;
   auto input = [](const std::string& name, json shape, const std::string& p, bool grad) {
@@ -120,12 +129,6 @@ nlohmann::json attention_scenario(int64_t s, int64_t d) {
     return json{{"name", name}, {"shape", shape}, {"placements", {p}}, {"requires_grad", true}};
   };
   const int64_t hd = d / kRanks;
-  auto op = [](const std::string& out, const std::string& name, json args, json extra = json::object()) {
-    extra["out"] = out;
-    extra["op"] = name;
-    extra["args"] = args;
-    return extra;
-  };
   return json{{"format", "meshsim.scenario/1"},
               {"name", "attention_overhead"},
               {"mesh", {{"axes", {"tp"}}, {"shape", {kRanks}}}},
@@ -190,12 +193,6 @@ nlohmann::json transformer_layer_scenario(int64_t s, int64_t d) {
     return json{{"name", name}, {"shape", shape}, {"placements", {p}}, {"requires_grad", true}, {"init", init}};
   };
   const int64_t hd = d / kRanks, f = 4 * d;
-  auto op = [](const std::string& out, const std::string& name, json args, json extra = json::object()) {
-    extra["out"] = out;
-    extra["op"] = name;
-    extra["args"] = args;
-    return extra;
-  };
   return json{{"format", "meshsim.scenario/1"},
               {"name", "transformer_layer_overhead"},
               {"mesh", {{"axes", {"tp"}}, {"shape", {kRanks}}}},
