@@ -189,7 +189,8 @@ int copies_of(const RuleFamily& f, const std::string& o) {
   if (o == "embedding" || o == "pick_target" || f.name == "norm") return 4;
   if (o == "log_softmax") return 8;  // loss parallel besides the rows
   // Three forms of `approximate`; three operands broadcast.
-  if (o == "gelu" || o == "where") return 3;
+  if (o == "gelu") return 3;
+  if (o == "where") return 4;  // three operands, each whole or broadcast: the most rows
   if (o == "div" || f.name == "view" || f.name == "amax" ||
       f.name == "amin" || f.name == "expand" || f.name == "cat" || f.name == "stack")
     return 2;
