@@ -173,4 +173,10 @@ std::vector<Placement> all_placements_with_strided(int64_t max_dim, int64_t spli
   return out;
 }
 
+bool shards_dim(const Spec& spec, int64_t dim) {
+  for (const auto& p : spec)
+    if (p.is_shard() && p.dim == dim) return true;
+  return false;
+}
+
 }  // namespace meshsim

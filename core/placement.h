@@ -77,4 +77,7 @@ std::vector<Placement> all_placements(int64_t max_dim);
 // all_placements(max_dim) followed by SS(d, split) for d in [0, max_dim).
 std::vector<Placement> all_placements_with_strided(int64_t max_dim, int64_t split);
 
+// Whether some mesh axis of `spec` shards tensor dim `dim` (plainly or strided).
+bool shards_dim(const Spec& spec, int64_t dim);
+
 }  // namespace meshsim

@@ -136,12 +136,6 @@ void check_ids(const OpDecl& op, size_t slot, const DTensor& ids, int64_t high, 
   }
 }
 
-bool shards_dim(const Spec& spec, int64_t dim) {
-  for (const auto& p : spec)
-    if (p.is_shard() && p.dim == dim) return true;
-  return false;
-}
-
 // A creation op: the global value laid out by its placements (no operand, no gradient).
 DTensor create(Runtime& rt, const OpDecl& op) {
   const Mesh& mesh = rt.mesh();

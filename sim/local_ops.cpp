@@ -244,9 +244,7 @@ at::Tensor created_value(const OpDecl& op, DType run_dtype) {
   if (op.op == "zeros") return at::zeros(shape, opts);
   if (op.op == "ones") return at::ones(shape, opts);
   if (op.op == "full") return at::full(shape, op_attrs(op).fill, opts);
-  int64_t count = 1;
-  for (int64_t e : shape) count *= e;
-  return at::arange(count, opts).reshape(shape);
+  return at::arange(numel(shape), opts).reshape(shape);
 }
 
 // In the order of rule_families().

@@ -191,12 +191,6 @@ std::optional<std::pair<size_t, int64_t>> ranged_operand(const std::string& op) 
   return std::nullopt;
 }
 
-bool shards(const Spec& spec, int64_t dim) {
-  for (const auto& p : spec)
-    if (p.is_shard() && p.dim == dim) return true;
-  return false;
-}
-
 // Planted bug (embedding_grad_wrong_rank): each rank's contribution moved to the next rank along
 // the mesh axis that shards `dim`: its first rows (as many as the next rank holds) land there.
 Locals next_rank_along_shard(const Mesh& mesh, const Spec& spec, int64_t dim, Locals contrib) {
@@ -262,7 +256,7 @@ DTensor Runtime::apply_op(const std::string& op, const OpAttrs& attrs, const std
     at::AutoGradMode mode(any);
     OpAttrs rank_attrs = local_attrs;
     if (is_view_op(op)) rank_attrs.local_shape = local_layout(mesh_, out_spec, d.out_shape, static_cast<int64_t>(r)).shape;
-    if (const auto t = ranged_operand(op); t && shards(ready[t->first].spec, t->second)) {
+    if (const auto t = ranged_operand(op); t && shards_dim(ready[t->first].spec, t->second)) {
       const LocalLayout l = local_layout(mesh_, ready[t->first].spec, ready[t->first].shape, static_cast<int64_t>(r));
       rank_attrs.range = Chunk{l.offset[t->second], l.shape[t->second]};
     }
