@@ -75,7 +75,7 @@ std::string OpAttrs::str() const {
     << " sum_reduction=" << sum_reduction << " ignore_index=" << (ignore_index ? std::to_string(*ignore_index) : "-")
     << " fill=" << fill << " float32=" << float32
     << " range=" << (range ? std::to_string(range->offset) + "+" + std::to_string(range->size) : "-")
-    << " divisor=" << (mean_divisor ? std::to_string(*mean_divisor) : "-")
+    << " divisor=" << (mean_divisor ? std::to_string(*mean_divisor) : "-") << " local_mean=" << local_mean
     << " local_shape=" << (local_shape ? list_str(*local_shape) : "-");
   return o.str();
 }
@@ -579,7 +579,9 @@ std::vector<RuleRow> narrow_rows(const RowCtx& c) {
 std::vector<RuleRow> reduction_rows(const RowCtx& c) {
   std::vector<RowText> t;
   for (int64_t d = 0; d < c.rank(); ++d) {
-    if (reduces(c.a, d)) {
+    if (reduces(c.a, d) && c.a.local_mean) {  // semantics pytorch: P(avg) of local means
+      t.emplace_back(S(d) + " -> P(avg)", "S(dim) -> P(avg), semantics pytorch");
+    } else if (reduces(c.a, d)) {
       t.emplace_back(S(d) + " -> P(sum)", "S(dim) -> P(sum)");
     } else {
       const int64_t out = d - reduced_before(c.a, d);

@@ -67,6 +67,10 @@ struct OpAttrs {
   // results add up to the global mean (the rows make that shard P(sum)), even for uneven shards.
   // Absent (the single-device oracle, whose operand is the global tensor): at::mean.
   std::optional<int64_t> mean_divisor;
+  // mean under semantics pytorch (core/semantics.h, mean_partial_avg): a shard of a reduced dim
+  // gives P(avg) and each rank computes its local mean (its gradient still divides by the global
+  // count, as autograd's MeanBackward does with the global sizes).
+  bool local_mean = false;
   // View ops on a rank: the local shape of the result (set by the runtime from the output's
   // layout); absent: the global shape the op describes.
   std::optional<std::vector<int64_t>> local_shape;

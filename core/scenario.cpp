@@ -40,12 +40,13 @@ constexpr Choice<ReducedPropagation> kReducedPropagations[] = {
     {"strict", ReducedPropagation::Strict}};
 constexpr Choice<PartialFromReplicate> kPartialFromReplicate[] = {
     {"divide", PartialFromReplicate::Divide}, {"rank0", PartialFromReplicate::Rank0}};
+constexpr Choice<Semantics> kSemantics[] = {{"meshsim", Semantics::Meshsim}, {"pytorch", Semantics::Pytorch}};
 constexpr Choice<DType> kDTypes[] = {{"float64", DType::Float64}, {"float32", DType::Float32}};
 constexpr Choice<ElementType> kElementTypes[] = {
     {"float", ElementType::Float}, {"bool", ElementType::Bool}, {"int64", ElementType::Int64}};
 
 constexpr const char* kOptionKeys =
-    "redistribute, reduced_propagation, partial_from_replicate, seed, dtype, mutant";
+    "redistribute, reduced_propagation, partial_from_replicate, seed, dtype, mutant, semantics";
 
 template <class E, size_t N>
 const char* name_of(E value, const Choice<E> (&choices)[N]) {
@@ -158,6 +159,7 @@ const std::vector<OpRule>& op_rules() {
       {"embedding", 2, {{"axis", AttrType::Axis, false}, {"vocab", AttrType::Int, false}}, true},
       {"exp", 1, {}, true},
       {"expand", 1, {{"shape", AttrType::Ints, true}}, true},
+      {"from_local", 1, {{"placements", AttrType::Spec, true}, {"run_check", AttrType::Bool, false}}, true},
       {"flatten", 1, {{"start_dim", AttrType::Int, false}, {"end_dim", AttrType::Int, false}}, true},
       {"full", 0, full_attrs, true},
       {"gelu", 1, {{"approximate", AttrType::String, false}}, true},
@@ -169,7 +171,8 @@ const std::vector<OpRule>& op_rules() {
         {"out_placements", AttrType::Any, true},
         {"body", AttrType::Any, true},
         {"returns", AttrType::Any, true},
-        {"reference", AttrType::Any, false}},
+        {"reference", AttrType::Any, false},
+        {"check_variance", AttrType::Bool, false}},
        true},
       {"log", 1, {}, true},
       {"log_softmax", 1, {{"dim", AttrType::Int, true}}, true},
@@ -201,6 +204,7 @@ const std::vector<OpRule>& op_rules() {
       {"sub", 2, binary, true},
       {"sum", 1, reduction, true},
       {"tanh", 1, {}, true},
+      {"to_local", 1, {}, true},
       {"transpose", 1, {{"dim0", AttrType::Int, true}, {"dim1", AttrType::Int, true}}, true},
       {"tril", 1, {{"diagonal", AttrType::Int, false}}, true},
       {"triu", 1, {{"diagonal", AttrType::Int, false}}, true},
@@ -235,11 +239,16 @@ namespace {
 // Where an op stands decides which ops it may be.
 enum class Region { Program, Body, Reference };
 
+bool is_local_boundary(const std::string& name) { return name == "to_local" || name == "from_local"; }
+
 const OpRule* find_op_rule(const std::string& name, Region region = Region::Program) {
-  if (region == Region::Body)
+  // A program's local code (between to_local and from_local) may use the body collectives too;
+  // `call` needs a local_map (its Functions are registered for LTensors with a reference).
+  if (region == Region::Body || (region == Region::Program && name != "call"))
     for (const auto& r : body_op_rules())
       if (name == r.name) return &r;
-  if (region != Region::Program && (name == "local_map" || is_creation_op(name))) return nullptr;
+  if (region != Region::Program && (name == "local_map" || is_creation_op(name) || is_local_boundary(name)))
+    return nullptr;
   if (region == Region::Body && name == "redistribute") return nullptr;
   for (const auto& r : op_rules())
     if (name == r.name) return &r;
@@ -380,7 +389,7 @@ class ScenarioParser {
 
   Scenario parse() {
     r_.object(doc_, "");
-    r_.only_keys(doc_, "", {"format", "name", "mesh", "options", "inputs", "program", "backward"});
+    r_.only_keys(doc_, "", {"format", "name", "mesh", "options", "inputs", "program", "backward", "expect"});
     parse_format();
     s_.name = doc_.contains("name") ? r_.string(doc_["name"], "/name")
                                     : std::filesystem::path(s_.file).stem().string();
@@ -391,6 +400,7 @@ class ScenarioParser {
     const json& program = r_.array(r_.field(doc_, "", "program"), "/program");
     for (size_t i = 0; i < program.size(); ++i) parse_op(program[i], child("/program", i));
     if (doc_.contains("backward")) s_.backward = value_name(doc_["backward"], "/backward");
+    if (doc_.contains("expect")) s_.expect = r_.object(doc_["expect"], "/expect");
     return std::move(s_);
   }
 
@@ -758,7 +768,8 @@ json RunOptions::to_json() const {
           {"partial_from_replicate", partial_from_replicate_name(partial_from_replicate)},
           {"seed", seed},
           {"dtype", dtype_name(dtype)},
-          {"mutant", mutant.empty() ? json(nullptr) : json(mutant)}};
+          {"mutant", mutant.empty() ? json(nullptr) : json(mutant)},
+          {"semantics", semantics_name(semantics)}};
 }
 
 void set_option(RunOptions& options, const std::string& key, const json& value) {
@@ -774,6 +785,8 @@ void set_option(RunOptions& options, const std::string& key, const json& value) 
     options.dtype = pick(key, value, kDTypes);
   else if (key == "mutant")
     options.mutant = mutant_option(value);
+  else if (key == "semantics")
+    options.semantics = pick(key, value, kSemantics);
   else
     throw std::invalid_argument("unknown option " + in_quotes(key) + " (known: " + kOptionKeys +
                                 ")");

@@ -12,6 +12,7 @@
 #include "core/mesh.h"
 #include "core/placement.h"
 #include "core/redistribute.h"
+#include "core/semantics.h"
 
 namespace meshsim {
 
@@ -37,6 +38,7 @@ struct RunOptions {
   uint64_t seed = 0;
   DType dtype = DType::Float64;
   std::string mutant;  // empty: none
+  Semantics semantics = Semantics::Meshsim;  // whose rules: meshsim's, or PyTorch DTensor's as released
 
   nlohmann::json to_json() const;
 };
@@ -80,6 +82,9 @@ struct Scenario {
   std::vector<InputDecl> inputs;
   std::vector<OpDecl> program;
   std::string backward;  // empty: forward only
+  // What `meshsim run` must find (an object; null when the file has none). Its fields are checked
+  // by the command line (cli/expect.h), which names the JSON path of a malformed one.
+  nlohmann::json expect;
   nlohmann::json source;  // the document as read
 
   const InputDecl* find_input(const std::string& name) const;

@@ -9,12 +9,20 @@ namespace meshsim {
 
 namespace {
 
+bool is_layout_only_op(const std::string& op) {
+  return op == "to_local" || op == "from_local" || op == "all_reduce" || op == "all_gather" || op == "reduce_scatter" ||
+         op == "all_to_all" || op == "mark_varying";
+}
+
 // One op on global tensors. What libtorch refuses (c10::Error, or any std::exception) is raised
 // again as a SemanticError naming the op's JSON path: in a local_map's reference, which only the
 // oracle runs, that is invalid input (`invalid_scenario`, exit 2); elsewhere the mesh ran the op
 // and the oracle could not, which check_scenario reports as a failed run.
 at::Tensor global_op(const OpDecl& op, const std::vector<at::Tensor>& xs, bool in_reference) {
   if (op.op == "redistribute") return xs.at(0);
+  // Local code in a DTensor program (between to_local and from_local) read as the global
+  // computation it stands for: a collective moves the value between layouts and leaves it as it is.
+  if (is_layout_only_op(op.op)) return xs.at(0);
   try {
     return local_op(op.op, op_attrs(op), xs);
   } catch (const SemanticError&) {

@@ -36,7 +36,9 @@ std::vector<DTensor> make_inputs(const Scenario& sc, const RunOptions& options,
 }
 
 std::vector<DTensor> run_local_map(Runtime& rt, const OpDecl& op, const std::vector<DTensor>& args) {
-  BodyContext ctx(rt);
+  // check_variance false: plain local code (the default under semantics pytorch, whose local_map
+  // tracks nothing).
+  BodyContext ctx(rt, op.attrs.value("check_variance", !rt.follows(Difference::LocalMapUntracked)));
   std::map<std::string, LTensor> env;
   for (size_t i = 0; i < args.size(); ++i) {
     const DTensor& a = args[i];
@@ -184,7 +186,9 @@ DTensor log_softmax(Runtime& rt, const DTensor& x, int64_t dim, const std::strin
   if (dim < -rank || dim >= rank)
     throw SemanticError(ErrorKind::ShapeMismatch, "log_softmax: dim " + std::to_string(dim) + " out of range for " + shape_str(x.shape));
   const int64_t d = dim < 0 ? dim + rank : dim;
-  if (shards_dim(x.spec, d)) return loss_parallel_log_softmax(rt, x, d, out);
+  // PyTorch outside loss_parallel(): the softmax rows gather the class dim.
+  if (shards_dim(x.spec, d) && !rt.follows(Difference::LossParallelOnlyInContext))
+    return loss_parallel_log_softmax(rt, x, d, out);
   return rt.apply_op("log_softmax", over(d, false), {x}, out);
 }
 
@@ -221,6 +225,7 @@ DTensor apply_program_op(Runtime& rt, const OpDecl& op, const std::vector<DTenso
   if (is_creation_op(op.op)) return create(rt, op);
   check_operand_types(op, args);
   OpAttrs attrs = op_attrs(op);
+  attrs.local_mean = op.op == "mean" && rt.follows(Difference::MeanPartialAvg);
   if (op.op == "embedding") {
     if (args.at(1).shape.size() != 2)
       throw SemanticError(ErrorKind::ShapeMismatch, op.path + ": embedding: the weight must be 2-D [vocab, dim], got " +
@@ -253,6 +258,83 @@ DTensor apply_program_op(Runtime& rt, const OpDecl& op, const std::vector<DTenso
   return rt.apply_op(op.op, attrs, args, op.out);
 }
 
+namespace {
+
+bool is_body_collective(const std::string& op) {
+  return op == "all_reduce" || op == "all_gather" || op == "reduce_scatter" || op == "all_to_all" ||
+         op == "mark_varying";
+}
+
+// from_local {run_check: true}: every replica of an R (or Rd) axis must hold its group's
+// coordinate-0 local; the ranks that do not are named with the greatest difference.
+void check_replicas(Runtime& rt, const OpDecl& op, const DTensor& y) {
+  const Mesh& mesh = rt.mesh();
+  for (int a = 0; a < mesh.ndim(); ++a) {
+    if (!y.spec[a].is_replicate()) continue;
+    std::string ranks;
+    double worst = 0.0;
+    for (const auto& group : mesh.groups(a))
+      for (size_t k = 1; k < group.size(); ++k) {
+        const at::Tensor& first = y.locals[group[0]];
+        const at::Tensor& mine = y.locals[group[k]];
+        const bool same = mine.sizes() == first.sizes() && at::equal(mine, first);
+        if (same) continue;
+        ranks += (ranks.empty() ? "" : ", ") + std::to_string(group[k]);
+        if (mine.sizes() == first.sizes() && mine.numel() > 0)
+          worst = std::max(worst, (mine.to(at::kDouble) - first.to(at::kDouble)).abs().max().item<double>());
+      }
+    if (!ranks.empty()) {
+      char buf[64];
+      std::snprintf(buf, sizeof buf, "%.6g", worst);
+      rt.flag_check_failure("from_local", op.path + ": from_local \"" + op.out + "\" asserts " + spec_str(y.spec) +
+                                              ", but over mesh axis " + mesh.axes()[a] + " ranks " + ranks +
+                                              " hold other locals than their group's first rank (greatest difference " +
+                                              buf + ")");
+    }
+  }
+}
+
+}  // namespace
+
+bool run_local_code(BodyContext& ctx, const OpDecl& op, SimRun& run, std::map<std::string, LTensor>& locals) {
+  bool any_local = false, any_dtensor = false;
+  for (const auto& a : op.args) (locals.count(a) ? any_local : any_dtensor) = true;
+  if (op.op == "to_local") {
+    if (any_local)
+      throw SemanticError(ErrorKind::InvalidScenario, op.path + "/args/0: to_local: \"" + op.args[0] + "\" is a local tensor already");
+    LTensor t = ctx.enter(run.values.at(op.args[0]));
+    t.name = op.out;
+    ctx.runtime().record_body_value(t);
+    locals[op.out] = std::move(t);
+    return true;
+  }
+  if (!any_local) {
+    if (is_body_collective(op.op) || op.op == "from_local")
+      throw SemanticError(ErrorKind::InvalidScenario, op.path + ": " + op.op + " takes a local tensor (to_local gives one), \"" +
+                                                         op.args.at(0) + "\" is a DTensor");
+    return false;
+  }
+  if (any_dtensor)
+    for (size_t i = 0; i < op.args.size(); ++i)
+      if (!locals.count(op.args[i]))
+        throw SemanticError(ErrorKind::InvalidScenario,
+                            op.path + "/args/" + std::to_string(i) + ": " + op.op + " mixes the DTensor \"" + op.args[i] +
+                                "\" with local tensors (PyTorch refuses it too): from_local or to_local first");
+  if (op.op == "from_local") {
+    Spec spec;
+    for (const auto& p : op.attrs.at("placements")) spec.push_back(parse_placement(p.get<std::string>()));
+    DTensor y = ctx.leave(locals.at(op.args[0]), spec, op.out);
+    if (op.attrs.value("run_check", false)) check_replicas(ctx.runtime(), op, y);
+    run.named.push_back(op.out);
+    run.values[op.out] = std::move(y);
+    return true;
+  }
+  if (is_split_op(op.op) || op.op == "local_map" || is_creation_op(op.op))
+    throw SemanticError(ErrorKind::InvalidScenario, op.path + ": " + op.op + " is not supported on local tensors");
+  locals[op.out] = ctx.run(op, locals);
+  return true;
+}
+
 SimRun run_distributed(const Scenario& sc, const RunOptions& options) {
   SimRun run;
   run.runtime = std::make_unique<Runtime>(sc.mesh, options);
@@ -270,7 +352,12 @@ SimRun run_distributed(const Scenario& sc, const RunOptions& options) {
       grad_leaves.push_back(t);
     }
   }
+  // Local code of the program (to_local ... from_local): plain per-rank tensors, run as an
+  // unchecked local_map body runs, with PyTorch's DTensor.to_local / from_local at its ends.
+  BodyContext local_code(rt, /*checked=*/false);
+  std::map<std::string, LTensor> locals;
   for (const auto& op : sc.program) {
+    if (run_local_code(local_code, op, run, locals)) continue;
     std::vector<DTensor> args;
     for (const auto& a : op.args) args.push_back(run.values.at(a));
     if (op.op == "local_map") {

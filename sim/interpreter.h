@@ -36,6 +36,12 @@ DTensor apply_program_op(Runtime& rt, const OpDecl& op, const std::vector<DTenso
 std::vector<DTensor> make_inputs(const Scenario& sc, const RunOptions& options,
                                  std::map<std::string, at::Tensor>& globals);
 
+// One op of a program's local code (to_local, from_local, or any op on to_local's results, body
+// collectives included): runs it in `ctx` (unchecked) and returns true; false for a DTensor op.
+class BodyContext;
+struct LTensor;
+bool run_local_code(BodyContext& ctx, const OpDecl& op, SimRun& run, std::map<std::string, LTensor>& locals);
+
 // Throws SemanticError when the scenario is illegal under the semantics.
 SimRun run_distributed(const Scenario& sc, const RunOptions& options);
 

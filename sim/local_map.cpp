@@ -25,6 +25,7 @@ std::string axes_str(const Mesh& mesh, const AxisSet& axes) {
 
 std::string meta_str(const Mesh& mesh, const LTensor& t) {
   if (t.untracked) return "untracked";
+  if (t.unchecked) return "unchecked";
   return "variant=" + axes_str(mesh, t.variant) + " reduced=" + axes_str(mesh, t.reduced);
 }
 
@@ -92,8 +93,8 @@ void check_exclusive(const Mesh& mesh, const LTensor& t, const std::string& what
 
 LTensor BodyContext::enter(const DTensor& x) {
   const Mesh& mesh = rt_.mesh();
-  LTensor t{x.name, &mesh, x.locals, {}, {}, false, {}};
-  for (int a = 0; a < mesh.ndim(); ++a) {
+  LTensor t{x.name, &mesh, x.locals, {}, {}, false, {}, !checked_};
+  for (int a = 0; a < mesh.ndim() && checked_; ++a) {
     const Placement& p = x.spec[a];
     if (p.is_partial() && p.op != ReduceOp::Sum)
       throw SemanticError(ErrorKind::InvalidScenario,
@@ -121,7 +122,7 @@ DTensor BodyContext::leave(const LTensor& t, const Spec& out_written, const std:
   }
   if (t.untracked) {
     rt_.flag_untracked(name, t.untracked_why);
-  } else {
+  } else if (!t.unchecked) {
     for (int a = 0; a < mesh.ndim(); ++a) {
       const Placement& p = out[a];
       const bool v = t.variant.count(a) > 0, r = t.reduced.count(a) > 0;
@@ -148,7 +149,7 @@ DTensor BodyContext::leave(const LTensor& t, const Spec& out_written, const std:
   e.in_specs = {meta_str(mesh, t)};
   e.out_spec = spec_str(out);
   rt_.recorder().add(std::move(e));
-  return d;
+  return rt_.gradient_boundary(d, "gradient of \"" + name + "\" into local code: to the cotangent of " + spec_str(out));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -162,8 +163,9 @@ void BodyContext::check_mesh(const std::vector<LTensor>& xs, const std::string& 
 
 LTensor BodyContext::wrap(const std::string& kind, const std::string& name, const std::string& out, Locals locals,
                           AxisSet variant, AxisSet reduced, const std::vector<LTensor>& inputs) {
-  if (coverage_sink()) cover("local_map: " + name);
-  LTensor t{out, &rt_.mesh(), std::move(locals), std::move(variant), std::move(reduced), false, {}};
+  if (coverage_sink() && checked_) cover("local_map: " + name);
+  if (!checked_) variant.clear(), reduced.clear();  // plain local code keeps no sets
+  LTensor t{out, &rt_.mesh(), std::move(locals), std::move(variant), std::move(reduced), false, {}, !checked_};
   for (const auto& x : inputs)
     if (x.untracked) {
       t.untracked = true;
@@ -222,8 +224,12 @@ std::pair<AxisSet, std::optional<AxisSet>> BodyContext::output_sets(const std::v
 LTensor BodyContext::op(const std::string& op, const nlohmann::json& attrs, std::vector<LTensor> xs,
                         const std::string& out) {
   check_mesh(xs, op);
-  auto [variant, strategy_reduced] = output_sets(xs, find_variance_tracking_strategy(op), attrs);
-  const AxisSet reduced = fit_inputs(xs, variant, strategy_reduced, out);
+  AxisSet variant, reduced;
+  if (checked_) {
+    auto [v, strategy_reduced] = output_sets(xs, find_variance_tracking_strategy(op), attrs);
+    variant = v;
+    reduced = fit_inputs(xs, variant, strategy_reduced, out);
+  }
   OpDecl decl;
   decl.op = op;
   decl.attrs = attrs;
@@ -287,7 +293,7 @@ void BodyContext::record_step(Runtime& rt, const RedistStep& s, const Locals& in
 }
 
 LTensor BodyContext::varying_on(const LTensor& x, int axis, const std::string& out) {
-  if (x.variant.count(axis)) return x;
+  if (!checked_ || x.variant.count(axis)) return x;
   const std::string name = out + ".varying." + rt_.mesh().axes()[axis];
   const bool cast = x.reduced.count(axis) && !mutant_on(Mutant::MarkVaryingForReduced);
   return cast ? reduced_to_varying(x, axis, name) : mark_varying(x, axis, name);
@@ -361,8 +367,12 @@ LTensor BodyContext::call_rank_local(const std::string& key, const std::optional
                                      std::vector<LTensor> xs, const nlohmann::json& args, const std::string& out,
                                      const RankFn& f) {
   check_mesh(xs, key);
-  auto [variant, strategy_reduced] = output_sets(xs, strategy ? &*strategy : nullptr, args);
-  const AxisSet reduced = fit_inputs(xs, variant, strategy_reduced, out);
+  AxisSet variant, reduced;
+  if (checked_) {
+    auto [v, strategy_reduced] = output_sets(xs, strategy ? &*strategy : nullptr, args);
+    variant = v;
+    reduced = fit_inputs(xs, variant, strategy_reduced, out);
+  }
   Locals locals(xs.at(0).locals.size());
   for (size_t r = 0; r < locals.size(); ++r) {
     std::vector<at::Tensor> in;
@@ -388,6 +398,7 @@ LTensor BodyContext::call_on_groups(const std::string& key, const std::optional<
     for (size_t k = 0; k < ranks.size(); ++k) locals[ranks[k]] = result.at(k);
   }
   const std::string name = "call " + args.value("function", key);
+  if (!checked_) return wrap("op", name, out, std::move(locals), {}, {}, {x});
   if (!strategy) {
     LTensor t = wrap("op", name, out, std::move(locals), x.variant, x.reduced, {x});
     t.untracked = true;

@@ -20,11 +20,16 @@ namespace meshsim {
 
 class BodyContext {
  public:
-  explicit BodyContext(Runtime& rt) : rt_(rt) {}
+  // `checked` false: plain local code (JAX's check_vma=False, PyTorch's local_map and to_local):
+  // no sets, no automatic mark_varying or casts, no out-placement check; collectives and
+  // Functions run with their own forward and backward only.
+  explicit BodyContext(Runtime& rt, bool checked = true) : rt_(rt), checked_(checked) {}
+  bool checked() const { return checked_; }
 
   // Rd -> reduced; S(d) or P(sum) -> variant; R -> neither. P(avg|max|min) are refused.
   LTensor enter(const DTensor& x);
-  // Checks the LTensor's sets against the out placement (as JAX checks out_specs).
+  // Checks the LTensor's sets against the out placement (as JAX checks out_specs); unchecked, the
+  // placement is trusted (DTensor.from_local with run_check false).
   DTensor leave(const LTensor& t, const Spec& out, const std::string& name);
 
   // A DTensor-level op on the locals: variant by union, reduced by intersection, then a
@@ -102,6 +107,7 @@ class BodyContext {
   void check_mesh(const std::vector<LTensor>& xs, const std::string& what) const;
 
   Runtime& rt_;
+  bool checked_ = true;
 };
 
 void check_exclusive(const Mesh& mesh, const LTensor& t, const std::string& what);

@@ -79,7 +79,14 @@ at::Tensor reduce_sum(const at::Tensor& x, const OpAttrs& attrs) {
 // mean: on a rank, the local sum over the global count (OpAttrs::mean_divisor), so that a shard
 // of a reduced dim is a P(sum) of the global mean, even and uneven shards alike (an empty shard
 // gives 0, not NaN); on the global tensor (no divisor), at::mean.
+// Under semantics pytorch (local_mean) the value is the rank's local mean, NaN on an empty shard,
+// while the gradient is the global count's, as PyTorch's autograd computes it.
 at::Tensor reduce_mean(const at::Tensor& x, const OpAttrs& attrs) {
+  if (attrs.mean_divisor && attrs.local_mean) {
+    const at::Tensor global = reduce_sum(x, attrs) / static_cast<double>(*attrs.mean_divisor);
+    const at::Tensor local = x.dim() == 0 ? x.detach().clone() : at::mean(x.detach(), reduced_dims(x, attrs), attrs.keepdim);
+    return global + (local - global.detach());
+  }
   if (attrs.mean_divisor) return reduce_sum(x, attrs) / static_cast<double>(*attrs.mean_divisor);
   if (x.dim() == 0) return x.clone();
   return at::mean(x, reduced_dims(x, attrs), attrs.keepdim);

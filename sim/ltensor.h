@@ -32,6 +32,9 @@ struct LTensor {
   // Computed by a Function that communicates and has no variance strategy: its sets mean nothing.
   bool untracked = false;
   std::string untracked_why;
+  // Plain local code (a local_map with check_variance false, or to_local's result): no sets are
+  // kept, nothing is inserted, and the oracle alone says whether the code is right.
+  bool unchecked = false;
 };
 
 std::string axes_str(const Mesh& mesh, const AxisSet& axes);  // "[dp, tp]"

@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "core/mutants.h"
 #include "core/reduced_policy.h"
+#include "core/semantics.h"
 #include "sim/data.h"
 #include "sim/local_ops.h"
 #include "sim/mesh_node.h"
@@ -37,6 +38,13 @@ Spec normalized_target(const Mesh& mesh, const DTensor& x, const Spec& to) {
   return out;
 }
 
+// PyTorch's Redistribute.backward target: the source's placements with every Partial replaced by
+// Replicate (a gradient is never made Partial again).
+Spec partial_as_replicate(Spec spec) {
+  for (auto& p : spec)
+    if (p.is_partial()) p = Placement::replicate();
+  return spec;
+}
 
 }  // namespace
 
@@ -45,7 +53,15 @@ void Recorder::add(Event e) {
   events_.push_back(std::move(e));
 }
 
-Runtime::Runtime(Mesh mesh, RunOptions options) : mesh_(std::move(mesh)), options_(std::move(options)) {}
+Runtime::Runtime(Mesh mesh, RunOptions options) : mesh_(std::move(mesh)), options_(std::move(options)) {
+  if (follows(Difference::ReplicateToPartialDivides) &&
+      options_.partial_from_replicate != PartialFromReplicate::Divide)
+    throw SemanticError(ErrorKind::InvalidScenario,
+                        "/options: semantics pytorch divides R -> P(sum) by the group size "
+                        "(Partial._partition_value); partial_from_replicate rank0 has no meaning there");
+}
+
+bool Runtime::follows(Difference d) const { return meshsim::follows(options_.semantics, d); }
 
 Event Runtime::make_event(const std::string& kind, const std::string& name, const std::string& value,
                           const Locals& locals) const {
@@ -91,6 +107,39 @@ void Runtime::record_grad_spec(const std::string& value, const GradSpec& spec) {
                                  spec_str(it->second.spec) + " and " + spec_str(spec.spec));
 }
 
+Locals Runtime::keep_grad_layout(Locals grads, const GradSpec& layout, const std::string& value) {
+  auto it = grad_specs_.find(value);
+  if (it == grad_specs_.end() || it->second == layout) {
+    record_grad_spec(value, layout);
+    return grads;
+  }
+  // Contributions add up locally only in one layout: this one moves to the first one's.
+  return to_grad_layout(std::move(grads), layout, it->second, value, value,
+                        "gradient contributions to \"" + value + "\" added in " + spec_str(it->second.spec));
+}
+
+DTensor Runtime::gradient_boundary(const DTensor& y, const std::string& note) {
+  if (!follows(Difference::NoGradientHook) || !y.requires_grad() || !at::GradMode::is_enabled()) return y;
+  DTensor out = y;
+  out.locals = detached(y.locals);
+  Runtime* rt = this;
+  const Spec primal = y.spec;
+  const std::string name = y.name;
+  const Locals like = detached(out.locals);
+  const size_t n = y.locals.size();
+  connect("GradientBoundary", y.locals, out.locals, [=](variable_list&& g) -> variable_list {
+    return rt->guarded(n, [&] {
+      Locals grads = defined_grads(std::move(g), like);
+      const GradSpec from = rt->grad_spec(name, primal);
+      const GradSpec target{cotangent_spec(primal), cotangent_scale_divisor(rt->mesh(), primal)};
+      if (from == target) return grads;
+      Locals moved = rt->to_grad_layout(std::move(grads), from, target, name, name, note);
+      return moved;
+    });
+  });
+  return out;
+}
+
 GradSpec Runtime::grad_spec(const std::string& value, const Spec& primal) const {
   auto it = grad_specs_.find(value);
   if (it != grad_specs_.end()) return it->second;
@@ -107,6 +156,11 @@ std::optional<GradSpec> Runtime::input_grad_spec(const std::string& value, const
 Locals Runtime::to_cotangent(Locals grads, const GradSpec& from, const Spec& primal,
                              const std::string& grad_of, const std::string& value, const std::string& note) {
   const GradSpec target{cotangent_spec(primal), cotangent_scale_divisor(mesh_, primal)};
+  return to_grad_layout(std::move(grads), from, target, grad_of, value, note);
+}
+
+Locals Runtime::to_grad_layout(Locals grads, const GradSpec& from, const GradSpec& target, const std::string& grad_of,
+                               const std::string& value, const std::string& note) {
   auto plan = plan_redistribute(mesh_, from.spec, target.spec, {options_.partial_from_replicate, true});
   grads = run_plan(plan, from.spec, std::move(grads), value, note, grad_of);
   if (from.divisor != target.divisor && !mutant_on(Mutant::PavgBackwardUnscaled)) {
@@ -136,8 +190,11 @@ DTensor Runtime::redistribute(const DTensor& x, const Spec& to_written, const st
     connect("Redistribute", x.locals, y.locals, [=](variable_list&& g) -> variable_list {
       return rt->guarded(n_inputs, [&] {
         Locals grads = defined_grads(std::move(g), like);
-        return rt->to_cotangent(std::move(grads), rt->grad_spec(out_name, to), from, in_name, out_name,
-                                "backward of redistribute " + spec_str(from) + " -> " + spec_str(to));
+        const std::string note = "backward of redistribute " + spec_str(from) + " -> " + spec_str(to);
+        if (rt->follows(Difference::RedistributeBackward))  // PyTorch: to the source's placements, Partial as R
+          return rt->to_grad_layout(std::move(grads), rt->grad_spec(out_name, to), {partial_as_replicate(from), 1},
+                                    in_name, out_name, note);
+        return rt->to_cotangent(std::move(grads), rt->grad_spec(out_name, to), from, in_name, out_name, note);
       });
     });
   }
@@ -340,6 +397,11 @@ DTensor Runtime::apply_op(const std::string& op, const OpAttrs& attrs, const std
           if (below && mutant_on(Mutant::BelowAutogradSkipsBackward)) {
             // Planted bug: the contribution keeps its layout but is labelled the cotangent.
             rt->record_grad_spec(names[i], {cotangent_spec(source_specs[i]), cotangent_scale_divisor(rt->mesh(), source_specs[i])});
+            for (size_t r = 0; r < R; ++r) result[i * R + r] = contrib[r];
+            continue;
+          }
+          if (rt->follows(Difference::NoGradientHook)) {  // PyTorch: the contribution keeps its placements
+            contrib = rt->keep_grad_layout(std::move(contrib), {bd.grad_out, gin.divisor}, names[i]);
             for (size_t r = 0; r < R; ++r) result[i * R + r] = contrib[r];
             continue;
           }

@@ -69,6 +69,7 @@ class Runtime {
     std::vector<std::string> variant, reduced;
     std::vector<std::vector<int64_t>> local_shapes;
     bool untracked = false;
+    bool unchecked = false;  // plain local code: no sets
   };
   template <class L>
   void record_body_value(const L& t) {
@@ -77,6 +78,7 @@ class Runtime {
     for (int a : t.reduced) v.reduced.push_back(mesh_.axes()[a]);
     for (const auto& l : t.locals) v.local_shapes.push_back(l.sizes().vec());
     v.untracked = t.untracked;
+    v.unchecked = t.unchecked;
     if (!body_values_.count(t.name)) body_order_.push_back(t.name);
     body_values_[t.name] = v;
   }
@@ -86,6 +88,9 @@ class Runtime {
   // local_map: the result fails, naming it.
   void flag_untracked(const std::string& value, const std::string& why) { untracked_.push_back(value + ": " + why); }
   const std::vector<std::string>& untracked() const { return untracked_; }
+  // A check the run itself makes (from_local's run_check), failed: (check name, what is wrong).
+  void flag_check_failure(const std::string& check, const std::string& what) { check_failures_.emplace_back(check, what); }
+  const std::vector<std::pair<std::string, std::string>>& check_failures() const { return check_failures_; }
 
   // Sharding decisions are cached by op, attributes, operand specs and shapes.
   struct Stats {
@@ -104,6 +109,18 @@ class Runtime {
   // gradient's own value for a hook, the redistribution's output for Redistribute.backward).
   Locals to_cotangent(Locals grads, const GradSpec& from, const Spec& primal, const std::string& grad_of,
                       const std::string& value, const std::string& note);
+  // The same to any gradient layout (records it as the gradient's layout of `grad_of`).
+  Locals to_grad_layout(Locals grads, const GradSpec& from, const GradSpec& target, const std::string& grad_of,
+                        const std::string& value, const std::string& note);
+  // Semantics without the gradient hook (PyTorch): a contribution keeps its layout, unless an
+  // earlier contribution to the same value recorded another, which it then moves to.
+  Locals keep_grad_layout(Locals grads, const GradSpec& layout, const std::string& value);
+  // Without the hook, where a value's gradient must reach plain local code (a local_map's result,
+  // from_local's result) in its cotangent's layout: an identity node whose backward moves the
+  // gradient there (PyTorch's from_local backward redistributes likewise). Otherwise `y` itself.
+  DTensor gradient_boundary(const DTensor& y, const std::string& note);
+  // Whether the run's semantics profile follows this difference (core/semantics.h).
+  bool follows(Difference d) const;
   void record_grad_spec(const std::string& value, const GradSpec& spec);
   std::string phase() const { return phase_; }
   Event make_event(const std::string& kind, const std::string& name, const std::string& value,
@@ -119,6 +136,7 @@ class Runtime {
   std::map<std::string, BodyValue> body_values_;
   std::vector<std::string> body_order_;
   std::vector<std::string> untracked_;
+  std::vector<std::pair<std::string, std::string>> check_failures_;
   Stats stats_;
 
   void plant_rule_bugs(const std::string& op, const std::vector<Spec>& given, ShardingDecision& d) const;
