@@ -107,7 +107,15 @@ void Runtime::record_grad_spec(const std::string& value, const GradSpec& spec) {
                                  spec_str(it->second.spec) + " and " + spec_str(spec.spec));
 }
 
-Locals Runtime::keep_grad_layout(Locals grads, const GradSpec& layout, const std::string& value) {
+Locals Runtime::keep_grad_layout(Locals grads, const GradSpec& layout, const std::string& value, const Spec& primal,
+                                 const Locals& primal_locals, const std::string& note) {
+  // The locals of a gradient must have its operand's local shapes (one autograd graph of plain
+  // local tensors, where PyTorch's DTensor gradient carries its own layout): a contribution laid out
+  // otherwise (below autograd, the operand's redistributed layout) goes to the cotangent, as the hook
+  // would move it.
+  for (size_t r = 0; r < grads.size(); ++r)
+    if (grads[r].sizes() != primal_locals[r].sizes())
+      return to_cotangent(std::move(grads), layout, primal, value, value, note);
   auto it = grad_specs_.find(value);
   if (it == grad_specs_.end() || it->second == layout) {
     record_grad_spec(value, layout);
@@ -326,11 +334,13 @@ DTensor Runtime::apply_op(const std::string& op, const OpAttrs& attrs, const std
   if (any) {
     Runtime* rt = this;
     std::vector<Spec> in_specs, source_specs;
+    std::vector<Locals> source_locals;  // shapes only (no cycle through the graph)
     std::vector<std::string> names;
     std::vector<at::Tensor> inputs;
     for (size_t i = 0; i < ready.size(); ++i) {
       in_specs.push_back(ready[i].spec);
       source_specs.push_back(sources[i].spec);
+      source_locals.push_back(detached(sources[i].locals));
       names.push_back(sources[i].name);
       inputs.insert(inputs.end(), sources[i].locals.begin(), sources[i].locals.end());
     }
@@ -401,7 +411,8 @@ DTensor Runtime::apply_op(const std::string& op, const OpAttrs& attrs, const std
             continue;
           }
           if (rt->follows(Difference::NoGradientHook)) {  // PyTorch: the contribution keeps its placements
-            contrib = rt->keep_grad_layout(std::move(contrib), {bd.grad_out, gin.divisor}, names[i]);
+            contrib = rt->keep_grad_layout(std::move(contrib), {bd.grad_out, gin.divisor}, names[i], source_specs[i],
+                                           source_locals[i], "grad of " + names[i] + ": to the operand's local shapes");
             for (size_t r = 0; r < R; ++r) result[i * R + r] = contrib[r];
             continue;
           }

@@ -114,7 +114,8 @@ class Runtime {
                         const std::string& value, const std::string& note);
   // Semantics without the gradient hook (PyTorch): a contribution keeps its layout, unless an
   // earlier contribution to the same value recorded another, which it then moves to.
-  Locals keep_grad_layout(Locals grads, const GradSpec& layout, const std::string& value);
+  Locals keep_grad_layout(Locals grads, const GradSpec& layout, const std::string& value, const Spec& primal,
+                          const Locals& primal_locals, const std::string& note);
   // Without the hook, where a value's gradient must reach plain local code (a local_map's result,
   // from_local's result) in its cotangent's layout: an identity node whose backward moves the
   // gradient there (PyTorch's from_local backward redistributes likewise). Otherwise `y` itself.

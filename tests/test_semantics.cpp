@@ -1,0 +1,199 @@
+// Reproducing the user's bug: semantics profiles (meshsim's rules or PyTorch DTensor's as released),
+// plain local code (a local_map with check_variance false, DTensor mode's to_local / from_local),
+// each checked by its meaning against the single-device oracle: the user's bug fails, the same
+// program under meshsim's rules (or written right) passes.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "core/error.h"
+#include "core/scenario.h"
+#include "core/semantics.h"
+#include "oracles/check.h"
+
+namespace meshsim {
+namespace {
+
+using json = nlohmann::json;
+
+std::string bug_file(const std::string& name) { return std::string(MESHSIM_SOURCE_DIR) + "/examples/bugs/" + name + ".json"; }
+
+json run_file(const std::string& name, const std::map<std::string, json>& overrides = {}) {
+  Scenario sc = load_scenario(bug_file(name));
+  RunOptions options = sc.options;
+  for (const auto& [k, v] : overrides) set_option(options, k, v);
+  return check_scenario(sc, options).result;
+}
+
+json run_doc(const json& d, const std::map<std::string, json>& overrides = {}) {
+  Scenario sc = parse_scenario(d, "semantics.json");
+  RunOptions options = sc.options;
+  for (const auto& [k, v] : overrides) set_option(options, k, v);
+  return check_scenario(sc, options).result;
+}
+
+// The bytes of the collectives of one phase and op.
+int64_t bytes_of(const json& r, const std::string& phase, const std::string& op) {
+  int64_t total = 0;
+  for (const auto& c : r["collectives"])
+    if (c["phase"] == phase && c["op"] == op) total += c["bytes"].get<int64_t>();
+  return total;
+}
+
+TEST(Semantics, EveryDifferenceNamesItsSource) {
+  EXPECT_TRUE(differences(Semantics::Meshsim).empty());
+  const auto& rows = differences(Semantics::Pytorch);
+  EXPECT_GE(rows.size(), 6u);
+  for (const auto& row : rows) {
+    SCOPED_TRACE(row.name);
+    EXPECT_TRUE(follows(Semantics::Pytorch, row.id));
+    EXPECT_FALSE(follows(Semantics::Meshsim, row.id));
+    EXPECT_GT(std::string(row.source).size(), 10u);
+    EXPECT_GT(std::string(row.meshsim).size(), 10u);
+    EXPECT_GT(std::string(row.other).size(), 10u);
+  }
+}
+
+TEST(Semantics, OptionParsesAndIsRecorded) {
+  RunOptions o;
+  set_option(o, "semantics", "pytorch");
+  EXPECT_EQ(o.semantics, Semantics::Pytorch);
+  EXPECT_EQ(o.to_json()["semantics"], "pytorch");
+  EXPECT_THROW(set_option(o, "semantics", "jax2"), std::invalid_argument);
+}
+
+// pytorch/pytorch#162692: the mean over an unevenly sharded dim, P(avg) of local means.
+TEST(Semantics, PytorchMeanOverUnevenShardsFailsAndPassesOnEvenOnes) {
+  const json bad = run_file("pytorch_162692_uneven_mean");
+  EXPECT_EQ(bad["status"], "fail");
+  EXPECT_EQ(bad["values"]["m"]["placements"], json::array({"P(avg)"}));
+  EXPECT_EQ(bad["checks"]["forward_equivalence"], false);
+  EXPECT_EQ(bad["checks"]["gradient_equivalence"], true) << "the backward divides by the global count";
+
+  const json ours = run_file("pytorch_162692_uneven_mean", {{"semantics", "meshsim"}});
+  EXPECT_EQ(ours["status"], "pass");
+  EXPECT_EQ(ours["values"]["m"]["placements"], json::array({"P(sum)"}));
+
+  json even = read_json_file(bug_file("pytorch_162692_uneven_mean"));
+  even["inputs"][0]["shape"] = {8, 4};
+  even.erase("expect");
+  const json r = run_doc(even);
+  EXPECT_EQ(r["values"]["m"]["placements"], json::array({"P(avg)"}));
+  EXPECT_EQ(r["checks"]["forward_equivalence"], true) << r.dump(2);
+  EXPECT_EQ(r["checks"]["gradient_equivalence"], true);
+}
+
+// Redistribute.backward: meshsim's hook all_reduces the P(sum) gradient of the R output and
+// chunks it; PyTorch's backward reduce_scatters it straight to S(0). Both are right.
+TEST(Semantics, RedistributeBackwardBytesUnderBothSemantics) {
+  const json ours = run_file("redistribute_backward_bytes", {{"semantics", "meshsim"}});
+  const json theirs = run_file("redistribute_backward_bytes", {{"semantics", "pytorch"}});
+  EXPECT_EQ(ours["checks"]["gradient_equivalence"], true);
+  EXPECT_EQ(theirs["checks"]["gradient_equivalence"], true);
+  EXPECT_GT(bytes_of(ours, "backward", "all_reduce"), 0);
+  EXPECT_EQ(bytes_of(ours, "backward", "reduce_scatter"), 0);
+  EXPECT_EQ(bytes_of(theirs, "backward", "all_reduce"), 0);
+  EXPECT_GT(bytes_of(theirs, "backward", "reduce_scatter"), 0);
+  EXPECT_EQ(bytes_of(ours, "backward", "all_reduce"), 2 * bytes_of(theirs, "backward", "reduce_scatter"));
+}
+
+// Without the hook an input's gradient may be Partial, as PyTorch's .grad is; the oracle still
+// judges its value.
+TEST(Semantics, PytorchLeavesPartialGradients) {
+  json d = {{"format", "meshsim.scenario/1"},
+            {"mesh", {{"axes", {"dp"}}, {"shape", {4}}}},
+            {"inputs", {{{"name", "x"}, {"shape", {8, 6}}, {"placements", {"S(0)"}}},
+                        {{"name", "w"}, {"shape", {6, 3}}, {"placements", {"R"}}, {"requires_grad", true}}}},
+            {"program", {{{"out", "y"}, {"op", "mm"}, {"args", {"x", "w"}}}, {{"out", "loss"}, {"op", "sum"}, {"args", {"y"}}}}},
+            {"backward", "loss"}};
+  const json theirs = run_doc(d, {{"semantics", "pytorch"}});
+  EXPECT_EQ(theirs["grads"]["w"]["placements"], json::array({"P(sum)"}));
+  EXPECT_EQ(theirs["checks"]["gradient_equivalence"], true);
+  EXPECT_EQ(bytes_of(theirs, "backward", "all_reduce"), 0);
+  const json ours = run_doc(d);
+  EXPECT_EQ(ours["grads"]["w"]["placements"], json::array({"R"}));
+  EXPECT_GT(bytes_of(ours, "backward", "all_reduce"), 0);
+}
+
+TEST(Semantics, PytorchRefusesRank0Convention) {
+  json d = read_json_file(bug_file("redistribute_backward_bytes"));
+  d.erase("expect");
+  const json r = run_doc(d, {{"semantics", "pytorch"}, {"partial_from_replicate", "rank0"}});
+  EXPECT_EQ(r["status"], "error");
+  EXPECT_NE(r["error"]["message"].get<std::string>().find("partial_from_replicate"), std::string::npos);
+}
+
+// The missing pvary: a data-parallel body whose replicated weight is never made varying; its
+// gradient is each rank's own part, labelled R. meshsim's tracking inserts the mark_varying.
+TEST(Semantics, MissingPvaryFailsUncheckedAndPassesTracked) {
+  const json bad = run_file("missing_pvary_dp_weight");
+  EXPECT_EQ(bad["status"], "fail");
+  EXPECT_EQ(bad["checks"]["forward_equivalence"], true);
+  EXPECT_EQ(bad["checks"]["gradient_equivalence"], false);
+  EXPECT_EQ(bytes_of(bad, "backward", "all_reduce"), 0);
+  json d = read_json_file(bug_file("missing_pvary_dp_weight"));
+  d["program"][0]["check_variance"] = true;
+  d.erase("expect");
+  const json tracked = run_doc(d);
+  EXPECT_EQ(tracked["status"], "pass");
+  EXPECT_GT(bytes_of(tracked, "backward", "all_reduce"), 0);
+  // PyTorch's local_map tracks nothing: under semantics pytorch the body is unchecked by default.
+  d["program"][0].erase("check_variance");
+  EXPECT_EQ(run_doc(d, {{"semantics", "pytorch"}})["checks"]["gradient_equivalence"], false);
+  EXPECT_EQ(run_doc(d)["status"], "pass");
+}
+
+// The bias added before the all_reduce as 1/tp of itself: the forward is right, the gradient is
+// 1/tp of the truth unchecked; tracked, the mark_varying's all_reduce makes it whole.
+TEST(Semantics, BiasGradientOffByTpOnlyUnchecked) {
+  const json bad = run_file("bias_grad_off_by_tp");
+  EXPECT_EQ(bad["checks"]["forward_equivalence"], true);
+  EXPECT_EQ(bad["checks"]["gradient_equivalence"], false);
+  json d = read_json_file(bug_file("bias_grad_off_by_tp"));
+  d["program"][0]["check_variance"] = true;
+  d.erase("expect");
+  EXPECT_EQ(run_doc(d)["status"], "pass");
+}
+
+json local_code_doc(bool all_reduce, bool run_check) {
+  json program = json::array();
+  program.push_back({{"out", "xl"}, {"op", "to_local"}, {"args", {"x"}}});
+  program.push_back({{"out", "s"}, {"op", "sum"}, {"args", {"xl"}}, {"dim", 0}});
+  std::string last = "s";
+  if (all_reduce) {
+    program.push_back({{"out", "sr"}, {"op", "all_reduce"}, {"args", {"s"}}, {"axis", "dp"}});
+    last = "sr";
+  }
+  program.push_back({{"out", "y"}, {"op", "from_local"}, {"args", {last}}, {"placements", {"R"}}, {"run_check", run_check}});
+  program.push_back({{"out", "loss"}, {"op", "sum"}, {"args", {"y"}}});
+  return {{"format", "meshsim.scenario/1"},
+          {"mesh", {{"axes", {"dp"}}, {"shape", {4}}}},
+          {"inputs", {{{"name", "x"}, {"shape", {8, 3}}, {"placements", {"S(0)"}}, {"requires_grad", true}}}},
+          {"program", program},
+          {"backward", "loss"}};
+}
+
+TEST(Semantics, FromLocalTrustedIsJudgedByTheOracle) {
+  const json bad = run_doc(local_code_doc(false, false));
+  EXPECT_EQ(bad["status"], "fail");
+  EXPECT_EQ(bad["checks"]["forward_equivalence"], false);
+  const json good = run_doc(local_code_doc(true, false));
+  EXPECT_EQ(good["status"], "pass") << good.dump(2);
+  EXPECT_EQ(bytes_of(good, "forward", "all_reduce"), 36);
+}
+
+TEST(Semantics, LocalCodeRefusesMixedOperandsAndDTensorCollectives) {
+  json d = local_code_doc(true, false);
+  d["program"][2]["args"] = {"x"};  // all_reduce of a DTensor
+  json r = run_doc(d);
+  EXPECT_EQ(r["status"], "error");
+  EXPECT_NE(r["error"]["message"].get<std::string>().find("/program/2"), std::string::npos);
+  d = local_code_doc(true, false);
+  d["program"][1] = {{"out", "s"}, {"op", "add"}, {"args", {"xl", "x"}}};
+  r = run_doc(d);
+  EXPECT_EQ(r["status"], "error");
+  EXPECT_NE(r["error"]["message"].get<std::string>().find("/program/1/args/1"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace meshsim
