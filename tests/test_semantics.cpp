@@ -86,8 +86,8 @@ TEST(Semantics, PytorchMeanOverUnevenShardsFailsAndPassesOnEvenOnes) {
 // Redistribute.backward: meshsim's hook all_reduces the P(sum) gradient of the R output and
 // chunks it; PyTorch's backward reduce_scatters it straight to S(0). Both are right.
 TEST(Semantics, RedistributeBackwardBytesUnderBothSemantics) {
-  const json ours = run_file("redistribute_backward_bytes", {{"semantics", "meshsim"}});
-  const json theirs = run_file("redistribute_backward_bytes", {{"semantics", "pytorch"}});
+  const json ours = run_file("redistribute_backward_meshsim");
+  const json theirs = run_file("redistribute_backward_pytorch");
   EXPECT_EQ(ours["checks"]["gradient_equivalence"], true);
   EXPECT_EQ(theirs["checks"]["gradient_equivalence"], true);
   EXPECT_GT(bytes_of(ours, "backward", "all_reduce"), 0);
@@ -116,7 +116,7 @@ TEST(Semantics, PytorchLeavesPartialGradients) {
 }
 
 TEST(Semantics, PytorchRefusesRank0Convention) {
-  json d = read_json_file(bug_file("redistribute_backward_bytes"));
+  json d = read_json_file(bug_file("redistribute_backward_meshsim"));
   d.erase("expect");
   const json r = run_doc(d, {{"semantics", "pytorch"}, {"partial_from_replicate", "rank0"}});
   EXPECT_EQ(r["status"], "error");
