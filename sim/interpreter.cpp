@@ -302,8 +302,7 @@ bool run_local_code(BodyContext& ctx, const OpDecl& op, SimRun& run, std::map<st
   if (op.op == "to_local") {
     if (any_local)
       throw SemanticError(ErrorKind::InvalidScenario, op.path + "/args/0: to_local: \"" + op.args[0] + "\" is a local tensor already");
-    LTensor t = ctx.enter(run.values.at(op.args[0]));
-    t.name = op.out;
+    LTensor t = ctx.enter(run.values.at(op.args[0]), op.out);
     ctx.runtime().record_body_value(t);
     locals[op.out] = std::move(t);
     return true;

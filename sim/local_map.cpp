@@ -91,9 +91,9 @@ void check_exclusive(const Mesh& mesh, const LTensor& t, const std::string& what
 // ---------------------------------------------------------------------------------------------
 // Entering and leaving
 
-LTensor BodyContext::enter(const DTensor& x) {
+LTensor BodyContext::enter(const DTensor& x, const std::string& name) {
   const Mesh& mesh = rt_.mesh();
-  LTensor t{x.name, &mesh, x.locals, {}, {}, false, {}, !checked_};
+  LTensor t{name.empty() ? x.name : name, &mesh, x.locals, {}, {}, false, {}, !checked_};
   for (int a = 0; a < mesh.ndim() && checked_; ++a) {
     const Placement& p = x.spec[a];
     if (p.is_partial() && p.op != ReduceOp::Sum)
@@ -103,7 +103,7 @@ LTensor BodyContext::enter(const DTensor& x) {
     if (p.is_reduced()) t.reduced.insert(a);
     else if (p.is_shard() || p.is_partial()) t.variant.insert(a);
   }
-  Event e = rt_.make_event("op", "enter_local_map", x.name, t.locals);
+  Event e = rt_.make_event("op", "enter_local_map", t.name, t.locals);
   e.args = {x.name};
   e.in_specs = {spec_str(x.spec)};
   e.out_spec = meta_str(mesh, t);

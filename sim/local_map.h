@@ -27,7 +27,8 @@ class BodyContext {
   bool checked() const { return checked_; }
 
   // Rd -> reduced; S(d) or P(sum) -> variant; R -> neither. P(avg|max|min) are refused.
-  LTensor enter(const DTensor& x);
+  // The LTensor takes the DTensor's name (a local_map's body sees its args so), or `name`.
+  LTensor enter(const DTensor& x, const std::string& name = "");
   // Checks the LTensor's sets against the out placement (as JAX checks out_specs); unchecked, the
   // placement is trusted (DTensor.from_local with run_check false).
   DTensor leave(const LTensor& t, const Spec& out, const std::string& name);
