@@ -184,8 +184,8 @@ TEST(Scenario, ProgramErrors) {
       {with(ex, "/program/1/op", 3), "/program/1/op", "expected a string"},
       {with(ex, "/program/1/op", "conv2d"), "/program/1/op",
        "unknown op \"conv2d\" (known: abs, add, amax, amin,", ErrorKind::UnsupportedOp},
-      {with(ex, "/program/1/op", "all_gather"), "/program/1/op",
-       "op \"all_gather\" runs only inside a local_map body", ErrorKind::UnsupportedOp},
+      {with(ex, "/program/1/op", "call"), "/program/1/op",
+       "op \"call\" runs only inside a local_map body", ErrorKind::UnsupportedOp},
       {with(ex, "/program/1/bias", true), "/program/1/bias", "unknown field \"bias\""},
       {with(ex, "/program/1/dim", 0), "/program/1/dim", "unknown field \"dim\""},
       {without(ex, "/program/0/placements"), "/program/0/placements", "missing required field"},
@@ -259,14 +259,15 @@ TEST(Scenario, OptionErrors) {
                     {"partial_from_replicate", "rank0"},
                     {"seed", 18446744073709551615ull},
                     {"dtype", "float32"},
-                    {"mutant", "uneven_array_split"}};
+                    {"mutant", "uneven_array_split"},
+                    {"semantics", "pytorch"}};
   EXPECT_EQ(parse_scenario(doc, kFile).options.to_json(), doc["options"]);
 }
 
 TEST(Scenario, KnownAndImplementedOps) {
   const auto& known = known_ops();
   EXPECT_TRUE(std::is_sorted(known.begin(), known.end()));
-  EXPECT_EQ(known.size(), 57u);
+  EXPECT_EQ(known.size(), 59u);
   EXPECT_EQ(implemented_ops(), known);  // every op of the file format runs in this version
   for (const auto& op : implemented_ops())
     EXPECT_NE(std::find(known.begin(), known.end(), op), known.end()) << op;
@@ -319,7 +320,7 @@ TEST(Scenario, SetOption) {
 TEST(Scenario, OptionsRoundTripThroughToJson) {
   EXPECT_EQ(RunOptions{}.to_json(), json::parse(R"({"redistribute": "above_autograd",
       "reduced_propagation": "intersection", "partial_from_replicate": "divide", "seed": 0,
-      "dtype": "float64", "mutant": null})"));
+      "dtype": "float64", "mutant": null, "semantics": "meshsim"})"));
   for (const char* mutant : {"", "pavg_backward_unscaled"}) {
     RunOptions o;
     o.redistribute = RedistributeMode::BelowAutograd;
