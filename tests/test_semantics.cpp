@@ -83,6 +83,19 @@ TEST(Semantics, PytorchMeanOverUnevenShardsFailsAndPassesOnEvenOnes) {
   EXPECT_EQ(r["checks"]["gradient_equivalence"], true);
 }
 
+// An empty shard (6 rows over 4 ranks: 2, 2, 2, 0): PyTorch's local mean there is 0/0, and the
+// P(avg) of the four is NaN; meshsim's P(sum) gives rank 3 a 0 and the mean is right.
+TEST(Semantics, PytorchMeanOverAnEmptyShardIsNaN) {
+  json d = read_json_file(bug_file("pytorch_162692_uneven_mean"));
+  d["inputs"][0]["shape"] = {6, 4};
+  d.erase("expect");
+  const json theirs = run_doc(d);
+  EXPECT_EQ(theirs["values"]["m"]["local_shapes"][3], json::array({4}));
+  EXPECT_EQ(theirs["checks"]["forward_equivalence"], false);
+  EXPECT_TRUE(theirs["max_abs_error"].is_null()) << "NaN against a number";
+  EXPECT_EQ(run_doc(d, {{"semantics", "meshsim"}})["status"], "pass");
+}
+
 // Redistribute.backward: meshsim's hook all_reduces the P(sum) gradient of the R output and
 // chunks it; PyTorch's backward reduce_scatters it straight to S(0). Both are right.
 TEST(Semantics, RedistributeBackwardBytesUnderBothSemantics) {
