@@ -8,6 +8,8 @@
 #include "core/cotangent.h"
 #include "core/error.h"
 #include "core/mutants.h"
+#include "core/semantics.h"
+#include "oracles/mismatch.h"
 #include "oracles/oracle.h"
 #include "sim/data.h"
 #include "sim/interpreter.h"
@@ -25,12 +27,6 @@ nlohmann::json placements_json(const Spec& spec) {
 // The larger of two errors, NaN winning (std::max would drop it).
 double worse(double a, double b) {
   return std::isnan(a) || std::isnan(b) ? std::numeric_limits<double>::quiet_NaN() : std::max(a, b);
-}
-
-std::string format_error(double err) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.6g", err);
-  return buf;
 }
 
 // NaN and infinity have no JSON spelling: null.
@@ -110,14 +106,45 @@ void semantic_error(CheckedRun& out, const SemanticError& e) {
   out.exit_code = exit_code_for(e.kind());
 }
 
+// A failed comparison in numbers, added to `mismatches`; returns its one-line message. A layout
+// problem or locals that do not form a tensor (`problem`, `leads`) lead the message, as they did
+// before there were numbers; replicas that disagree (assemble's problem otherwise) are the
+// mismatch's own to say.
+std::string report_mismatch(const std::string& value, const char* kind, const Mesh& mesh, const Spec& spec,
+                            const Locals& locals, const at::Tensor& global, const at::Tensor& ref, double tol,
+                            const std::string& problem, bool leads, const std::vector<const DTensor*>& context,
+                            nlohmann::json& mismatches) {
+  Mismatch m = describe_mismatch(mesh, spec, locals, global, ref, tol, context);
+  const bool numbers = global.defined() && global.sizes() == ref.sizes() && m.mismatched > 0;
+  if (!problem.empty() && (leads || !m.replicas_disagree())) m.message = numbers ? problem + "; " + m.message : problem;
+  nlohmann::json entry = m.to_json();
+  entry["value"] = value;
+  entry["kind"] = kind;
+  mismatches.push_back(entry);
+  return m.message;
+}
+
+// A gradient's locals scaled as its assembled global is compared: times its divisor.
+Locals scaled(const Locals& locals, int64_t divisor) {
+  if (divisor == 1) return locals;
+  Locals out;
+  for (const auto& t : locals) out.push_back(t * static_cast<double>(divisor));
+  return out;
+}
+
 // The comparisons of a run with its oracle, into the result.
 void compare(const Scenario& sc, const RunOptions& options, const SimRun& run, const OracleRun& oracle,
              CheckedRun& out) {
   nlohmann::json& r = out.result;
   const double tol = comparison_tolerance(sc, options);
 
-  Comparison forward, gradient, duality, tracking;
+  Comparison forward, gradient, duality, tracking, from_local;
+  const bool hookless = follows(options.semantics, Difference::NoGradientHook);
   std::vector<std::string> unchecked;  // values the oracle cannot know (a local_map without reference)
+  nlohmann::json mismatches = nlohmann::json::array();
+  // Values whose empty shards may explain a NaN.
+  std::vector<const DTensor*> context;
+  for (const auto& name : run.named) context.push_back(&run.values.at(name));
   r["values"] = nlohmann::json::object();
   for (const auto& name : run.named) {
     const DTensor& v = run.values.at(name);
@@ -125,6 +152,7 @@ void compare(const Scenario& sc, const RunOptions& options, const SimRun& run, c
     for (const auto& t : v.locals) local_shapes.push_back(t.sizes().vec());
     r["values"][name] = {{"placements", placements_json(v.spec)}, {"shape", v.shape}, {"local_shapes", local_shapes}};
     std::string problem = layout_problem(sc.mesh, v);
+    const bool laid_out = problem.empty();
     at::Tensor global = assemble_checked(sc.mesh, v.spec, v.locals, problem);
     const at::Tensor& ref = oracle.values.at(name);
     if (!ref.defined()) {
@@ -134,7 +162,12 @@ void compare(const Scenario& sc, const RunOptions& options, const SimRun& run, c
     }
     double err = global.defined() ? max_abs_diff(global, ref) : std::numeric_limits<double>::infinity();
     bool pass = problem.empty() && within(err, tol, ref);
-    forward.add(name, err, pass, problem.empty() ? "differs from the oracle by " + format_error(err) : problem);
+    std::string message;
+    if (!pass) {
+      message = report_mismatch(name, "value", sc.mesh, v.spec, v.locals, global, ref, tol, problem,
+                                !laid_out || !global.defined(), context, mismatches);
+    }
+    forward.add(name, err, pass, message);
   }
   r["grads"] = nlohmann::json::object();
   for (const auto& name : run.grad_inputs) {
@@ -155,15 +188,23 @@ void compare(const Scenario& sc, const RunOptions& options, const SimRun& run, c
       }
       const at::Tensor& ref = oracle.grads.at(name);
       const double err = max_abs_diff(ref, at::zeros_like(ref));
-      gradient.add("grad " + name, err, within(err, tol, ref),
-                   "no gradient reaches it on the mesh, the oracle's differs from zero by " + format_error(err));
+      const bool pass = within(err, tol, ref);
+      std::string message;
+      if (!pass)
+        message = "no gradient reaches it on the mesh, the oracle's differs from zero: " +
+                  report_mismatch(name, "grad", sc.mesh, v.spec, {}, at::zeros_like(ref), ref, tol, "", false,
+                                  context, mismatches);
+      gradient.add("grad " + name, err, pass, message);
       continue;
     }
     const Spec want = cotangent_spec(v.spec);
     const int64_t want_divisor = cotangent_scale_divisor(sc.mesh, v.spec);
     r["grads"][name] = {{"placements", placements_json(got->second.spec)}, {"cotangent", placements_json(want)}};
-    duality.add(name, 0.0, got->second.spec == want && got->second.divisor == want_divisor,
-                "gradient is " + spec_str(got->second.spec) + ", its cotangent is " + spec_str(want));
+    // Without the gradient hook (semantics pytorch) a gradient keeps the placements its op's
+    // backward gave it, as PyTorch's .grad does: duality is not a rule there, and not a check.
+    if (!hookless)
+      duality.add(name, 0.0, got->second.spec == want && got->second.divisor == want_divisor,
+                  "gradient is " + spec_str(got->second.spec) + ", its cotangent is " + spec_str(want));
     if (!oracle.grads.count(name)) {
       unchecked.push_back("grad " + name);
       gradient.skip();
@@ -172,22 +213,38 @@ void compare(const Scenario& sc, const RunOptions& options, const SimRun& run, c
     std::string problem;
     at::Tensor global = assemble_checked(sc.mesh, got->second.spec, run.grads.at(name), problem);
     const at::Tensor& ref = oracle.grads.at(name);
-    double err = global.defined() ? max_abs_diff(global * static_cast<double>(got->second.divisor), ref)
-                                  : std::numeric_limits<double>::infinity();
-    gradient.add("grad " + name, err, problem.empty() && within(err, tol, ref),
-                 problem.empty() ? "differs from the oracle by " + format_error(err) : problem);
+    if (global.defined()) global = global * static_cast<double>(got->second.divisor);
+    double err = global.defined() ? max_abs_diff(global, ref) : std::numeric_limits<double>::infinity();
+    const bool pass = problem.empty() && within(err, tol, ref);
+    std::string message;
+    if (!pass)
+      message = report_mismatch(name, "grad", sc.mesh, got->second.spec,
+                                scaled(run.grads.at(name), got->second.divisor), global, ref, tol, problem,
+                                !global.defined(), context, mismatches);
+    gradient.add("grad " + name, err, pass, message);
   }
   for (const auto& p : run.runtime->tracking_problems()) duality.add("tracking", 0.0, false, p);
   for (const auto& name : run.runtime->body_order()) {
     const auto& b = run.runtime->body_values().at(name);
     r["values"][name] = {{"variant", b.variant}, {"reduced", b.reduced}, {"local_shapes", b.local_shapes}};
     if (b.untracked) r["values"][name]["untracked"] = true;
+    if (b.unchecked) {  // plain local code keeps no sets: null, not the empty (invariant) list
+      r["values"][name]["variant"] = nullptr;
+      r["values"][name]["reduced"] = nullptr;
+      r["values"][name]["variance"] = "unchecked";
+    }
   }
+  bool any_from_local = false;
+  for (const auto& op : sc.program) any_from_local |= op.op == "from_local" && op.attrs.value("run_check", false);
+  for (const auto& [check, what] : run.runtime->check_failures())
+    if (check == "from_local") from_local.add("from_local", 0.0, false, what);
   for (const auto& u : run.runtime->untracked()) tracking.add("untracked", 0.0, false, u);
   if (!unchecked.empty()) r["unchecked"] = unchecked;
 
   r["collectives"] = collectives_json(out.events);
-  r["checks"] = {{"forward_equivalence", forward.verdict()}, {"duality", duality.verdict()}};
+  r["checks"] = {{"forward_equivalence", forward.verdict()}};
+  if (!hookless) r["checks"]["duality"] = duality.verdict();
+  if (any_from_local) r["checks"]["from_local"] = from_local.verdict();
   if (run.ran_backward) r["checks"]["gradient_equivalence"] = gradient.verdict();
   if (run.has_local_map) {
     // Every LTensor passed the exclusivity check after every op and strategy (a violation is an
@@ -196,16 +253,17 @@ void compare(const Scenario& sc, const RunOptions& options, const SimRun& run, c
     r["checks"]["variance_tracking"] = tracking.verdict();
   }
   r["max_abs_error"] = error_json(worse(forward.max_error, gradient.max_error));
-  const bool failed = !(forward.ok && gradient.ok && duality.ok && tracking.ok);
+  const bool failed = !(forward.ok && gradient.ok && duality.ok && tracking.ok && from_local.ok);
   // Nothing failed, but a comparison did not run: not a pass (exit 0 all the same: nothing failed).
   const bool partial = forward.not_run || gradient.not_run;
   r["status"] = failed ? "fail" : partial ? "unchecked" : "pass";
   r["error"] = nullptr;
   if (failed) {
     nlohmann::json failures = nlohmann::json::array();
-    for (const auto* c : {&forward, &gradient, &duality, &tracking})
+    for (const auto* c : {&forward, &gradient, &duality, &tracking, &from_local})
       for (const auto& p : c->problems) failures.push_back(p);
     r["failures"] = failures;
+    if (!mismatches.empty()) r["mismatches"] = mismatches;
   }
   r["options"] = options.to_json();
   const auto& st = run.runtime->stats();
@@ -213,6 +271,51 @@ void compare(const Scenario& sc, const RunOptions& options, const SimRun& run, c
                 {"propagations", st.propagations},
                 {"cache_hits", st.cache_hits}};
   out.exit_code = failed ? 1 : 0;
+}
+
+Locals detached(const Locals& locals) {
+  Locals out;
+  for (const auto& t : locals) out.push_back(t.detach());
+  return out;
+}
+
+// The run's values and input gradients for inspection, with the oracle's where it ran.
+std::shared_ptr<RunTensors> kept_tensors(const Scenario& sc, const SimRun& run, const OracleRun* oracle) {
+  auto out = std::make_shared<RunTensors>();
+  auto global_of = [&](const Spec& spec, const Locals& locals) {
+    std::string problem;  // the files show what the locals hold, whatever their problem
+    at::Tensor t = assemble_checked(sc.mesh, spec, locals, problem);
+    return t.defined() ? t.detach() : t;
+  };
+  auto oracle_of = [](const std::map<std::string, at::Tensor>* m, const std::string& name) {
+    if (!m) return at::Tensor();
+    auto it = m->find(name);
+    return it == m->end() || !it->second.defined() ? at::Tensor() : it->second.detach();
+  };
+  for (const auto& name : run.named) {
+    const DTensor& v = run.values.at(name);
+    out->values.push_back({name, v.spec, detached(v.locals), 1, global_of(v.spec, v.locals),
+                           oracle_of(oracle ? &oracle->values : nullptr, name)});
+  }
+  if (!run.ran_backward) return out;
+  for (const auto& name : run.grad_inputs) {
+    KeptTensor k;
+    k.name = name;
+    k.oracle = oracle_of(oracle ? &oracle->grads : nullptr, name);
+    auto got = run.grad_specs.find(name);
+    auto grads = run.grads.find(name);
+    if (got != run.grad_specs.end() && grads != run.grads.end()) {
+      k.spec = got->second.spec;
+      k.divisor = got->second.divisor;
+      k.locals = detached(grads->second);
+      k.global = global_of(k.spec, k.locals);
+      if (k.global.defined()) k.global = k.global * static_cast<double>(k.divisor);
+    } else if (has_cotangent(run.values.at(name).spec)) {
+      k.spec = cotangent_spec(run.values.at(name).spec);  // no gradient reached it: where it would be
+    }
+    out->grads.push_back(std::move(k));
+  }
+  return out;
 }
 
 }  // namespace
@@ -228,7 +331,9 @@ bool exact_op(const OpDecl& op) {
       "bmm", "matmul", "linear", "permute", "view", "reshape", "flatten", "unflatten", "squeeze",
       "unsqueeze", "expand", "cat", "stack", "narrow",
       // local_map body ops; all_reduce(avg) divides by its group size, checked with the mesh.
-      "all_reduce", "all_gather", "reduce_scatter", "all_to_all", "mark_varying"};
+      "all_reduce", "all_gather", "reduce_scatter", "all_to_all", "mark_varying",
+      // local code's ends (the values as they are)
+      "to_local", "from_local"};
   // Built-in Functions: x * x, and a sum over the group.
   static const std::set<std::string> exact_functions = {"local_square", "opaque_all_reduce",
                                                         "opaque_all_reduce_unregistered"};
@@ -259,7 +364,7 @@ double comparison_tolerance(const Scenario& sc, const RunOptions& options) {
   return exact ? 0.0 : 1e-12;
 }
 
-CheckedRun check_scenario(const Scenario& sc, const RunOptions& options) {
+CheckedRun check_scenario(const Scenario& sc, const RunOptions& options, bool keep_values) {
   CheckedRun out;
   nlohmann::json& r = out.result;
   r["format"] = "meshsim.result/1";
@@ -277,16 +382,28 @@ CheckedRun check_scenario(const Scenario& sc, const RunOptions& options) {
     return out;
   }
   out.events = run.runtime->events();
+  // Never throws: what cannot be kept is not kept (no files beat no result).
+  auto keep = [&](const OracleRun* oracle) {
+    if (!keep_values) return;
+    try {
+      out.tensors = kept_tensors(sc, run, oracle);
+    } catch (const std::exception&) {
+      out.tensors.reset();
+    }
+  };
   OracleRun oracle;
   try {
     oracle = run_oracle(sc, run.input_globals, options.dtype);
   } catch (const SemanticError& e) {  // a local_map reference libtorch refuses
     semantic_error(out, e);
+    keep(nullptr);
     return out;
   } catch (const std::exception& e) {
     raised(out, options, "the single-device oracle", e);
+    keep(nullptr);
     return out;
   }
+  keep(&oracle);
   try {
     compare(sc, options, run, oracle, out);
   } catch (const std::exception& e) {

@@ -35,10 +35,14 @@ std::vector<DTensor> make_inputs(const Scenario& sc, const RunOptions& options,
   return out;
 }
 
+// check_variance false: plain local code (the default under semantics pytorch, whose local_map
+// tracks nothing).
+static bool tracked_local_map(const Runtime& rt, const OpDecl& op) {
+  return op.attrs.value("check_variance", !rt.follows(Difference::LocalMapUntracked));
+}
+
 std::vector<DTensor> run_local_map(Runtime& rt, const OpDecl& op, const std::vector<DTensor>& args) {
-  // check_variance false: plain local code (the default under semantics pytorch, whose local_map
-  // tracks nothing).
-  BodyContext ctx(rt, op.attrs.value("check_variance", !rt.follows(Difference::LocalMapUntracked)));
+  BodyContext ctx(rt, tracked_local_map(rt, op));
   std::map<std::string, LTensor> env;
   for (size_t i = 0; i < args.size(); ++i) {
     const DTensor& a = args[i];
@@ -365,7 +369,7 @@ SimRun run_distributed(const Scenario& sc, const RunOptions& options) {
         run.named.push_back(op.outs[k]);
         run.values[op.outs[k]] = std::move(outs[k]);
       }
-      run.has_local_map = true;
+      run.has_local_map |= tracked_local_map(rt, op);
       continue;
     }
     if (is_split_op(op.op)) {  // one narrow per piece, each its own value

@@ -21,7 +21,7 @@ struct SimRun {
   std::map<std::string, Locals> grads;
   std::map<std::string, GradSpec> grad_specs;  // but inputs with no cotangent no gradient reached
   bool ran_backward = false;
-  bool has_local_map = false;
+  bool has_local_map = false;  // a tracked one (exclusivity and variance tracking were checked)
 };
 
 // Runs one local_map op: its args enter as LTensors (after redistribution to in_placements), the
