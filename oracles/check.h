@@ -2,24 +2,46 @@
 // result (DESIGN.md, contract 3) with the run's events (contract 4).
 #pragma once
 
+#include <memory>
+#include <string>
 #include <vector>
 
+#include <ATen/ATen.h>
 #include <nlohmann/json.hpp>
 
 #include "core/event.h"
+#include "core/placement.h"
 #include "core/scenario.h"
 
 namespace meshsim {
+
+// One value of a run kept for inspection (meshsim run --values): the mesh's and the oracle's.
+struct KeptTensor {
+  std::string name;
+  Spec spec;                        // the layout of `locals`
+  std::vector<at::Tensor> locals;   // per rank, as laid out (a gradient's: the global gradient / divisor)
+  int64_t divisor = 1;              // a gradient's: the assembled locals times this are the gradient
+  at::Tensor global;                // assembled (times divisor); undefined when the locals do not assemble
+  at::Tensor oracle;                // undefined where the oracle has none
+};
+
+struct RunTensors {
+  std::vector<KeptTensor> values;  // every named DTensor value, in scenario order
+  std::vector<KeptTensor> grads;   // every input gradient, in input order (empty locals: none reached it)
+};
 
 struct CheckedRun {
   nlohmann::json result;  // meshsim.result/1
   std::vector<Event> events;
   int exit_code = 0;      // 0 pass, 1 a check failed, 2 or 3 an error (contract 1)
+  std::shared_ptr<RunTensors> tensors;  // with keep_values, once the mesh's run finished; else null
 };
 
 // Never throws for a scenario that parsed: errors of the semantics become status "error", and
 // whatever libtorch raises (in the run, the oracle or the comparison) a failed check or an error.
-CheckedRun check_scenario(const Scenario& sc, const RunOptions& options);
+// With keep_values, `tensors` holds the run's values and gradients (detached) when the mesh's run
+// finished (the oracle's where it ran too).
+CheckedRun check_scenario(const Scenario& sc, const RunOptions& options, bool keep_values = false);
 
 // How far the mesh's values and gradients may differ from the oracle's, relative to the largest
 // finite magnitude of the oracle's (at least 1): 0 (bit for bit) for float64 integer data on meshes
