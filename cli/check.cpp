@@ -37,13 +37,49 @@ std::vector<const Property*> select(const std::vector<std::string>& names) {
   return out;
 }
 
+// The scenario without the inputs no program op reads (a local_map's body sees only its args, so
+// its args count) and that are not the backward value: shrinking drops ops, not their inputs.
+nlohmann::json without_unused_inputs(const nlohmann::json& doc) {
+  std::set<std::string> used;
+  if (doc.contains("backward") && doc["backward"].is_string()) used.insert(doc["backward"].get<std::string>());
+  for (const auto& op : doc.value("program", nlohmann::json::array()))
+    for (const auto& a : op.value("args", nlohmann::json::array()))
+      if (a.is_string()) used.insert(a.get<std::string>());
+  nlohmann::json out = doc;
+  out["inputs"] = nlohmann::json::array();
+  for (const auto& in : doc.value("inputs", nlohmann::json::array()))
+    if (used.count(in.value("name", ""))) out["inputs"].push_back(in);
+  return out;
+}
+
+// What a counterexample shows: its status, error kind and failed checks.
+nlohmann::json verdict(const nlohmann::json& result) {
+  nlohmann::json failed = nlohmann::json::array();
+  if (result.contains("checks") && result["checks"].is_object())
+    for (const auto& [check, ok] : result["checks"].items())
+      if (ok == false) failed.push_back(check);
+  const bool error = result.contains("error") && result["error"].is_object();
+  return {result.value("status", ""), error ? result["error"].value("kind", "") : "", failed};
+}
+
 // Writes the shrunk counterexample as a trace and returns its path ("" when it has no scenario).
+// Its unused inputs are dropped when the failure stays the same without them: an input's data
+// come from its position (the seed's stream i), so dropping one changes the data of those after it.
 std::string write_counterexample(const Failure& f, const std::string& dir, const std::string& name) {
   if (f.scenario.is_null()) return {};
   Scenario sc = parse_scenario(f.scenario, name);
   RunOptions options = sc.options;
   for (const auto& [key, value] : f.options.items()) set_option(options, key, value);
   CheckedRun run = check_scenario(sc, options);
+  const nlohmann::json pruned = without_unused_inputs(f.scenario);
+  if (pruned["inputs"].size() < f.scenario["inputs"].size()) {
+    Scenario smaller = parse_scenario(pruned, name);
+    CheckedRun smaller_run = check_scenario(smaller, options);
+    if (verdict(smaller_run.result) == verdict(run.result)) {
+      sc = std::move(smaller);
+      run = std::move(smaller_run);
+    }
+  }
   std::filesystem::create_directories(dir);
   std::string path = (std::filesystem::path(dir) / (name + ".trace.json")).string();
   write_trace(trace_of(sc, options, run), path);

@@ -1,8 +1,15 @@
 #include "cli/commands.h"
 
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
 #include <iostream>
+#include <optional>
+#include <sstream>
 
+#include "cli/expect.h"
 #include "cli/trace_of.h"
+#include "cli/values.h"
 #include "core/error.h"
 #include "core/scenario.h"
 #include "oracles/check.h"
@@ -11,8 +18,11 @@
 
 namespace meshsim::cli {
 
-RunOptions options_with_overrides(const Scenario& sc, const std::vector<std::string>& overrides) {
-  RunOptions options = sc.options;
+namespace fs = std::filesystem;
+
+namespace {
+
+RunOptions with_overrides(RunOptions options, const std::vector<std::string>& overrides) {
   for (const auto& kv : overrides) {
     auto eq = kv.find('=');
     if (eq == std::string::npos || eq == 0)
@@ -24,6 +34,12 @@ RunOptions options_with_overrides(const Scenario& sc, const std::vector<std::str
     }
   }
   return options;
+}
+
+}  // namespace
+
+RunOptions options_with_overrides(const Scenario& sc, const std::vector<std::string>& overrides) {
+  return with_overrides(sc.options, overrides);
 }
 
 namespace {
@@ -64,6 +80,8 @@ void print_summary(const Scenario& sc, const RunOptions& options, const nlohmann
     if (!v.is_object()) continue;
     if (v.contains("placements"))
       std::cout << "  value " << name << " " << join_specs(v["placements"]) << " shape " << v.value("shape", nlohmann::json()).dump() << "\n";
+    else if (v.value("variance", "") == "unchecked")  // plain local code: no sets kept
+      std::cout << "  value " << name << " (local code, unchecked)\n";
     else  // an LTensor of a local_map body
       std::cout << "  value " << name << " (local_map body) variant " << join_specs(v.value("variant", nlohmann::json()))
                 << " reduced " << join_specs(v.value("reduced", nlohmann::json()))
@@ -111,22 +129,278 @@ Scenario scenario_from_trace(const Trace& t, const std::string& file, RunOptions
   return sc;
 }
 
+// A scenario, or a trace's scenario, ready to run: its options before any --option.
+struct Runnable {
+  Scenario sc;
+  RunOptions options;
+};
+
+Runnable runnable_of(const nlohmann::json& doc, const std::string& file) {
+  if (is_trace_document(doc)) {
+    RunOptions options;
+    Scenario sc = scenario_from_trace(trace_from_json(doc, file), file, options);
+    return {std::move(sc), options};
+  }
+  Scenario sc = parse_scenario(doc, file);
+  RunOptions options = sc.options;
+  return {std::move(sc), options};
+}
+
+// One file run and judged: the checked run, its expect block's verdict and --strict's.
+struct FileRun {
+  Scenario sc;
+  RunOptions options;
+  CheckedRun run;
+  std::optional<Expectation> expect;
+  std::vector<std::string> unmet;  // the expectations not met
+  std::string strict_problem;      // why --strict fails an unchecked run ("" when it does not)
+  int exit_code = 0;
+
+  // The result as printed: with the expect block's verdict when there is one.
+  nlohmann::json result() const {
+    nlohmann::json r = run.result;
+    if (expect) r["expect"] = {{"met", unmet.empty()}, {"unmet", unmet}};
+    return r;
+  }
+};
+
+FileRun run_file(const nlohmann::json& doc, const std::string& file, const RunArgs& args) {
+  Runnable r = runnable_of(doc, file);
+  FileRun f{std::move(r.sc), {}, {}, std::nullopt, {}, "", 0};
+  f.expect = parse_expectation(f.sc);  // before the run: a malformed block is unusable input
+  f.options = with_overrides(r.options, args.options);
+  f.run = check_scenario(f.sc, f.options, /*keep_values=*/!args.values_dir.empty());
+  f.exit_code = f.run.exit_code;
+  if (f.expect) {
+    f.unmet = unmet_expectations(*f.expect, f.run.result, f.run.exit_code);
+    // A met block makes a known failure or error a passing regression test.
+    f.exit_code = f.unmet.empty() ? 0 : 1;
+  }
+  // A block that expects status unchecked has accepted it; one that is silent on it has not.
+  const bool unchecked_expected = f.expect && f.expect->status == std::string("unchecked");
+  if (args.strict && f.run.result.value("status", "") == "unchecked" && !unchecked_expected) {
+    f.strict_problem = "strict: status unchecked is a failure; no oracle value for";
+    for (const auto& u : members(f.run.result, "unchecked"))
+      f.strict_problem += " " + (u.is_string() ? u.get<std::string>() : u.dump());
+    f.exit_code = std::max(f.exit_code, 1);
+  }
+  return f;
+}
+
+// The expect block's and --strict's lines under the human summary.
+void print_verdicts(const FileRun& f) {
+  if (f.expect && f.unmet.empty())
+    std::cout << "expect: met (status " << f.run.result.value("status", "") << " as expected)\n";
+  for (const auto& u : f.unmet) std::cout << "expect: " << u << "\n";
+  if (!f.strict_problem.empty()) std::cout << f.strict_problem << "\n";
+}
+
+// One file, as `meshsim run FILE` has always run it (and the expect and --strict lines).
+int run_single(const RunArgs& args) {
+  const std::string& file = args.files.front();
+  FileRun f = run_file(read_json_file(file), file, args);
+  if (args.json) {
+    std::cout << f.result().dump(2) << "\n";
+    if (!f.strict_problem.empty()) std::cerr << f.strict_problem << "\n";
+  } else {
+    print_summary(f.sc, f.options, f.run.result);
+    print_verdicts(f);
+  }
+  if (!args.values_dir.empty()) write_values(f.run, args.values_dir, args.values_per_rank);
+  Trace trace = trace_of(f.sc, f.options, f.run);
+  if (!args.trace_out.empty()) write_trace(trace, args.trace_out);
+  if (!args.render_out.empty()) render_to_file(trace, args.render_out, parse_render_view(args.render_view));
+  return f.exit_code;
+}
+
+// One file of several: its exit code, its verdict line and its result.
+struct Report {
+  std::string file;
+  int exit_code = 0;
+  std::string detail;
+  nlohmann::json result;
+};
+
+Report report_of(const FileRun& f, const std::string& file) {
+  Report rep{file, f.exit_code, "", f.result()};
+  const std::string status = f.run.result.value("status", "");
+  if (!f.unmet.empty()) {
+    rep.detail = "expect " + f.unmet.front();
+    if (f.unmet.size() > 1) rep.detail += " (and " + std::to_string(f.unmet.size() - 1) + " more)";
+  } else if (!f.strict_problem.empty()) {
+    rep.detail = f.strict_problem;
+  } else if (f.expect) {
+    rep.detail = status + ", as expected";
+  } else if (status == "error") {
+    const nlohmann::json& e = members(f.run.result, "error");
+    rep.detail = "error " + text_of(e, "kind") + ": " + first_line(text_of(e, "message", ""));
+  } else if (status == "fail" && !members(f.run.result, "failures").empty()) {
+    const nlohmann::json& first = members(f.run.result, "failures").front();
+    rep.detail = "fail: " + (first.is_string() ? first.get<std::string>() : first.dump());
+  } else {
+    rep.detail = status;
+  }
+  return rep;
+}
+
+// A file that could not be run (unreadable, malformed, a malformed expect block): exit 2 or 3.
+Report report_of(const std::string& file, int exit_code, ErrorKind kind, const std::string& message) {
+  nlohmann::json r = {{"format", "meshsim.result/1"},
+                      {"status", "error"},
+                      {"error", {{"kind", error_kind_name(kind)}, {"message", message}}}};
+  return {file, exit_code, message, r};
+}
+
+Report report_of(const std::string& file, const InputError& e) {
+  return report_of(file, 2, e.kind(), e.file() == file ? e.json_path() + ": " + e.detail() : e.what());
+}
+
+// Runs one file of several; what stops it is reported for that file, never for the others (as
+// main() reports it for one file).
+Report run_reported(const nlohmann::json& doc, const std::string& file, const RunArgs& args) {
+  try {
+    return report_of(run_file(doc, file, args), file);
+  } catch (const InputError& e) {
+    return report_of(file, e);
+  } catch (const SemanticError& e) {
+    return report_of(file, exit_code_for(e.kind()), e.kind(), e.what());
+  } catch (const std::exception& e) {  // a bug of meshsim's own
+    return report_of(file, 1, ErrorKind::InvalidScenario, std::string("internal error: ") + e.what());
+  }
+}
+
+bool is_scenario_document(const nlohmann::json& doc) {
+  return doc.is_object() && doc.contains("format") && doc["format"] == "meshsim.scenario/1";
+}
+
+// The *.json files under a directory, sorted by path; InputError when it cannot be listed.
+std::vector<std::string> json_files_under(const std::string& dir) {
+  std::vector<std::string> out;
+  std::error_code ec;
+  for (fs::recursive_directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec))
+    if (it->path().extension() == ".json" && it->is_regular_file()) out.push_back(it->path().string());
+  if (ec) throw InputError(dir, "", "cannot list the directory: " + ec.message());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// Every file of the arguments, run in turn: a verdict line each (or one JSON array), a summary,
+// and the worst exit code.
+int run_several(const RunArgs& args) {
+  std::vector<Report> reports;
+  auto reported = [&](Report rep) {
+    if (!args.json)
+      std::cout << (rep.exit_code == 0 ? "ok     " : rep.exit_code == 1 ? "FAIL   " : "ERROR  ") << rep.file << ": "
+                << rep.detail << std::endl;  // flushed: a long suite shows its progress
+    reports.push_back(std::move(rep));
+  };
+  for (const auto& arg : args.files) {
+    std::error_code ec;
+    if (!fs::is_directory(arg, ec)) {
+      try {
+        reported(run_reported(read_json_file(arg), arg, args));
+      } catch (const InputError& e) {
+        reported(report_of(arg, e));
+      }
+      continue;
+    }
+    size_t found = 0;
+    try {
+      for (const auto& file : json_files_under(arg)) {
+        nlohmann::json doc;
+        try {
+          doc = read_json_file(file);
+        } catch (const InputError& e) {  // unreadable or not JSON: it may be a broken scenario
+          ++found;
+          reported(report_of(file, e));
+          continue;
+        }
+        if (!is_scenario_document(doc)) continue;  // goldens, traces, other JSON
+        ++found;
+        reported(run_reported(doc, file, args));
+      }
+      // An empty directory is more likely a wrong path than an empty suite.
+      if (found == 0)
+        reported(report_of(arg, 2, ErrorKind::InvalidScenario, "no scenario files (meshsim.scenario/1) in it"));
+    } catch (const InputError& e) {
+      reported(report_of(arg, e));
+    }
+  }
+  int worst = 0, passed = 0, failed = 0, errors = 0;
+  nlohmann::json results = nlohmann::json::array();
+  for (const auto& rep : reports) {
+    worst = std::max(worst, rep.exit_code);
+    (rep.exit_code == 0 ? passed : rep.exit_code == 1 ? failed : errors) += 1;
+    nlohmann::json r = {{"file", rep.file}};
+    r.update(rep.result);
+    results.push_back(r);
+  }
+  std::ostringstream summary;
+  summary << reports.size() << " scenarios: " << passed << " passed, " << failed << " failed, " << errors
+          << " errors\n";
+  if (args.json) {
+    std::cout << results.dump(2) << "\n";
+    std::cerr << summary.str();  // stdout holds the JSON array alone
+  } else {
+    std::cout << summary.str();
+  }
+  return worst;
+}
+
+// Writes `text` to `path` through `path`.tmp and a rename, so a failed write leaves any old file whole.
+void write_file_safely(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp";
+  std::ofstream out(tmp, std::ios::binary);
+  out << text;
+  out.close();
+  std::error_code ec;
+  if (!out) {
+    fs::remove(tmp, ec);
+    throw InputError(path, "", "cannot write the file");
+  }
+  fs::rename(tmp, path, ec);
+  if (ec) {
+    std::error_code ignored;
+    fs::remove(tmp, ignored);
+    throw InputError(path, "", "cannot write the file: " + ec.message());
+  }
+}
+
+bool same_file(const std::string& a, const std::string& b) {
+  std::error_code ec;
+  return fs::equivalent(a, b, ec) && !ec;
+}
+
+// replay --scenario OUT: the trace's scenario with the options it ran with, as a scenario file.
+int write_trace_scenario(const Trace& t, const std::string& trace_file, const std::string& out) {
+  if (same_file(out, trace_file) || same_file(out + ".tmp", trace_file))
+    throw InputError("--scenario", "", out + " is the trace being read; name another file");
+  RunOptions options;
+  scenario_from_trace(t, trace_file, options);  // a trace whose scenario does not parse writes nothing
+  nlohmann::json doc = t.scenario;
+  doc["options"] = options.to_json();
+  write_file_safely(out, doc.dump(2) + "\n");
+  std::cout << "wrote " << out << " (the scenario of " << trace_file << " with its recorded options)\n";
+  return 0;
+}
+
 }  // namespace
 
 int cmd_run(const RunArgs& args) {
-  Scenario sc = load_scenario(args.file);
-  RunOptions options = options_with_overrides(sc, args.options);
-  CheckedRun run = check_scenario(sc, options);
-  if (args.json) std::cout << run.result.dump(2) << "\n";
-  else print_summary(sc, options, run.result);
-  Trace trace = trace_of(sc, options, run);
-  if (!args.trace_out.empty()) write_trace(trace, args.trace_out);
-  if (!args.render_out.empty()) render_to_file(trace, args.render_out, parse_render_view(args.render_view));
-  return run.exit_code;
+  std::error_code ec;
+  const bool one_file = args.files.size() == 1 && !fs::is_directory(args.files.front(), ec);
+  if (one_file) return run_single(args);
+  if (!args.trace_out.empty() || !args.render_out.empty() || !args.values_dir.empty()) {
+    std::cerr << "meshsim: run: --trace, --render and --values take exactly one scenario file, not "
+              << (args.files.size() == 1 ? "a directory" : std::to_string(args.files.size()) + " files") << "\n";
+    return 2;
+  }
+  return run_several(args);
 }
 
 int cmd_replay(const ReplayArgs& args) {
   Trace recorded = read_trace(args.trace);
+  if (!args.scenario_out.empty()) return write_trace_scenario(recorded, args.trace, args.scenario_out);
   RunOptions options;
   Scenario sc = scenario_from_trace(recorded, args.trace, options);
   CheckedRun run = check_scenario(sc, options);

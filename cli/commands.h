@@ -12,17 +12,24 @@ namespace meshsim::cli {
 RunOptions options_with_overrides(const Scenario& sc, const std::vector<std::string>& overrides);
 
 struct RunArgs {
-  std::string file;
+  // Scenario files, trace files (run with their recorded options) and directories (searched for
+  // scenario files). One file runs as it always has; several print a verdict each and a summary.
+  std::vector<std::string> files;
   bool json = false;
+  bool strict = false;  // status unchecked is a failure (exit 1)
+  // Single file only:
   std::string trace_out;
   std::string render_out;
   std::string render_view = "logical";  // logical | ranks
+  std::string values_dir;               // --values DIR
+  bool values_per_rank = false;         // --values-per-rank
   std::vector<std::string> options;  // key=value
 };
 int cmd_run(const RunArgs& args);
 
 struct ReplayArgs {
   std::string trace;
+  std::string scenario_out;  // --scenario OUT: write the trace's scenario there instead of replaying
 };
 int cmd_replay(const ReplayArgs& args);
 

@@ -14,15 +14,27 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
 
   cli::RunArgs run;
-  auto* run_cmd = app.add_subcommand("run", "Run a scenario on the fake mesh and check it against the single-device oracle");
-  run_cmd->add_option("file", run.file, "Scenario file (meshsim.scenario/1)")->required();
-  run_cmd->add_flag("--json", run.json, "Print the result as JSON (meshsim.result/1)");
+  auto* run_cmd =
+      app.add_subcommand("run", "Run scenarios on the fake mesh and check them against the single-device oracle");
+  run_cmd->add_option("files", run.files,
+                      "Scenario files (meshsim.scenario/1), traces (run with their recorded options) and "
+                      "directories (searched for scenario files); several print a verdict each and a summary")
+      ->required();
+  run_cmd->add_flag("--json", run.json, "Print the result as JSON (meshsim.result/1); several: one JSON array");
+  run_cmd->add_flag("--strict", run.strict, "Status unchecked (values without an oracle value) is a failure");
   run_cmd->add_option("--trace", run.trace_out, "Write the trace (meshsim.trace/1) to this file");
   auto* run_render = run_cmd->add_option("--render", run.render_out, "Write the dataflow diagram (.svg, .png or .dot)");
   run_cmd->add_option("--view", run.render_view, "Diagram view for --render: logical (default) or ranks")
       ->check(CLI::IsMember({"logical", "ranks"}))
       ->needs(run_render);
-  run_cmd->add_option("--option", run.options, "Override a scenario option, key=value (repeatable)");
+  auto* run_values = run_cmd->add_option("--values", run.values_dir,
+                                         "Write the run's values and gradients, the mesh's and the oracle's, as .npy "
+                                         "files in this directory");
+  run_cmd->add_flag("--values-per-rank", run.values_per_rank, "With --values, each rank's local tensors too")
+      ->needs(run_values);
+  // One value per --option, so that scenario files may follow it.
+  run_cmd->add_option("--option", run.options, "Override a scenario option, key=value (repeatable)")
+      ->allow_extra_args(false);
 
   cli::CheckArgs check;
   auto* check_cmd = app.add_subcommand("check", "Run the property suite");
@@ -39,6 +51,9 @@ int main(int argc, char** argv) {
   cli::ReplayArgs replay;
   auto* replay_cmd = app.add_subcommand("replay", "Re-run a trace and compare it event by event");
   replay_cmd->add_option("trace", replay.trace, "Trace file (meshsim.trace/1)")->required();
+  replay_cmd->add_option("--scenario", replay.scenario_out,
+                         "Write the trace's scenario, with its recorded options, to this scenario file instead "
+                         "of replaying");
 
   cli::RenderArgs render;
   auto* render_cmd = app.add_subcommand("render", "Draw a scenario or a trace as a dataflow diagram");

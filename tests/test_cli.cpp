@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <regex>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -253,6 +254,286 @@ TEST_F(Cli, ReplayOfAMalformedTraceIsUnusableInput) {
   Outcome o = meshsim("replay broken.json");
   EXPECT_EQ(o.code, 2) << o;
   EXPECT_TRUE(contains(o.err, "broken.json")) << o;
+}
+
+// ---------------------------------------------------------------------------------------------
+// scenarios as regression tests: expect blocks, several files, --strict, traces as input
+
+// The example's backward reduce_scatter: one over dp, 384 B per rank.
+const json kReduceScatter = {
+    {"phase", "backward"}, {"op", "reduce_scatter"}, {"axis", "dp"}, {"count", 1}, {"bytes", 384}};
+
+// A met expect block exits 0 whatever the status: a pass, a known failure, a known error (each of
+// which exits 1 or 3 without the block).
+TEST_F(Cli, RunExpectMetExits0) {
+  write("pass.json", with(example(), "/expect", {{"status", "pass"}, {"collectives", {kReduceScatter}}, {"exit", 0}}));
+  Outcome pass = meshsim("run pass.json");
+  EXPECT_EQ(pass.code, 0) << pass;
+  EXPECT_TRUE(contains(pass.out, "fsdp_reduced_linear: pass")) << pass;
+  EXPECT_TRUE(contains(pass.out, "\nexpect: met (status pass as expected)\n")) << pass;
+
+  json raises = local_map_scenario(json::array({{{"out", "z"}, {"op", "mm"}, {"args", {"x", "x"}}}}), nullptr);
+  write("fail_plain.json", raises);
+  ASSERT_EQ(meshsim("run fail_plain.json").code, 1);
+  const json known_failure = {
+      {"status", "fail"}, {"checks", {{"runs", false}}}, {"failures", {"the run raised"}}, {"exit", 1}};
+  write("fail.json", with(raises, "/expect", known_failure));
+  Outcome fail = meshsim("run fail.json");
+  EXPECT_EQ(fail.code, 0) << fail;
+  EXPECT_TRUE(contains(fail.out, "lm: fail")) << fail;
+  EXPECT_TRUE(contains(fail.out, "expect: met (status fail as expected)")) << fail;
+
+  const json illegal = with(example(), "/program/0/placements", {"P(sum)"});
+  write("error.json", with(illegal, "/expect", {{"status", "error"}, {"error", "illegal_redistribute"}, {"exit", 3}}));
+  Outcome error = meshsim("run error.json");
+  EXPECT_EQ(error.code, 0) << error;
+  EXPECT_TRUE(contains(error.out, "expect: met (status error as expected)")) << error;
+  Outcome j = meshsim("run error.json --json");
+  EXPECT_EQ(j.code, 0) << j;
+  EXPECT_EQ(json::parse(j.out)["expect"], (json{{"met", true}, {"unmet", json::array()}})) << j;
+  // No expect block, no "expect" field.
+  EXPECT_FALSE(json::parse(meshsim("run " + q(kExample) + " --json").out).contains("expect"));
+}
+
+// Every unmet expectation is printed with its JSON path, and the run exits 1 (a passing run too).
+TEST_F(Cli, RunExpectUnmetExits1) {
+  json rs2 = kReduceScatter;
+  rs2["count"] = 2;
+  rs2["bytes"] = 768;
+  const json block = {{"status", "fail"},
+                      {"checks", {{"gradient_equivalence", false}}},
+                      {"collectives", {rs2, {{"phase", "forward"}, {"op", "all_reduce"}, {"count", 0}}}},
+                      {"failures", {"grad w"}},
+                      {"exit", 1}};
+  write("unmet.json", with(example(), "/expect", block));
+  Outcome o = meshsim("run unmet.json");
+  EXPECT_EQ(o.code, 1) << o;
+  for (const char* line : {"expect: /expect/status: expected fail, found pass",
+                           "expect: /expect/checks/gradient_equivalence: expected false, found true",
+                           "expect: /expect/collectives/0: backward reduce_scatter over dp: expected 2 with 768 B, "
+                           "found 1 (384 B)",
+                           "expect: /expect/failures/0: no failure contains \"grad w\"",
+                           "expect: /expect/exit: expected 1, found 0"})
+    EXPECT_TRUE(contains(o.out, std::string("\n") + line)) << line << "\n" << o;
+  EXPECT_FALSE(contains(o.out, "/expect/collectives/1")) << o;  // met: no forward all_reduce
+  EXPECT_FALSE(contains(o.out, "expect: met")) << o;
+  Outcome j = meshsim("run unmet.json --json");
+  EXPECT_EQ(j.code, 1) << j;
+  const json r = json::parse(j.out);
+  EXPECT_EQ(r["expect"]["met"], false);
+  EXPECT_EQ(r["expect"]["unmet"].size(), 5u) << r["expect"];
+  // Without a status the run must not fail: a block that pins collectives only hides no failure.
+  json raises = local_map_scenario(json::array({{{"out", "z"}, {"op", "mm"}, {"args", {"x", "x"}}}}), nullptr);
+  write("silent.json", with(raises, "/expect", {{"collectives", {{{"op", "all_reduce"}, {"count", 0}}}}}));
+  Outcome silent = meshsim("run silent.json");
+  EXPECT_EQ(silent.code, 1) << silent;
+  EXPECT_TRUE(contains(silent.out, "expect: /expect/status: expected pass (the default without status), found fail"))
+      << silent;
+}
+
+TEST_F(Cli, RunMalformedExpectExits2NamingFileAndPath) {
+  const std::vector<std::pair<json, std::string>> cases = {
+      {{{"collectives", {{{"op", "reduce_scatter"}, {"count", -1}}}}},
+       "/expect/collectives/0/count: expected a non-negative integer"},
+      {{{"collectives", {{{"phase", "backwards"}, {"count", 0}}}}},
+       "/expect/collectives/0/phase: expected one of forward, backward"},
+      {{{"collectives", {{{"axis", "tp"}, {"count", 0}}}}}, "/expect/collectives/0/axis: expected one of dp"},
+      {{{"collectives", {{{"op", "all_reduce"}}}}}, "/expect/collectives/0: expected \"count\" or \"bytes\""},
+      {{{"status", "passed"}}, "/expect/status: expected one of pass, fail, error, unchecked"},
+      {{{"status", "pass"}, {"error", "illegal_redistribute"}}, "/expect/error: an error kind needs status \"error\""},
+      {{{"error", "illegal"}}, "/expect/error: expected one of invalid_scenario"},
+      {{{"checks", {{"duality", "yes"}}}}, "/expect/checks/duality: expected true or false"},
+      {{{"failures", "grad w"}}, "/expect/failures: expected an array"},
+      {{{"exit", 7}}, "/expect/exit: expected an exit code of meshsim run"},
+      {{{"statuss", "pass"}}, "/expect/statuss: unknown field"},
+      {json::object(), "/expect: expected at least one of"},
+      {json::array(), "/expect: expected an object"},
+  };
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const std::string file = "bad" + std::to_string(i) + ".json";
+    SCOPED_TRACE(file);
+    write(file, with(example(), "/expect", cases[i].first));
+    Outcome o = meshsim("run " + file);
+    EXPECT_EQ(o.code, 2) << o;
+    EXPECT_TRUE(contains(o.err, file + ": " + cases[i].second)) << o;
+    EXPECT_TRUE(o.out.empty()) << o;  // refused before the run
+  }
+}
+
+// Several files and a directory: a verdict line each, sorted by path in a directory whose other
+// JSON (results, traces) is skipped, a summary, the worst exit code; a malformed file does not stop
+// the others.
+TEST_F(Cli, RunSeveralFilesAndADirectory) {
+  fs::create_directories(dir / "suite" / "sub");
+  write("suite/sub/a.json", example());
+  write("suite/b.json", with(example(), "/expect", {{"status", "pass"}, {"collectives", {kReduceScatter}}}));
+  write("suite/c_fail.json",
+        local_map_scenario(json::array({{{"out", "z"}, {"op", "mm"}, {"args", {"x", "x"}}}}), nullptr));
+  ASSERT_EQ(meshsim("run " + q(kExample) + " --trace suite/trace.json").code, 0);
+  write("suite/result.json", json::parse(meshsim("run " + q(kExample) + " --json").out));
+  write("suite/notes.txt", std::string("not json"));
+  Outcome o = meshsim("run suite");
+  EXPECT_EQ(o.code, 1) << o;
+  const std::string expected_lines = "ok     suite/b.json: pass, as expected\n"
+                                     "FAIL   suite/c_fail.json: fail: the run raised: ";
+  EXPECT_TRUE(contains(o.out, expected_lines)) << o;
+  EXPECT_TRUE(contains(o.out, "\nok     suite/sub/a.json: pass\n3 scenarios: 2 passed, 1 failed, 0 errors\n")) << o;
+  EXPECT_FALSE(contains(o.out, "trace.json")) << o;
+  EXPECT_FALSE(contains(o.out, "result.json")) << o;
+
+  // A malformed scenario in a directory and a missing file are errors of their own (exit 2).
+  write("suite/d_bad.json", with(example(), "/program/1/args/1", "w2"));
+  write("ok.json", example());
+  Outcome worst = meshsim("run ok.json suite nowhere.json");
+  EXPECT_EQ(worst.code, 2) << worst;
+  EXPECT_TRUE(contains(worst.out, "ok     ok.json: pass\n")) << worst;
+  EXPECT_TRUE(contains(worst.out, "ERROR  suite/d_bad.json: /program/1/args/1: unknown value \"w2\"\n")) << worst;
+  EXPECT_TRUE(contains(worst.out, "ERROR  nowhere.json: ")) << worst;
+  EXPECT_TRUE(contains(worst.out, "6 scenarios: 3 passed, 1 failed, 2 errors\n")) << worst;
+  // An illegal scenario among passing ones: exit 3.
+  write("illegal.json", with(example(), "/program/0/placements", {"P(sum)"}));
+  Outcome illegal = meshsim("run ok.json illegal.json --option seed=2");
+  EXPECT_EQ(illegal.code, 3) << illegal;
+  EXPECT_TRUE(contains(illegal.out, "ERROR  illegal.json: error illegal_redistribute: ")) << illegal;
+  // A directory without scenarios is an error, not an empty pass.
+  fs::create_directories(dir / "empty");
+  Outcome empty = meshsim("run empty");
+  EXPECT_EQ(empty.code, 2) << empty;
+  EXPECT_TRUE(contains(empty.out, "ERROR  empty: no scenario files")) << empty;
+  // What writes one file's outputs needs exactly one file.
+  for (const char* flags : {"ok.json ok.json --trace t.json", "suite --render r.svg", "ok.json suite --values v"}) {
+    Outcome usage = meshsim(std::string("run ") + flags);
+    EXPECT_EQ(usage.code, 2) << flags << "\n" << usage;
+    EXPECT_TRUE(contains(usage.err, "take exactly one scenario file")) << usage;
+    EXPECT_TRUE(usage.out.empty()) << usage;
+  }
+  EXPECT_FALSE(fs::exists(dir / "t.json"));
+}
+
+// --json with several files: one array of results, each with its file; the summary on stderr.
+TEST_F(Cli, RunSeveralJsonPrintsAnArray) {
+  write("a.json", example());
+  write("b.json", with(example(), "/program/1/args/1", "w2"));
+  Outcome o = meshsim("run a.json b.json --json");
+  EXPECT_EQ(o.code, 2) << o;
+  const json results = json::parse(o.out);
+  ASSERT_TRUE(results.is_array()) << o;
+  ASSERT_EQ(results.size(), 2u) << o;
+  EXPECT_EQ(results[0]["file"], "a.json");
+  EXPECT_EQ(results[0]["format"], "meshsim.result/1");
+  EXPECT_EQ(results[0]["status"], "pass");
+  EXPECT_EQ(results[0]["collectives"].size(), 2u);
+  EXPECT_EQ(results[1]["file"], "b.json");
+  EXPECT_EQ(results[1]["status"], "error");
+  EXPECT_EQ(results[1]["error"]["kind"], "invalid_scenario");
+  EXPECT_TRUE(contains(results[1]["error"]["message"].get<std::string>(), "/program/1/args/1: unknown value \"w2\""));
+  EXPECT_TRUE(contains(o.err, "2 scenarios: 1 passed, 0 failed, 1 errors")) << o;
+}
+
+// --strict: unchecked values fail the run (exit 1) and are named; an expect block that expects
+// status unchecked accepts them.
+TEST_F(Cli, RunStrictFailsUnchecked) {
+  const json noref =
+      local_map_scenario(json::array({{{"out", "z"}, {"op", "scale"}, {"args", {"x"}}, {"value", 2}}}), nullptr);
+  write("noref.json", noref);
+  ASSERT_EQ(meshsim("run noref.json").code, 0);
+  Outcome o = meshsim("run noref.json --strict");
+  EXPECT_EQ(o.code, 1) << o;
+  EXPECT_TRUE(contains(o.out, "\nstrict: status unchecked is a failure; no oracle value for y loss grad x\n")) << o;
+  Outcome j = meshsim("run noref.json --strict --json");
+  EXPECT_EQ(j.code, 1) << j;
+  EXPECT_EQ(json::parse(j.out)["status"], "unchecked");
+  EXPECT_TRUE(contains(j.err, "strict: status unchecked is a failure")) << j;
+  EXPECT_EQ(meshsim("run " + q(kExample) + " --strict").code, 0);
+  write("accepted.json", with(noref, "/expect", {{"status", "unchecked"}}));
+  Outcome accepted = meshsim("run accepted.json --strict");
+  EXPECT_EQ(accepted.code, 0) << accepted;
+  EXPECT_FALSE(contains(accepted.out, "strict:")) << accepted;
+  // An expect block silent on the status does not accept it.
+  write("silent.json", with(noref, "/expect", {{"collectives", {{{"op", "all_reduce"}, {"count", 0}}}}}));
+  Outcome several = meshsim("run silent.json accepted.json --strict");
+  EXPECT_EQ(several.code, 1) << several;
+  EXPECT_TRUE(contains(several.out, "FAIL   silent.json: strict: status unchecked is a failure")) << several;
+  EXPECT_TRUE(contains(several.out, "2 scenarios: 1 passed, 1 failed, 0 errors")) << several;
+}
+
+// `run TRACE` runs the trace's scenario with its recorded options (seed 4 here, not the file's 0).
+TEST_F(Cli, RunATraceUsesItsRecordedOptions) {
+  Outcome recorded = meshsim("run " + q(kExample) + " --option seed=4 --trace t.json --json");
+  ASSERT_EQ(recorded.code, 0) << recorded;
+  Outcome o = meshsim("run t.json --json");
+  EXPECT_EQ(o.code, 0) << o;
+  EXPECT_EQ(json::parse(o.out), json::parse(recorded.out));
+  EXPECT_EQ(json::parse(o.out)["options"]["seed"], 4);
+  Outcome human = meshsim("run t.json");
+  EXPECT_TRUE(contains(human.out, "fsdp_reduced_linear: pass   (mesh dp=4, seed 4)")) << human;
+  // --option still overrides.
+  EXPECT_EQ(json::parse(meshsim("run t.json --json --option seed=6").out)["options"]["seed"], 6);
+}
+
+// replay --scenario writes the trace's scenario with its recorded options; it runs with the same
+// result as the trace. It never writes over the trace it reads.
+TEST_F(Cli, ReplayScenarioRoundTrips) {
+  const std::string options = " --option seed=4 --option partial_from_replicate=rank0";
+  ASSERT_EQ(meshsim("run " + q(kExample) + options + " --trace t.json").code, 0);
+  Outcome o = meshsim("replay t.json --scenario s.json");
+  EXPECT_EQ(o.code, 0) << o;
+  EXPECT_TRUE(contains(o.out, "wrote s.json")) << o;
+  EXPECT_FALSE(fs::exists(dir / "s.json.tmp"));
+  const json sc = json::parse(read_text(dir / "s.json"));
+  EXPECT_EQ(sc["format"], "meshsim.scenario/1");
+  EXPECT_EQ(sc["options"]["seed"], 4);
+  EXPECT_EQ(sc["options"]["partial_from_replicate"], "rank0");
+  Outcome from_scenario = meshsim("run s.json --json"), from_trace = meshsim("run t.json --json");
+  EXPECT_EQ(from_scenario.code, 0) << from_scenario;
+  EXPECT_EQ(json::parse(from_scenario.out), json::parse(from_trace.out));
+  // Its trace replays against the original: the same events.
+  ASSERT_EQ(meshsim("run s.json --trace t2.json").code, 0);
+  EXPECT_EQ(json::parse(read_text(dir / "t2.json"))["events"], json::parse(read_text(dir / "t.json"))["events"]);
+
+  const std::string before = read_text(dir / "t.json");
+  Outcome self = meshsim("replay t.json --scenario ./t.json");
+  EXPECT_EQ(self.code, 2) << self;
+  EXPECT_TRUE(contains(self.err, "is the trace being read")) << self;
+  EXPECT_EQ(read_text(dir / "t.json"), before);
+  Outcome not_trace = meshsim("replay s.json --scenario x.json");
+  EXPECT_EQ(not_trace.code, 2) << not_trace;
+  EXPECT_FALSE(fs::exists(dir / "x.json"));
+  fs::create_directories(dir / "adir");
+  Outcome into_dir = meshsim("replay t.json --scenario adir");
+  EXPECT_EQ(into_dir.code, 2) << into_dir;
+  EXPECT_TRUE(contains(into_dir.err, "adir")) << into_dir;
+  EXPECT_FALSE(fs::exists(dir / "adir.tmp"));
+}
+
+// The names of a trace's scenario inputs that no program op (local_map args included) and not the
+// backward reads.
+std::vector<std::string> unused_inputs(const json& trace) {
+  std::set<std::string> used = {trace["scenario"].value("backward", "")};
+  for (const auto& op : trace["scenario"]["program"])
+    for (const auto& a : op["args"]) used.insert(a.get<std::string>());
+  std::vector<std::string> out;
+  for (const auto& in : trace["scenario"]["inputs"])
+    if (!used.count(in["name"].get<std::string>())) out.push_back(in["name"]);
+  return out;
+}
+
+// A shrunk counterexample keeps only the inputs its program uses (with seed 1 these properties'
+// shrunk programs leave one or two of the generated inputs unused), and it still replays.
+TEST_F(Cli, CheckCounterexampleDropsUnusedInputs) {
+  Outcome o = meshsim("check --seed 1 --mutant mm_s1_s0_labelled_r --property dtensor_duality "
+                      "--property dtensor_forward_equivalence --out ce");
+  EXPECT_EQ(o.code, 1) << o;
+  const std::vector<std::string> paths = reproduce_paths(o.out);
+  ASSERT_EQ(paths.size(), 2u) << o;
+  for (const auto& path : paths) {
+    SCOPED_TRACE(path);
+    const json trace = json::parse(read_text(dir / path));
+    EXPECT_EQ(unused_inputs(trace), std::vector<std::string>{}) << trace["scenario"].dump();
+    EXPECT_NE(trace["result"]["status"], "pass");
+    Outcome replay = meshsim("replay " + q(path));
+    EXPECT_EQ(replay.code, 0) << replay;
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
