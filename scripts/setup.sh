@@ -43,12 +43,16 @@ fi
 cmake --build "$build" -j"$(nproc)" --target meshsim
 mkdir -p out/diagrams
 failed=0
-for f in examples/*.json; do
+for f in examples/*.json examples/bugs/*.json; do
   name=$(basename "$f" .json)
+  [[ "$f" == examples/bugs/* ]] && name="bugs_$name"
   rc=0
   "$build/cli/meshsim" run "$f" --render "out/diagrams/$name.svg" --trace "out/$name.trace.json" || rc=$?
   echo "  diagram: out/diagrams/$name.svg"
   echo
   if [ "$rc" -ne 0 ] && [ "$rc" -ne 3 ]; then failed=1; fi
 done
+# Every scenario under examples/ (bugs/, failing/ and scale/ included) once more, as a suite: each
+# passes or meets its `expect` block.
+"$build/cli/meshsim" run examples/ | tail -1 || { echo "meshsim run examples/: an expectation is not met"; failed=1; }
 exit $failed
