@@ -363,6 +363,39 @@ TEST_F(Cli, RunMalformedExpectExits2NamingFileAndPath) {
 // Several files and a directory: a verdict line each, sorted by path in a directory whose other
 // JSON (results, traces) is skipped, a summary, the worst exit code; a malformed file does not stop
 // the others.
+// The user's bugs (examples/bugs) meet their expect blocks as a suite; without the block each bug
+// fails with its numbers: the value, the index, expected and actual, and the factor where there is
+// one; under meshsim's rules (or tracked) the same program passes.
+TEST_F(Cli, BugExamplesFailWithTheirNumbers) {
+  const std::string bugs = std::string(MESHSIM_SOURCE_DIR) + "/examples/bugs/";
+  Outcome suite = meshsim("run " + q(bugs) + " " + q(std::string(MESHSIM_SOURCE_DIR) + "/examples/failing"));
+  EXPECT_EQ(suite.code, 0) << suite;
+  EXPECT_TRUE(contains(suite.out, "0 failed, 0 errors")) << suite;
+
+  auto bare = [&](const std::string& name) {
+    json d = json::parse(read_text(bugs + name + ".json"));
+    d.erase("expect");
+    return write(name + ".json", d);
+  };
+  bare("bias_grad_off_by_tp");
+  Outcome bias = meshsim("run bias_grad_off_by_tp.json");
+  EXPECT_EQ(bias.code, 1) << bias;
+  EXPECT_TRUE(contains(bias.out, "grad b: 6 of 6 elements differ; greatest difference 3 at [0]: expected 4, actual 1")) << bias;
+  EXPECT_TRUE(contains(bias.out, "actual = expected / 4 everywhere: the size of mesh axis tp")) << bias;
+
+  bare("missing_pvary_dp_weight");
+  Outcome pvary = meshsim("run missing_pvary_dp_weight.json");
+  EXPECT_EQ(pvary.code, 1) << pvary;
+  EXPECT_TRUE(contains(pvary.out, "grad w: ")) << pvary;
+  EXPECT_TRUE(contains(pvary.out, "hold different locals across mesh axis \"dp\"")) << pvary;
+
+  bare("pytorch_162692_uneven_mean");
+  Outcome mean = meshsim("run pytorch_162692_uneven_mean.json");
+  EXPECT_EQ(mean.code, 1) << mean;
+  EXPECT_TRUE(std::regex_search(mean.out, std::regex(R"(failure: m: \d+ of 4 elements differ.*greatest difference [0-9.e-]+ at \[\d\]: expected)"))) << mean;
+  EXPECT_EQ(meshsim("run pytorch_162692_uneven_mean.json --option semantics=meshsim").code, 0);
+}
+
 TEST_F(Cli, RunSeveralFilesAndADirectory) {
   fs::create_directories(dir / "suite" / "sub");
   write("suite/sub/a.json", example());
