@@ -5,6 +5,7 @@
 #   docs/images/gallery/fsdp_tp_2x4.ranks.png  the rank view on 8 ranks (a scenario written below)
 #   docs/images/gallery/*.MUTANT*.png   verdicts: a run with a planted bug, logical and rank view
 #   docs/images/gallery/lm_call_opaque_unregistered.png  a failing example (examples/failing/)
+#   docs/images/gallery/bugs_NAME.png   the user's bugs (examples/bugs/)
 #   docs/images/fsdp_reduced.png        the README's picture
 # The build lives in build/ (MESHSIM_BUILD_DIR changes it); the meshsim target is built first
 # (MESHSIM_JOBS parallel jobs, default: all cores).
@@ -61,7 +62,15 @@ verdict() {  # verdict OUT ARGS...: meshsim run ARGS --render OUT, which must fa
   [ "$rc" -eq 1 ] || { echo "expected a failing run: meshsim run ${*:2}" >&2; exit 1; }
   echo "$1"
 }
-verdict "$out/lm_call_opaque_unregistered.png" examples/failing/lm_call_opaque_unregistered.json
+# A failing example with an expect block exits 0 when it fails as recorded: drawn by render.
+"$meshsim" render examples/failing/lm_call_opaque_unregistered.json -o "$out/lm_call_opaque_unregistered.png" >/dev/null
+echo "$out/lm_call_opaque_unregistered.png"
+# The user's bugs (examples/bugs), each failing (or moving bytes) as its expect block records.
+for f in examples/bugs/*.json; do
+  name=bugs_$(basename "$f" .json)
+  "$meshsim" render "$f" -o "$out/$name.png" >/dev/null
+  echo "$out/$name.png"
+done
 verdict "$out/q3_partial_and_reduced.cotangent_psum_as_r.png" examples/q3_partial_and_reduced.json \
   --option mutant=cotangent_psum_as_r
 verdict "$out/tp_rowwise_partial.uneven_array_split.ranks.png" examples/tp_rowwise_partial.json \
