@@ -34,6 +34,9 @@ const std::vector<MutantInfo>& mutant_catalog() {
        "collectives reduce float32 in an order that depends on a hidden random choice"},
       {Mutant::GeluTanhDerivative, "gelu_tanh_derivative",
        "gelu {approximate: none} differentiated with the tanh approximation's derivative"},
+      {Mutant::GradAccumulationMixedLayouts, "grad_accumulation_mixed_layouts",
+       "pytorch semantics: a gradient contribution laid out otherwise than the value's first one is added to it "
+       "unmoved (a P(sum) and an R contribution summed locally)"},
       {Mutant::LossParallelLocalMax, "loss_parallel_local_max",
        "loss parallel: each rank shifts its logits by its own local max instead of the all_reduce(max)"},
       {Mutant::MarkVaryingForReduced, "mark_varying_for_reduced",
@@ -60,6 +63,9 @@ const std::vector<MutantInfo>& mutant_catalog() {
        "variance-tracking strategies (registry and static) are ignored"},
       {Mutant::StridedGatheredPlain, "strided_gathered_plain",
        "a strided shard SS(d, k) all_gathered in plain-shard order (the pieces not interleaved back)"},
+      {Mutant::UncheckedInsertsMarkVarying, "unchecked_inserts_mark_varying",
+       "plain local code (to_local, check_variance false) marks an invariant input of a varying op varying, as "
+       "tracked code does (a missing pvary goes unseen)"},
       {Mutant::UnevenArraySplit, "uneven_array_split",
        "uneven sharding as numpy.array_split instead of torch.chunk in the collectives"},
       {Mutant::VocabLookupUnmasked, "vocab_lookup_unmasked",

@@ -24,6 +24,7 @@ enum class Mutant {
   FlattenKeepsInnerShard,          // a view keeps a shard of a non-leading dim of a merged group
   Float32RandomReductionOrder,     // collectives reduce float32 in a hidden random order
   GeluTanhDerivative,              // gelu {approximate: none} differentiated as the tanh approximation
+  GradAccumulationMixedLayouts,    // pytorch semantics: a gradient contribution in another layout added unmoved
   LossParallelLocalMax,            // loss parallel: each rank shifts its logits by its own max (no all_reduce(max))
   MarkVaryingForReduced,           // local_map: mark_varying instead of the reduced -> varying cast
   MissingMarkVarying,              // local_map: an invariant input is not marked varying
@@ -38,6 +39,7 @@ enum class Mutant {
   ReducedLabelDropped,             // the Reduced policy does not restore Rd when every operand is Rd
   StrategyRegistryIgnored,         // variance-tracking strategies are ignored
   StridedGatheredPlain,            // a strided shard all_gathered in plain-shard order (no interleave)
+  UncheckedInsertsMarkVarying,     // plain local code (unchecked) still marks invariant inputs varying
   UnevenArraySplit,                // collectives chunk uneven dims as numpy.array_split
   VocabLookupUnmasked,             // vocab-parallel embedding: ids outside the rank's range are clamped, not masked
 };

@@ -69,4 +69,19 @@ struct BodyLabels {
 nlohmann::json local_map_program(const ProgramOptions& o = {}, nlohmann::json* twin = nullptr,
                                  std::map<std::string, BodyLabels>* labels = nullptr);
 
+// DTensor-mode local code: x [2-D, 1-5 each] laid out S(d), R or P(sum) over a mesh of 1-2 axes
+// (sizes 1-4), optionally w [1] replicated (both with gradients); to_local of each, a chain of local
+// ops (neg, exp, relu, scale, add and mul with w or another P(sum) value, sum {dim}), explicit
+// collectives (all_reduce, all_gather, mark_varying of w), from_local and loss = sum. `correct` is the
+// generator's own verdict: whether the local code is a right SPMD program for the placements
+// from_local asserts (the run must then pass) or a user bug (it must then fail: a wrong value or
+// gradient), with `why`. Only program shapes whose verdict the model knows for every draw are drawn
+// (properties/local_code_programs.cpp lists them).
+struct LocalCodeCase {
+  nlohmann::json doc;
+  bool correct = true;
+  std::string why;
+};
+LocalCodeCase local_code_program();
+
 }  // namespace meshsim::gen

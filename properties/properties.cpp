@@ -199,6 +199,101 @@ void local_map_agrees_with_dtensor() {
   assert_check(b, "gradient_equivalence");
 }
 
+// Whether a program (local_map bodies included) has an op named `name`.
+bool has_op(const nlohmann::json& program, const std::string& name) {
+  for (const auto& op : program) {
+    if (op.value("op", "") == name) return true;
+    if (op.contains("body") && has_op(op["body"], name)) return true;
+  }
+  return false;
+}
+
+// A value used twice whose gradient contributions come in two layouts (the generators draw few):
+// x, replicated, feeds an mm with a weight sharded on its columns and a mul with the mm's result.
+// Under PyTorch's semantics (no gradient hook) x's contribution through the mm is S(1) @ S(0), a
+// P(sum), and through the mul an R one (the mul's redistribution of x back to x's placements):
+// contributions that libtorch may add only once one is moved to the other's layout.
+nlohmann::json mixed_gradient_layouts_program() {
+  const int64_t n = *rc::gen::inRange<int64_t>(2, 5);
+  const int64_t rows = *rc::gen::inRange<int64_t>(1, 5), k = *rc::gen::inRange<int64_t>(1, 6);
+  const bool x_first = *rc::gen::arbitrary<bool>();
+  nlohmann::json options = {{"redistribute", *rc::gen::element<std::string>("above_autograd", "below_autograd")},
+                            {"seed", *rc::gen::inRange<int>(0, 1000)}};
+  return {{"format", "meshsim.scenario/1"},
+          {"name", "mixed_gradient_layouts"},
+          {"mesh", {{"axes", {"tp"}}, {"shape", {n}}}},
+          {"options", options},
+          {"inputs",
+           {{{"name", "x"}, {"shape", {rows, k}}, {"placements", {"R"}}, {"requires_grad", true}},
+            {{"name", "w"}, {"shape", {k, k}}, {"placements", {"S(1)"}}, {"requires_grad", *rc::gen::arbitrary<bool>()}}}},
+          {"program",
+           {{{"out", "h"}, {"op", "mm"}, {"args", {"x", "w"}}},
+            {{"out", "m"}, {"op", "mul"}, {"args", x_first ? nlohmann::json{"x", "h"} : nlohmann::json{"h", "x"}}},
+            {{"out", "loss"}, {"op", "sum"}, {"args", {"m"}}}}},
+          {"backward", "loss"}};
+}
+
+// The pytorch profile (core/semantics.h) keeps values and gradients right: single ops and random
+// DTensor programs (and a value whose gradient contributions come in two layouts) run with
+// semantics pytorch equal the oracle. Discarded, because the profile differs there by design:
+// programs with a mean (PyTorch's mean over a sharded dim is P(avg) of the local means, wrong on
+// uneven shards: pytorch#162692) and with a local_map (its body is plain local code under PyTorch:
+// no automatic mark_varying, so a body that relies on one is the user's bug there); and runs that
+// end in an error the meshsim profile gives the same program too (the generators' programs are
+// legal, so such an error is a property of the program, not of the profile).
+void pytorch_semantics_equivalence() {
+  // Drawn at full size: each source a third of the cases from the first on (shrinks toward single ops).
+  const int source = *rc::gen::resize(100, rc::gen::inRange(0, 3));
+  nlohmann::json doc = source == 0   ? gen::single_op_program()
+                       : source == 1 ? gen::dtensor_program()
+                                     : mixed_gradient_layouts_program();
+  RC_PRE(!has_op(doc["program"], "mean") && !has_op(doc["program"], "local_map"));
+  doc["options"]["semantics"] = "pytorch";
+  doc["options"]["partial_from_replicate"] = "divide";  // rank0 is refused under pytorch
+  // The strict Reduced policy refuses Rd mixed with other placements, and the generators keep
+  // clear of that by meshsim's rows; the pytorch profile's rows give other placements now and
+  // then (log_softmax over a sharded class dim gathers it), so strict would refuse programs for the
+  // generator's model, not the profile's. Rd is meshsim's own: the default policy stands in.
+  if (doc["options"].value("reduced_propagation", "") == "strict") doc["options"]["reduced_propagation"] = "intersection";
+  // Rule coverage is meshsim's: without the gradient hook, gradients keep layouts (P(avg) ones, Rd
+  // ones met by shards) that the coverage universe lists unreachable, rightly under meshsim's rules.
+  // The pytorch runs count toward no rule.
+  ScopedOverride<CoverageSink*> uncounted(case_coverage(), nullptr);
+  const CheckedRun run = run_generated(doc);
+  if (run.result["status"] == "error") {
+    const Failure failed = latest_failure();
+    nlohmann::json own = doc;
+    own["options"]["semantics"] = "meshsim";
+    const CheckedRun meshsim = run_generated(own);
+    latest_failure() = failed;
+    if (meshsim.result["status"] == "error" && meshsim.result["error"]["kind"] == run.result["error"]["kind"])
+      RC_DISCARD("an error of the program under both profiles");
+  }
+  assert_check(run, "forward_equivalence");
+  assert_check(run, "gradient_equivalence");
+}
+
+// DTensor-mode local code (to_local ... from_local) with the generator's verdict: a correct SPMD
+// program for the placements from_local asserts must pass (values and gradients equal the oracle's,
+// which reads the local code as global code), a user bug (a missing all_reduce or pvary, a P(sum)
+// through exp, a replicated value added to every part of a P(sum), an all_gather returned as R)
+// must fail, never pass and never end in an error.
+void local_code_verdict() {
+  const gen::LocalCodeCase c = gen::local_code_program();
+  const CheckedRun run = run_generated(c.doc);
+  const std::string status = run.result["status"].get<std::string>();
+  const std::string want = c.correct ? "pass" : "fail";
+  if (status == want) return;
+  RunOptions options = parse_scenario(c.doc, "<generated>").options;
+  options.mutant = planted_mutant();
+  latest_failure() = {c.doc, options.to_json()};
+  std::string why = run.result.contains("failures") ? run.result["failures"].dump()
+                    : run.result.contains("error")  ? run.result["error"].dump()
+                                                    : "";
+  RC_FAIL("local code " + std::string(c.correct ? "correct" : "wrong") + " (" + c.why + ") but the run's status is " +
+          status + (why.empty() ? "" : ": " + why));
+}
+
 // Same seed, same build: the same trace, byte for byte (float32 with randn data, where the
 // order of a reduction shows in the bits).
 // (The fake mesh's runs alone, without the oracle: only their events are compared.)
@@ -621,6 +716,10 @@ const std::vector<Property>& property_catalog() {
        dtensor_gradient_equivalence},
       {"kernels_match_definitions", "every op's kernel and its gradients equal the op's definition, element by element",
        kernels_match_definitions},
+      {"local_code_verdict",
+       "DTensor-mode local code (to_local ... from_local): right SPMD code passes, a user bug fails, by the "
+       "generator's own verdict",
+       local_code_verdict},
       {"local_map_agrees_with_dtensor", "a local_map region and the same program in DTensor mode agree",
        local_map_agrees_with_dtensor},
       {"local_map_equivalence",
@@ -630,6 +729,10 @@ const std::vector<Property>& property_catalog() {
        local_map_exclusivity},
       {"placement_follows_rules", "every value's placement is what the rows and the Reduced policy give its operands",
        placement_follows_rules},
+      {"pytorch_semantics_equivalence",
+       "under semantics pytorch, single ops and random DTensor programs (no mean, no local_map): values and "
+       "gradients equal the oracle's",
+       pytorch_semantics_equivalence},
       {"reduced_never_costs_more", "a program with Rd computes what it computes with R, and never moves more bytes",
        reduced_never_costs_more},
       {"redistribute_roundtrip",

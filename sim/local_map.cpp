@@ -103,6 +103,9 @@ LTensor BodyContext::enter(const DTensor& x, const std::string& name) {
     if (p.is_reduced()) t.reduced.insert(a);
     else if (p.is_shard() || p.is_partial()) t.variant.insert(a);
   }
+  if (!checked_ && mutant_on(Mutant::UncheckedInsertsMarkVarying))  // planted bug: plain local code tracks variance
+    for (int a = 0; a < mesh.ndim(); ++a)
+      if (x.spec[a].is_shard() || x.spec[a].is_partial()) t.variant.insert(a);
   Event e = rt_.make_event("op", "enter_local_map", t.name, t.locals);
   e.args = {x.name};
   e.in_specs = {spec_str(x.spec)};
@@ -164,7 +167,8 @@ void BodyContext::check_mesh(const std::vector<LTensor>& xs, const std::string& 
 LTensor BodyContext::wrap(const std::string& kind, const std::string& name, const std::string& out, Locals locals,
                           AxisSet variant, AxisSet reduced, const std::vector<LTensor>& inputs) {
   if (coverage_sink() && checked_) cover("local_map: " + name);
-  if (!checked_) variant.clear(), reduced.clear();  // plain local code keeps no sets
+  // Plain local code keeps no sets (but under the planted bug unchecked_inserts_mark_varying).
+  if (!checked_ && !mutant_on(Mutant::UncheckedInsertsMarkVarying)) variant.clear(), reduced.clear();
   LTensor t{out, &rt_.mesh(), std::move(locals), std::move(variant), std::move(reduced), false, {}, !checked_};
   for (const auto& x : inputs)
     if (x.untracked) {
@@ -225,7 +229,7 @@ LTensor BodyContext::op(const std::string& op, const nlohmann::json& attrs, std:
                         const std::string& out) {
   check_mesh(xs, op);
   AxisSet variant, reduced;
-  if (checked_) {
+  if (checked_ || mutant_on(Mutant::UncheckedInsertsMarkVarying)) {  // planted bug: fit_inputs in plain local code
     auto [v, strategy_reduced] = output_sets(xs, find_variance_tracking_strategy(op), attrs);
     variant = v;
     reduced = fit_inputs(xs, variant, strategy_reduced, out);

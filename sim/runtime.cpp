@@ -107,21 +107,36 @@ void Runtime::record_grad_spec(const std::string& value, const GradSpec& spec) {
                                  spec_str(it->second.spec) + " and " + spec_str(spec.spec));
 }
 
+GradSpec Runtime::accumulated_layout(const std::string& value, const GradSpec& layout) const {
+  auto it = grad_specs_.find(value);
+  return it == grad_specs_.end() ? layout : it->second;
+}
+
 Locals Runtime::keep_grad_layout(Locals grads, const GradSpec& layout, const std::string& value, const Spec& primal,
-                                 const Locals& primal_locals, const std::string& note) {
-  // The locals of a gradient must have its operand's local shapes (one autograd graph of plain
-  // local tensors, where PyTorch's DTensor gradient carries its own layout): a contribution laid out
-  // otherwise (below autograd, the operand's redistributed layout) goes to the cotangent, as the hook
-  // would move it.
-  for (size_t r = 0; r < grads.size(); ++r)
-    if (grads[r].sizes() != primal_locals[r].sizes())
-      return to_cotangent(std::move(grads), layout, primal, value, value, note);
+                                 const Shape& global, const Locals& primal_locals, const std::string& note) {
+  // Only Partial-or-Replicate labels are kept apart from the cotangent (a P(sum) .grad of a
+  // replicated weight, as PyTorch leaves it), with the operand's local shapes (one autograd graph of
+  // plain local tensors, where PyTorch's DTensor gradient carries its own layout). A contribution
+  // sharded otherwise (below autograd, the operand's redistributed layout; an empty dim whose shards
+  // look alike) goes to the cotangent, as the hook would move it, so every later backward rule sees
+  // the shards it would see with the hook.
+  const Spec cot = cotangent_spec(primal);
+  bool keep = true;
+  for (size_t a = 0; a < cot.size(); ++a)
+    keep &= layout.spec[a].is_shard() || cot[a].is_shard() ? layout.spec[a] == cot[a] : true;
+  for (size_t r = 0; r < grads.size() && keep; ++r)
+    keep = grads[r].sizes() == primal_locals[r].sizes() &&
+           grads[r].sizes().vec() == local_layout(mesh_, layout.spec, global, static_cast<int64_t>(r)).shape;
+  if (!keep)
+    return to_grad_layout(std::move(grads), layout,
+                          accumulated_layout(value, {cot, cotangent_scale_divisor(mesh_, primal)}), value, value, note);
   auto it = grad_specs_.find(value);
   if (it == grad_specs_.end() || it->second == layout) {
     record_grad_spec(value, layout);
     return grads;
   }
   // Contributions add up locally only in one layout: this one moves to the first one's.
+  if (mutant_on(Mutant::GradAccumulationMixedLayouts)) return grads;  // planted bug: added as it is
   return to_grad_layout(std::move(grads), layout, it->second, value, value,
                         "gradient contributions to \"" + value + "\" added in " + spec_str(it->second.spec));
 }
@@ -141,8 +156,8 @@ DTensor Runtime::gradient_boundary(const DTensor& y, const std::string& note) {
       const GradSpec from = rt->grad_spec(name, primal);
       const GradSpec target{cotangent_spec(primal), cotangent_scale_divisor(rt->mesh(), primal)};
       if (from == target) return grads;
-      Locals moved = rt->to_grad_layout(std::move(grads), from, target, name, name, note);
-      return moved;
+      // The gradient now belongs to the local code's tensor, whose layout nothing tracks: "" records none.
+      return rt->to_grad_layout(std::move(grads), from, target, "", name, note);
     });
   });
   return out;
@@ -181,7 +196,7 @@ Locals Runtime::to_grad_layout(Locals grads, const GradSpec& from, const GradSpe
              std::to_string(target.divisor);
     recorder_.add(std::move(e));
   }
-  record_grad_spec(grad_of, target);
+  if (!grad_of.empty()) record_grad_spec(grad_of, target);
   return grads;
 }
 
@@ -200,8 +215,9 @@ DTensor Runtime::redistribute(const DTensor& x, const Spec& to_written, const st
         Locals grads = defined_grads(std::move(g), like);
         const std::string note = "backward of redistribute " + spec_str(from) + " -> " + spec_str(to);
         if (rt->follows(Difference::RedistributeBackward))  // PyTorch: to the source's placements, Partial as R
-          return rt->to_grad_layout(std::move(grads), rt->grad_spec(out_name, to), {partial_as_replicate(from), 1},
-                                    in_name, out_name, note);
+          return rt->to_grad_layout(std::move(grads), rt->grad_spec(out_name, to),
+                                    rt->accumulated_layout(in_name, {partial_as_replicate(from), 1}), in_name,
+                                    out_name, note);
         return rt->to_cotangent(std::move(grads), rt->grad_spec(out_name, to), from, in_name, out_name, note);
       });
     });
@@ -335,12 +351,14 @@ DTensor Runtime::apply_op(const std::string& op, const OpAttrs& attrs, const std
     Runtime* rt = this;
     std::vector<Spec> in_specs, source_specs;
     std::vector<Locals> source_locals;  // shapes only (no cycle through the graph)
+    std::vector<Shape> source_shapes;
     std::vector<std::string> names;
     std::vector<at::Tensor> inputs;
     for (size_t i = 0; i < ready.size(); ++i) {
       in_specs.push_back(ready[i].spec);
       source_specs.push_back(sources[i].spec);
       source_locals.push_back(detached(sources[i].locals));
+      source_shapes.push_back(sources[i].shape);
       names.push_back(sources[i].name);
       inputs.insert(inputs.end(), sources[i].locals.begin(), sources[i].locals.end());
     }
@@ -412,7 +430,8 @@ DTensor Runtime::apply_op(const std::string& op, const OpAttrs& attrs, const std
           }
           if (rt->follows(Difference::NoGradientHook)) {  // PyTorch: the contribution keeps its placements
             contrib = rt->keep_grad_layout(std::move(contrib), {bd.grad_out, gin.divisor}, names[i], source_specs[i],
-                                           source_locals[i], "grad of " + names[i] + ": to the operand's local shapes");
+                                           source_shapes[i], source_locals[i],
+                                           "grad of " + names[i] + ": to the operand's local shapes");
             for (size_t r = 0; r < R; ++r) result[i * R + r] = contrib[r];
             continue;
           }

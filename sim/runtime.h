@@ -114,8 +114,11 @@ class Runtime {
                         const std::string& value, const std::string& note);
   // Semantics without the gradient hook (PyTorch): a contribution keeps its layout, unless an
   // earlier contribution to the same value recorded another, which it then moves to.
+  // Without the hook, the layout a new gradient contribution to `value` must take so that
+  // libtorch may add it to the earlier ones: theirs if one was recorded, else `layout`.
+  GradSpec accumulated_layout(const std::string& value, const GradSpec& layout) const;
   Locals keep_grad_layout(Locals grads, const GradSpec& layout, const std::string& value, const Spec& primal,
-                          const Locals& primal_locals, const std::string& note);
+                          const Shape& global, const Locals& primal_locals, const std::string& note);
   // Without the hook, where a value's gradient must reach plain local code (a local_map's result,
   // from_local's result) in its cotangent's layout: an identity node whose backward moves the
   // gradient there (PyTorch's from_local backward redistributes likewise). Otherwise `y` itself.
