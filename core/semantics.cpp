@@ -18,9 +18,10 @@ const std::vector<DifferenceRow>& differences(Semantics s) {
       {Difference::NoGradientHook, "no_gradient_hook",
        "every gradient contribution is redistributed to the cotangent of its operand before contributions add up; "
        "an input's gradient has its cotangent's placements (the duality check)",
-       "a contribution keeps the placements the op's backward strategy gives it; an input's .grad may be Partial "
-       "(duality is not a check); contributions of different placements are moved to the first one's before they "
-       "add up, as DTensor's add would",
+       "a contribution keeps the placements the op's backward strategy gives it where they differ from the "
+       "cotangent only in Partial or Replicate labels, so an input's .grad may be Partial (duality is not a check); "
+       "one sharded otherwise goes to the cotangent; contributions of different placements are moved to the first "
+       "one's before they add up, as DTensor's add would",
        "_api.py, DTensor.__torch_dispatch__ (autograd accumulates DTensor gradients as they come)"},
       {Difference::RedistributeBackward, "redistribute_backward",
        "the gradient moves from the cotangent of the target to the cotangent of the source (S(0) -> R: the "
