@@ -429,10 +429,11 @@ TEST(OpTables, EveryOpOfTheContractHasAFamilyAndIsImplemented) {
   std::sort(in_families.begin(), in_families.end());
   Names expected;
   for (const auto& op : known_ops())
-    // linear, split and chunk run as other ops (transpose, matmul, add; narrow per piece).
     // linear, split and chunk run as other ops (transpose, matmul, add; narrow per piece); creation
-    // ops have no operand to place.
-    if (op != "local_map" && op != "redistribute" && op != "linear" && op != "split" && op != "chunk" && !is_creation_op(op))
+    // ops have no operand to place; to_local and from_local end local code, whose placements are
+    // asserted, not propagated.
+    if (op != "local_map" && op != "redistribute" && op != "linear" && op != "split" && op != "chunk" &&
+        !is_creation_op(op) && op != "to_local" && op != "from_local")
       expected.push_back(op);
   EXPECT_EQ(in_families, expected);
   for (const auto& op : in_families)
@@ -747,7 +748,10 @@ TEST(OpAttrsText, EveryFieldIsInTheKey) {
   EXPECT_EQ(attrs_of("sum", {{"dim", 1}, {"keepdim", true}}).str(),
             "dim=1 dims=[] dims_given=0 keepdim=1 value=1 scalar=0 dim0=0 dim1=0 shape=[] sizes=[] start_dim=0 end_dim=-1 "
             "start=0 length=0 split_size=0 chunks=0 tanh=0 exponent=1 diagonal=0 normalized_shape=[] eps=- sum_reduction=0 "
-            "ignore_index=- fill=0 float32=0 range=- divisor=- local_shape=-");
+            "ignore_index=- fill=0 float32=0 range=- divisor=- local_mean=0 local_shape=-");
+  OpAttrs pytorch_mean = attrs_of("mean", {{"dim", 0}});
+  pytorch_mean.local_mean = true;  // semantics pytorch: P(avg) of local means, another decision
+  EXPECT_NE(pytorch_mean.str(), attrs_of("mean", {{"dim", 0}}).str());
   EXPECT_NE(attrs_of("gelu", {{"approximate", "tanh"}}).str(), attrs_of("gelu", json::object()).str());
   EXPECT_NE(attrs_of("masked_fill", {{"value", "-inf"}}).str(), attrs_of("masked_fill", {{"value", 0}}).str());
   EXPECT_NE(attrs_of("nll_loss", {{"ignore_index", 0}}).str(), attrs_of("nll_loss", json::object()).str());
