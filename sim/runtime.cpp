@@ -350,6 +350,7 @@ DTensor Runtime::apply_op(const std::string& op, const OpAttrs& attrs, const std
   if (any) {
     Runtime* rt = this;
     std::vector<Spec> in_specs, source_specs;
+    const bool hookless = follows(Difference::NoGradientHook);
     std::vector<Locals> source_locals;  // shapes only (no cycle through the graph)
     std::vector<Shape> source_shapes;
     std::vector<std::string> names;
@@ -357,8 +358,10 @@ DTensor Runtime::apply_op(const std::string& op, const OpAttrs& attrs, const std
     for (size_t i = 0; i < ready.size(); ++i) {
       in_specs.push_back(ready[i].spec);
       source_specs.push_back(sources[i].spec);
-      source_locals.push_back(detached(sources[i].locals));
-      source_shapes.push_back(sources[i].shape);
+      if (hookless) {  // only the PyTorch profile's keep_grad_layout needs them
+        source_locals.push_back(detached(sources[i].locals));
+        source_shapes.push_back(sources[i].shape);
+      }
       names.push_back(sources[i].name);
       inputs.insert(inputs.end(), sources[i].locals.begin(), sources[i].locals.end());
     }
