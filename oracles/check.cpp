@@ -13,6 +13,7 @@
 #include "oracles/oracle.h"
 #include "sim/data.h"
 #include "sim/interpreter.h"
+#include "sim/mesh_node.h"
 
 namespace meshsim {
 
@@ -271,12 +272,6 @@ void compare(const Scenario& sc, const RunOptions& options, const SimRun& run, c
                 {"propagations", st.propagations},
                 {"cache_hits", st.cache_hits}};
   out.exit_code = failed ? 1 : 0;
-}
-
-Locals detached(const Locals& locals) {
-  Locals out;
-  for (const auto& t : locals) out.push_back(t.detach());
-  return out;
 }
 
 // The run's values and input gradients for inspection, with the oracle's where it ran.
