@@ -1,0 +1,122 @@
+// meshsim: the command line (DESIGN.md, contract 1), as meshsim::main so that a binary of the
+// user's own (their Functions built in) runs the same command line (include/meshsim/meshsim.h).
+#include <iostream>
+
+#include <CLI/CLI.hpp>
+
+#include "cli/commands.h"
+#include "core/error.h"
+#include "cli/check.h"
+#include "meshsim/meshsim.h"
+
+namespace meshsim {
+
+int main(int argc, char** argv) {
+  CLI::App app{"meshsim: a deterministic simulator and testing harness for distributed tensor semantics"};
+  app.set_version_flag("--version", std::string(MESHSIM_VERSION));
+  app.require_subcommand(1);
+
+  cli::RunArgs run;
+  auto* run_cmd =
+      app.add_subcommand("run", "Run scenarios on the fake mesh and check them against the single-device oracle");
+  run_cmd->add_option("files", run.files,
+                      "Scenario files (meshsim.scenario/1), traces (run with their recorded options) and "
+                      "directories (searched for scenario files); several print a verdict each and a summary")
+      ->required();
+  run_cmd->add_flag("--json", run.json, "Print the result as JSON (meshsim.result/1); several: one JSON array");
+  run_cmd->add_flag("--strict", run.strict, "Status unchecked (values without an oracle value) is a failure");
+  run_cmd->add_option("--trace", run.trace_out, "Write the trace (meshsim.trace/1) to this file");
+  auto* run_render = run_cmd->add_option("--render", run.render_out, "Write the dataflow diagram (.svg, .png or .dot)");
+  run_cmd->add_option("--view", run.render_view, "Diagram view for --render: logical (default) or ranks")
+      ->check(CLI::IsMember({"logical", "ranks"}))
+      ->needs(run_render);
+  auto* run_values = run_cmd->add_option("--values", run.values_dir,
+                                         "Write the run's values and gradients, the mesh's and the oracle's, as .npy "
+                                         "files in this directory");
+  run_cmd->add_flag("--values-per-rank", run.values_per_rank, "With --values, each rank's local tensors too")
+      ->needs(run_values);
+  // One value per --option, so that scenario files may follow it.
+  run_cmd->add_option("--option", run.options, "Override a scenario option, key=value (repeatable)")
+      ->allow_extra_args(false);
+
+  cli::CheckArgs check;
+  auto* check_cmd = app.add_subcommand("check", "Run the property suite");
+  check_cmd->add_option("--cases", check.cases, "Cases per property")->check(CLI::PositiveNumber);
+  check_cmd->add_option("--seed", check.seed, "Seed (printed before the run starts)");
+  check_cmd->add_option("--property", check.properties, "Run only this property (repeatable)");
+  check_cmd->add_option("--mutant", check.mutant, "Switch on a planted bug; the run must then fail");
+  check_cmd->add_option("--out", check.out_dir, "Where counterexample traces are written");
+  check_cmd->add_flag("--list", check.list, "Print the property and mutant names");
+  check_cmd->add_flag("--coverage", check.coverage,
+                      "Report how many cases exercised each rule row, backward rule and redistribution "
+                      "transition; fail when a reachable one was never exercised");
+
+  cli::ReplayArgs replay;
+  auto* replay_cmd = app.add_subcommand("replay", "Re-run a trace and compare it event by event");
+  replay_cmd->add_option("trace", replay.trace, "Trace file (meshsim.trace/1)")->required();
+  replay_cmd->add_option("--scenario", replay.scenario_out,
+                         "Write the trace's scenario, with its recorded options, to this scenario file instead "
+                         "of replaying");
+
+  cli::RenderArgs render;
+  auto* render_cmd = app.add_subcommand("render", "Draw a scenario or a trace as a dataflow diagram");
+  render_cmd->add_option("file", render.file, "Scenario or trace file")->required();
+  render_cmd->add_option("-o,--out", render.out, "Output file: .svg, .png or .dot")->required();
+  render_cmd->add_option("--view", render.view,
+                         "logical (default): values, ops, redistributions, gradients; ranks: one cluster "
+                         "per rank with local shapes, collectives joining each group (meshes over 16 "
+                         "ranks collapsed)")
+      ->check(CLI::IsMember({"logical", "ranks"}));
+
+  ValidateConfig validate;
+  auto* validate_cmd = app.add_subcommand(
+      "validate", "Run a scenario on a real engine (one process per rank) and compare every rank with the simulation");
+  validate_cmd->add_option("file", validate.file, "Scenario file (meshsim.scenario/1)")->required();
+  validate_cmd->add_option("--backend", validate.backend, "gloo (CPU processes) or nccl (one GPU per rank)")
+      ->check(CLI::IsMember({"gloo", "nccl"}));
+  validate_cmd->add_option("--ranks", validate.ranks, "World size; must equal the mesh's (default: the mesh's)")
+      ->check(CLI::PositiveNumber);
+  validate_cmd->add_option("--option", validate.options, "Override a scenario option, key=value (repeatable)");
+  validate_cmd->add_option("--timeout", validate.timeout_s, "Seconds any collective or rendezvous may take (default 30)")
+      ->check(CLI::PositiveNumber);
+  validate_cmd->add_flag("--json", validate.json, "Print the report as JSON (meshsim.validate/1)");
+  validate_cmd->add_flag("--keep", validate.keep, "Keep the workers' directory (logs, progress, verdicts)");
+  validate_cmd->add_option("--fault", validate.fault, "Testing: kill:RANK:AT or hang:RANK:AT, at that rank's AT-th collective");
+  auto* worker = validate_cmd->add_option_group("worker", "Run one rank (workers started by hand, or by the coordinator)");
+  worker->add_option("--rank", validate.rank, "This worker's rank")->check(CLI::NonNegativeNumber);
+  worker->add_option("--master-addr", validate.master_addr, "TCP store host (rank 0 serves it)");
+  worker->add_option("--master-port", validate.master_port, "TCP store port (default 29500)");
+  worker->add_option("--hostname", validate.hostname, "The address this worker listens on (default: this host's name)");
+  worker->add_option("--store", validate.store, "File store path (a shared file system)");
+  worker->add_option("--result", validate.result_file, "Write this rank's verdict (JSON) here");
+  worker->add_option("--progress", validate.progress_file, "Append a line per collective here");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    int code = app.exit(e);
+    return code == 0 ? 0 : 2;
+  }
+  try {
+    if (*run_cmd) return cli::cmd_run(run);
+    if (*check_cmd) {
+      check.seed_given = check_cmd->count("--seed") > 0;
+      return cli::cmd_check(check, std::cout);
+    }
+    if (*replay_cmd) return cli::cmd_replay(replay);
+    if (*render_cmd) return cli::cmd_render(render);
+    if (*validate_cmd) return cli::cmd_validate(validate);
+  } catch (const InputError& e) {
+    std::cerr << "meshsim: " << e.what() << "\n";
+    return 2;
+  } catch (const SemanticError& e) {
+    std::cerr << "meshsim: " << error_kind_name(e.kind()) << ": " << e.what() << "\n";
+    return exit_code_for(e.kind());
+  } catch (const std::exception& e) {  // a bug of meshsim's own: said, never an abort
+    std::cerr << "meshsim: internal error: " << e.what() << "\n";
+    return 1;
+  }
+  return 2;
+}
+
+}  // namespace meshsim
