@@ -243,8 +243,10 @@ bool is_local_boundary(const std::string& name) { return name == "to_local" || n
 
 const OpRule* find_op_rule(const std::string& name, Region region = Region::Program) {
   // A program's local code (between to_local and from_local) may use the body collectives too;
-  // `call` needs a local_map (its Functions are registered for LTensors with a reference).
-  if (region == Region::Body || (region == Region::Program && name != "call"))
+  // `call` needs a local_map (its Functions are registered for LTensors with a reference); a
+  // local_map's reference may call a Function too, whose own reference the oracle then runs.
+  if (region == Region::Body || (region == Region::Program && name != "call") ||
+      (region == Region::Reference && name == "call"))
     for (const auto& r : body_op_rules())
       if (name == r.name) return &r;
   if (region != Region::Program && (name == "local_map" || is_creation_op(name) || is_local_boundary(name)))

@@ -3,6 +3,7 @@
 #include <torch/csrc/autograd/autograd.h>
 
 #include "core/error.h"
+#include "sim/local_map.h"
 #include "sim/local_ops.h"
 
 namespace meshsim {
@@ -24,6 +25,17 @@ at::Tensor global_op(const OpDecl& op, const std::vector<at::Tensor>& xs, bool i
   // computation it stands for: a collective moves the value between layouts and leaves it as it is.
   if (is_layout_only_op(op.op)) return xs.at(0);
   try {
+    // A Function called in a reference runs its own reference on the global tensors.
+    if (op.op == "call") {
+      const std::string fn = op.attrs.value("function", "");
+      const FunctionReference* ref = find_function_reference(fn);
+      if (!ref)
+        throw SemanticError(ErrorKind::InvalidScenario,
+                            op.path + ": the reference calls Function \"" + fn + "\", which has " +
+                                (find_scenario_function(fn) ? "no reference on global tensors (FunctionDef::reference)"
+                                                            : "not been registered"));
+      return (*ref)(xs, op.attrs);
+    }
     return local_op(op.op, op_attrs(op), xs);
   } catch (const SemanticError&) {
     throw;

@@ -442,7 +442,11 @@ LTensor BodyContext::run(const OpDecl& op, const std::map<std::string, LTensor>&
     if (!invoke) {
       std::string known;
       for (const auto& n : scenario_function_names()) known += (known.empty() ? "" : ", ") + n;
-      throw SemanticError(ErrorKind::UnsupportedOp, "call: unknown function \"" + fn + "\" (known: " + known + ")");
+      throw SemanticError(ErrorKind::UnsupportedOp,
+                          op.path + ": call: unknown function \"" + fn + "\" (known: " + known +
+                              "). A Function of your own is registered with meshsim::register_function: load it into "
+                              "this command with `meshsim --plugin libyours.so run ...`, or build a meshsim of your own "
+                              "that calls meshsim::main (docs/cpp-api.md)");
     }
     return (*invoke)(*this, args, op);
   }

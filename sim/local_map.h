@@ -119,4 +119,11 @@ void register_scenario_function(const std::string& name, FunctionInvoker invoker
 const FunctionInvoker* find_scenario_function(const std::string& name);
 std::vector<std::string> scenario_function_names();
 
+// A Function's reference: the same computation on global tensors, which the oracle runs where a
+// local_map's `reference` calls the Function (include/meshsim/meshsim.h, FunctionDef::reference).
+using FunctionReference = std::function<at::Tensor(const std::vector<at::Tensor>&, const nlohmann::json& attrs)>;
+void register_function_reference(const std::string& name, FunctionReference reference);
+void unregister_function_reference(const std::string& name);
+const FunctionReference* find_function_reference(const std::string& name);
+
 }  // namespace meshsim

@@ -84,7 +84,7 @@ using VarianceStrategy = std::function<VarianceOutput(const VarianceInput&)>;
 // The collective a communicating Function performs, so that it is counted in the result's
 // `collectives` (with its bytes) and drawn in diagrams like meshsim's own.
 struct CollectiveDecl {
-  std::string op;           // all_reduce | all_gather | reduce_scatter | all_to_all | broadcast
+  std::string op;           // all_reduce | all_gather | reduce_scatter | all_to_all
   std::string backward_op;  // the backward's collective; "" when the backward communicates nothing
   // Bytes each rank sends, from the group's inputs; unset: meshsim's cost model for `op` on them.
   std::function<int64_t(const std::vector<at::Tensor>& group_inputs)> bytes;
