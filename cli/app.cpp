@@ -7,6 +7,7 @@
 #include "cli/commands.h"
 #include "core/error.h"
 #include "cli/check.h"
+#include "cli/plugin.h"
 #include "meshsim/meshsim.h"
 
 namespace meshsim {
@@ -15,6 +16,10 @@ int main(int argc, char** argv) {
   CLI::App app{"meshsim: a deterministic simulator and testing harness for distributed tensor semantics"};
   app.set_version_flag("--version", std::string(MESHSIM_VERSION));
   app.require_subcommand(1);
+  std::vector<std::string> plugins;
+  app.add_option("--plugin", plugins,
+                 "Load a plugin (a shared library defining MESHSIM_PLUGIN) whose Functions scenarios can call "
+                 "(repeatable; before the subcommand; MESHSIM_PLUGINS, colon-separated, names more)");
 
   cli::RunArgs run;
   auto* run_cmd =
@@ -98,6 +103,8 @@ int main(int argc, char** argv) {
     return code == 0 ? 0 : 2;
   }
   try {
+    cli::load_plugins(cli::plugins_from_environment());
+    cli::load_plugins(plugins);
     if (*run_cmd) return cli::cmd_run(run);
     if (*check_cmd) {
       check.seed_given = check_cmd->count("--seed") > 0;
@@ -107,6 +114,9 @@ int main(int argc, char** argv) {
     if (*render_cmd) return cli::cmd_render(render);
     if (*validate_cmd) return cli::cmd_validate(validate);
   } catch (const InputError& e) {
+    std::cerr << "meshsim: " << e.what() << "\n";
+    return 2;
+  } catch (const cli::PluginError& e) {
     std::cerr << "meshsim: " << e.what() << "\n";
     return 2;
   } catch (const SemanticError& e) {

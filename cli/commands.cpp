@@ -13,6 +13,7 @@
 #include "core/error.h"
 #include "core/scenario.h"
 #include "oracles/check.h"
+#include "sim/local_map.h"
 #include "traces/render.h"
 #include "traces/trace.h"
 
@@ -255,10 +256,23 @@ Report report_of(const std::string& file, const InputError& e) {
   return report_of(file, 2, e.kind(), e.file() == file ? e.json_path() + ": " + e.detail() : e.what());
 }
 
+bool is_scenario_document(const nlohmann::json& doc) {
+  return doc.is_object() && doc.contains("format") && doc["format"] == "meshsim.scenario/1";
+}
+
 // Runs one file of several; what stops it is reported for that file, never for the others (as
 // main() reports it for one file).
 Report run_reported(const nlohmann::json& doc, const std::string& file, const RunArgs& args) {
   try {
+    // A scenario that calls Functions of the user's own is skipped, and says so, where they are
+    // not loaded (a suite run with the stock command; `--plugin` or a meshsim of one's own has them).
+    std::string missing;
+    if (is_scenario_document(doc))
+      for (const auto& fn : parse_scenario(doc, file).required_functions)
+        if (!find_scenario_function(fn)) missing += (missing.empty() ? "" : ", ") + fn;
+    if (!missing.empty())
+      return {file, 0, "skipped: needs the Functions " + missing + " (load them with meshsim --plugin, docs/cpp-api.md)",
+              {{"format", "meshsim.result/1"}, {"status", "skipped"}, {"missing_functions", missing}}};
     return report_of(run_file(doc, file, args), file);
   } catch (const InputError& e) {
     return report_of(file, e);
@@ -267,10 +281,6 @@ Report run_reported(const nlohmann::json& doc, const std::string& file, const Ru
   } catch (const std::exception& e) {  // a bug of meshsim's own
     return report_of(file, 1, ErrorKind::InvalidScenario, std::string("internal error: ") + e.what());
   }
-}
-
-bool is_scenario_document(const nlohmann::json& doc) {
-  return doc.is_object() && doc.contains("format") && doc["format"] == "meshsim.scenario/1";
 }
 
 // The *.json files under a directory, sorted by path; InputError when it cannot be listed.
@@ -290,7 +300,11 @@ int run_several(const RunArgs& args) {
   std::vector<Report> reports;
   auto reported = [&](Report rep) {
     if (!args.json)
-      std::cout << (rep.exit_code == 0 ? "ok     " : rep.exit_code == 1 ? "FAIL   " : "ERROR  ") << rep.file << ": "
+      std::cout << (rep.result.value("status", "") == "skipped" ? "skip   "
+                    : rep.exit_code == 0                     ? "ok     "
+                    : rep.exit_code == 1                     ? "FAIL   "
+                                                             : "ERROR  ")
+                << rep.file << ": "
                 << rep.detail << std::endl;  // flushed: a long suite shows its progress
     reports.push_back(std::move(rep));
   };
@@ -326,18 +340,21 @@ int run_several(const RunArgs& args) {
       reported(report_of(arg, e));
     }
   }
-  int worst = 0, passed = 0, failed = 0, errors = 0;
+  int worst = 0, passed = 0, failed = 0, errors = 0, skipped = 0;
   nlohmann::json results = nlohmann::json::array();
   for (const auto& rep : reports) {
     worst = std::max(worst, rep.exit_code);
-    (rep.exit_code == 0 ? passed : rep.exit_code == 1 ? failed : errors) += 1;
+    if (rep.result.value("status", "") == "skipped") ++skipped;
+    else (rep.exit_code == 0 ? passed : rep.exit_code == 1 ? failed : errors) += 1;
     nlohmann::json r = {{"file", rep.file}};
     r.update(rep.result);
     results.push_back(r);
   }
   std::ostringstream summary;
   summary << reports.size() << " scenarios: " << passed << " passed, " << failed << " failed, " << errors
-          << " errors\n";
+          << " errors";
+  if (skipped) summary << ", " << skipped << " skipped";
+  summary << "\n";
   if (args.json) {
     std::cout << results.dump(2) << "\n";
     std::cerr << summary.str();  // stdout holds the JSON array alone

@@ -391,7 +391,7 @@ class ScenarioParser {
 
   Scenario parse() {
     r_.object(doc_, "");
-    r_.only_keys(doc_, "", {"format", "name", "mesh", "options", "inputs", "program", "backward", "expect"});
+    r_.only_keys(doc_, "", {"format", "name", "mesh", "options", "inputs", "program", "backward", "expect", "requires"});
     parse_format();
     s_.name = doc_.contains("name") ? r_.string(doc_["name"], "/name")
                                     : std::filesystem::path(s_.file).stem().string();
@@ -403,10 +403,21 @@ class ScenarioParser {
     for (size_t i = 0; i < program.size(); ++i) parse_op(program[i], child("/program", i));
     if (doc_.contains("backward")) s_.backward = value_name(doc_["backward"], "/backward");
     if (doc_.contains("expect")) s_.expect = r_.object(doc_["expect"], "/expect");
+    if (doc_.contains("requires")) parse_requires(doc_["requires"]);
     return std::move(s_);
   }
 
  private:
+  // requires {functions: [name, ...]}: the Functions of the user's own the scenario calls.
+  void parse_requires(const json& req) {
+    r_.object(req, "/requires");
+    r_.only_keys(req, "/requires", {"functions"});
+    if (!req.contains("functions")) return;
+    const json& fns = r_.array(req["functions"], "/requires/functions");
+    for (size_t i = 0; i < fns.size(); ++i)
+      s_.required_functions.push_back(r_.string(fns[i], child("/requires/functions", i)));
+  }
+
   void parse_format() {
     std::string format = r_.string(r_.field(doc_, "", "format"), "/format");
     if (format != kFormat)
@@ -518,7 +529,8 @@ class ScenarioParser {
     const bool multi = decl.op == "split" || decl.op == "chunk";
     std::vector<std::string> allowed = {multi ? "outs" : "out", "op", "args"};
     for (const auto& a : rule.attrs) allowed.push_back(a.key);
-    r_.only_keys(op, path, allowed);
+    // A call passes its other fields to the Function as its attributes.
+    if (decl.op != "call") r_.only_keys(op, path, allowed);
     static const json kNoArgs = json::array();
     const json& args = is_creation_op(decl.op) && !op.contains("args")
                            ? kNoArgs

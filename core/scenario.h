@@ -85,6 +85,9 @@ struct Scenario {
   // What `meshsim run` must find (an object; null when the file has none). Its fields are checked
   // by the command line (cli/expect.h), which names the JSON path of a malformed one.
   nlohmann::json expect;
+  // requires.functions: Functions of the user's own that the scenario calls (loaded with --plugin
+  // or built into a meshsim of one's own). `meshsim run DIR` skips the scenario without them.
+  std::vector<std::string> required_functions;
   nlohmann::json source;  // the document as read
 
   const InputDecl* find_input(const std::string& name) const;

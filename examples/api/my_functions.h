@@ -1,0 +1,58 @@
+// Two Functions of a user's own, as meshsim::FunctionDef: a rank-local one and one that
+// communicates, each with its reference on global tensors so that the oracle checks them.
+#pragma once
+
+#include <torch/csrc/autograd/custom_function.h>
+
+#include "meshsim/meshsim.h"
+
+namespace mine {
+
+// A fused all_reduce(sum) kernel over one group: it sees every member's local and returns the sum
+// to each. Its backward is the identity: the cotangent of its invariant output is invariant.
+struct FusedAllReduce : public torch::autograd::Function<FusedAllReduce> {
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext*, at::TensorList group) {
+    at::Tensor sum = group[0].clone();
+    for (size_t k = 1; k < group.size(); ++k) sum.add_(group[k]);
+    torch::autograd::variable_list out;
+    for (size_t k = 0; k < group.size(); ++k) out.push_back(sum.clone());
+    return out;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext*,
+                                                 torch::autograd::variable_list grads) {
+    return grads;
+  }
+};
+
+// scale_by: x * factor on each rank's local; the default variance (that of x) is right.
+inline meshsim::FunctionDef scale_by() {
+  meshsim::FunctionDef f;
+  f.name = "scale_by";
+  f.rank_local = [](const std::vector<at::Tensor>& xs, const nlohmann::json& attrs) {
+    return xs[0] * attrs.value("factor", 1.0);
+  };
+  f.reference = f.rank_local;  // the same on global tensors
+  return f;
+}
+
+// fused_all_reduce: the kernel above over the mesh axis the call names. Its output is invariant
+// over that axis (the strategy), globally it is the identity (the sum of a P(sum) value's locals
+// is the value), and it performs one all_reduce.
+inline meshsim::FunctionDef fused_all_reduce() {
+  meshsim::FunctionDef f;
+  f.name = "fused_all_reduce";
+  f.group = [](const std::vector<at::Tensor>& group, const nlohmann::json&) {
+    return FusedAllReduce::apply(at::TensorList(group));
+  };
+  f.variance = [](const meshsim::VarianceInput& in) {
+    meshsim::VarianceOutput out;
+    out.variant = in.variant[0];
+    out.variant.erase(in.attrs.at("axis").get<std::string>());
+    return out;
+  };
+  f.reference = [](const std::vector<at::Tensor>& xs, const nlohmann::json&) { return xs[0]; };
+  f.collective = meshsim::CollectiveDecl{"all_reduce", "", nullptr};
+  return f;
+}
+
+}  // namespace mine
