@@ -24,6 +24,23 @@ struct FusedAllReduce : public torch::autograd::Function<FusedAllReduce> {
   }
 };
 
+// A fused reduce_scatter kernel over one group along dim 0: member k gets the k-th block of rows of
+// the sum. Its backward gathers: every member's input gradient is the blocks of all members'.
+struct ScatterRows : public torch::autograd::Function<ScatterRows> {
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext*, at::TensorList group) {
+    at::Tensor sum = group[0].clone();
+    for (size_t k = 1; k < group.size(); ++k) sum.add_(group[k]);
+    torch::autograd::variable_list out;
+    for (const auto& block : sum.chunk(static_cast<int64_t>(group.size()), 0)) out.push_back(block.clone());
+    return out;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext*,
+                                                 torch::autograd::variable_list grads) {
+    const at::Tensor all = at::cat(grads, 0);
+    return torch::autograd::variable_list(grads.size(), all);
+  }
+};
+
 // scale_by: x * factor on each rank's local; the default variance (that of x) is right.
 inline meshsim::FunctionDef scale_by() {
   meshsim::FunctionDef f;
@@ -52,6 +69,21 @@ inline meshsim::FunctionDef fused_all_reduce() {
   };
   f.reference = [](const std::vector<at::Tensor>& xs, const nlohmann::json&) { return xs[0]; };
   f.collective = meshsim::CollectiveDecl{"all_reduce", "", nullptr};
+  return f;
+}
+
+// scatter_rows: the reduce_scatter kernel above. Its output still varies over the axis (each
+// member holds other rows); globally it is the identity (rows of the sum, split); it performs a
+// reduce_scatter forward and an all_gather backward.
+inline meshsim::FunctionDef scatter_rows() {
+  meshsim::FunctionDef f;
+  f.name = "scatter_rows";
+  f.group = [](const std::vector<at::Tensor>& group, const nlohmann::json&) {
+    return ScatterRows::apply(at::TensorList(group));
+  };
+  f.variance = [](const meshsim::VarianceInput& in) { return meshsim::VarianceOutput{in.variant[0], std::nullopt}; };
+  f.reference = [](const std::vector<at::Tensor>& xs, const nlohmann::json&) { return xs[0]; };
+  f.collective = meshsim::CollectiveDecl{"reduce_scatter", "all_gather", nullptr};
   return f;
 }
 

@@ -4,5 +4,6 @@
 int main(int argc, char** argv) {
   meshsim::register_function(mine::scale_by());
   meshsim::register_function(mine::fused_all_reduce());
+  meshsim::register_function(mine::scatter_rows());
   return meshsim::main(argc, argv);
 }

@@ -5,5 +5,6 @@
 MESHSIM_PLUGIN(host) {
   host.register_function(mine::scale_by());
   host.register_function(mine::fused_all_reduce());
+  host.register_function(mine::scatter_rows());
   return 0;
 }

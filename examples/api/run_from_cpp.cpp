@@ -6,6 +6,7 @@
 int main(int argc, char** argv) {
   meshsim::register_function(mine::scale_by());
   meshsim::register_function(mine::fused_all_reduce());
+  meshsim::register_function(mine::scatter_rows());
   const std::string path = argc > 1 ? argv[1] : "plugin_functions.json";
   meshsim::RunResult r = meshsim::run_scenario_file(path);
   std::cout << path << ": " << r.status << " (exit " << r.exit_code << ")\n";
