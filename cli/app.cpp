@@ -52,6 +52,16 @@ int main(int argc, char** argv) {
   check_cmd->add_option("--mutant", check.mutant, "Switch on a planted bug; the run must then fail");
   check_cmd->add_option("--out", check.out_dir, "Where counterexample traces are written");
   check_cmd->add_flag("--list", check.list, "Print the property and mutant names");
+  check_cmd->add_option("--scenario", check.scenarios,
+                        "Check these scenario files as properties: each runs over random mesh sizes, shapes, input "
+                        "placements and options against the oracle (repeatable)");
+  check_cmd->add_flag("--json", check.json, "Print the run as JSON (meshsim.check/1) instead of the report");
+  check_cmd->add_option("--junit", check.junit, "Write the run as JUnit XML to this file");
+  check_cmd->add_option("--shard", check.shard,
+                        "Run shard I of N (1 <= I <= N): every N-th unit of 25 cases; the N shards together are the "
+                        "whole run");
+  check_cmd->add_option("-j,--jobs", check.jobs, "Worker processes (the same results as -j 1)");
+  check_cmd->add_option("--worker-units", check.worker_units, "Internal: the units a -j worker runs")->group("");
   check_cmd->add_flag("--coverage", check.coverage,
                       "Report how many cases exercised each rule row, backward rule and redistribution "
                       "transition; fail when a reachable one was never exercised");
@@ -116,6 +126,12 @@ int main(int argc, char** argv) {
   } catch (const InputError& e) {
     std::cerr << "meshsim: " << e.what() << "\n";
     return 2;
+  } catch (const cli::UsageError& e) {
+    std::cerr << "meshsim: " << e.what() << "\n";
+    return 2;
+  } catch (const cli::WorkerError& e) {
+    std::cerr << "meshsim: " << e.what();
+    return 1;
   } catch (const cli::PluginError& e) {
     std::cerr << "meshsim: " << e.what() << "\n";
     return 2;

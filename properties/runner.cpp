@@ -68,11 +68,19 @@ void load_rapidcheck_configuration_quietly() {
 }  // namespace
 
 PropertyOutcome run_property(const Property& property, uint64_t seed, int cases,
-                             const std::function<void(const Progress&)>& on_progress, CoverageCounts* coverage) {
+                             const std::function<void(const Progress&)>& on_progress, CoverageCounts* coverage,
+                             int unit) {
   load_rapidcheck_configuration_quietly();
   PropertyOutcome out;
   rc::detail::TestParams params;
   params.seed = property_seed(seed, property.name);
+  // Unit k > 0: the seed mixed with k (splitmix64's finalizer), a stream of its own.
+  if (unit > 0) {
+    uint64_t z = params.seed + 0x9e3779b97f4a7c15ULL * static_cast<uint64_t>(unit);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    params.seed = z ^ (z >> 31);
+  }
   params.maxSuccess = cases;
   params.maxSize = 100;
   params.maxDiscardRatio = 10;

@@ -33,8 +33,10 @@ uint64_t property_seed(uint64_t seed, const std::string& name);
 // runs are not counted).
 using CoverageCounts = std::map<std::string, int64_t>;
 
+// Runs `cases` cases of a property. `unit` > 0 draws another stream (the unit-th run of a property
+// split into units, meshsim check): unit 0 is the property's own seed.
 PropertyOutcome run_property(const Property& property, uint64_t seed, int cases,
                              const std::function<void(const Progress&)>& on_progress,
-                             CoverageCounts* coverage = nullptr);
+                             CoverageCounts* coverage = nullptr, int unit = 0);
 
 }  // namespace meshsim
