@@ -85,8 +85,10 @@ nlohmann::json verdict(const nlohmann::json& result) {
   return {result.value("status", ""), error ? result["error"].value("kind", "") : "", failed};
 }
 
-// A file name from a property's name ("scenario:examples/a.json" -> "scenario_examples_a.json").
+// A file name from a property's name.
 std::string file_stem_of(const std::string& name) {
+  if (name.rfind("scenario:", 0) == 0)  // "scenario:dir/fsdp.json" -> "scenario_fsdp"
+    return "scenario_" + file_stem_of(std::filesystem::path(name.substr(9)).stem().string());
   std::string out;
   for (char c : name) out += std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-' || c == '.' ? c : '_';
   return out;
