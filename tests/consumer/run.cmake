@@ -1,0 +1,32 @@
+# ctest: configure and build tests/consumer against the staged install, then run what it built.
+#   cmake -DSTAGE=... -DWORK=... -DSOURCE=... -DGENERATOR=... -P run.cmake
+function(step what)
+  execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  message("== ${what}\n${out}${err}")
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "${what} failed (${rc})")
+  endif()
+  set(step_output "${out}${err}" PARENT_SCOPE)
+endfunction()
+
+set(scenario ${SOURCE}/double_it.json)
+file(REMOVE_RECURSE ${WORK})
+step("configure against ${STAGE}" ${CMAKE_COMMAND} -S ${SOURCE} -B ${WORK} -G ${GENERATOR}
+     -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH=${STAGE})
+step("build" ${CMAKE_COMMAND} --build ${WORK} -j1)
+step("the consumer runs its scenario" ${WORK}/consumer ${scenario})
+step("a meshsim of its own" ${WORK}/consumer_meshsim run ${scenario})
+if(NOT step_output MATCHES "double_it: pass")
+  message(FATAL_ERROR "consumer_meshsim did not pass the scenario")
+endif()
+step("the installed command with the plugin" ${STAGE}/bin/meshsim --plugin ${WORK}/libconsumer_plugin.so run ${scenario})
+if(NOT step_output MATCHES "gradient_equivalence=ok")
+  message(FATAL_ERROR "the plugin's Function was not checked by the oracle")
+endif()
+# pkg-config: the one-file consumer compiled and linked with the flags meshsim.pc gives.
+set(ENV{PKG_CONFIG_PATH} ${STAGE}/lib/pkgconfig)
+step("pkg-config" pkg-config --cflags --libs meshsim)
+string(STRIP "${step_output}" flags)
+separate_arguments(flags UNIX_COMMAND "${flags}")
+step("compile with pkg-config's flags" c++ -std=c++17 -O0 ${SOURCE}/consumer.cpp -o ${WORK}/consumer_pc ${flags})
+step("the pkg-config build runs" ${WORK}/consumer_pc ${scenario})
