@@ -2,6 +2,7 @@
 // throws for bad input.
 #include <sstream>
 
+#include "api/trace_of.h"
 #include "core/error.h"
 #include "core/scenario.h"
 #include "meshsim/meshsim.h"
@@ -59,12 +60,7 @@ RunResult run_parsed(const nlohmann::json& doc, const std::string& name, const R
                 run.result.value("unchecked", nlohmann::json::array()).dump() + ")";
   }
   if (!settings.trace_out.empty() || !settings.render_out.empty()) {
-    Trace t;
-    t.version = MESHSIM_VERSION;
-    t.scenario = sc.source;
-    t.options = options.to_json();
-    t.events = run.events;
-    t.result = run.result;
+    const Trace t = trace_of(sc, options, run);
     if (!settings.trace_out.empty()) write_trace(t, settings.trace_out);
     if (!settings.render_out.empty()) render_to_file(t, settings.render_out);
   }

@@ -21,7 +21,8 @@
 
 #include <ATen/Parallel.h>
 
-#include "cli/trace_of.h"
+#include "api/trace_of.h"
+#include "cli/commands.h"
 #include "core/coverage.h"
 #include "core/error.h"
 #include "core/mutants.h"
@@ -94,27 +95,6 @@ std::string file_stem_of(const std::string& name) {
   return out;
 }
 
-void write_text_atomically(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary);
-    out << text;
-    out.close();
-    if (!out) {
-      std::error_code ec;
-      std::filesystem::remove(tmp, ec);
-      throw std::runtime_error("cannot write " + path + ": " + std::strerror(errno));
-    }
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) {
-    std::error_code ignored;
-    std::filesystem::remove(tmp, ignored);
-    throw std::runtime_error("cannot write " + path + ": " + ec.message());
-  }
-}
-
 // The shrunk counterexample, written as a trace and as a scenario file (with the options it ran
 // with, so `meshsim run` reproduces it), and its run. Its unused inputs are dropped when the failure
 // stays the same without them: an input's data come from its position (the seed's stream i), so
@@ -152,7 +132,7 @@ Counterexample write_counterexample(const nlohmann::json& scenario, const nlohma
   doc["options"] = options.to_json();
   ce.scenario = doc;
   ce.scenario_path = (std::filesystem::path(dir) / (file + ".scenario.json")).string();
-  write_text_atomically(ce.scenario_path, doc.dump(2) + "\n");
+  write_file_atomically(ce.scenario_path, doc.dump(2) + "\n");
   ce.result = run.result;
   return ce;
 }
@@ -705,7 +685,7 @@ int cmd_check(const CheckArgs& args, std::ostream& out) {
   std::ostringstream json_sink;  // with --json, the coverage table is in the document, not printed
   const int gaps = args.coverage ? report_coverage(coverage, args.json ? json_sink : out) : 0;
   const int exit_code = failed || gaps ? 1 : 0;
-  if (!args.junit.empty()) write_text_atomically(args.junit, junit_of(reports, args, seed, seconds));
+  if (!args.junit.empty()) write_file_atomically(args.junit, junit_of(reports, args, seed, seconds));
   if (args.json) {
     nlohmann::json doc = {{"format", "meshsim.check/1"},
                           {"version", MESHSIM_VERSION},

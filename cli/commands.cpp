@@ -8,7 +8,7 @@
 #include <sstream>
 
 #include "cli/expect.h"
-#include "cli/trace_of.h"
+#include "api/trace_of.h"
 #include "cli/values.h"
 #include "core/error.h"
 #include "core/scenario.h"
@@ -41,6 +41,25 @@ RunOptions with_overrides(RunOptions options, const std::vector<std::string>& ov
 
 RunOptions options_with_overrides(const Scenario& sc, const std::vector<std::string>& overrides) {
   return with_overrides(sc.options, overrides);
+}
+
+// Writes `text` to `path` through `path`.tmp and a rename, so a failed write leaves any old file whole.
+void write_file_atomically(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp";
+  std::ofstream out(tmp, std::ios::binary);
+  out << text;
+  out.close();
+  std::error_code ec;
+  if (!out) {
+    fs::remove(tmp, ec);
+    throw InputError(path, "", "cannot write the file");
+  }
+  fs::rename(tmp, path, ec);
+  if (ec) {
+    std::error_code ignored;
+    fs::remove(tmp, ignored);
+    throw InputError(path, "", "cannot write the file: " + ec.message());
+  }
 }
 
 namespace {
@@ -364,25 +383,6 @@ int run_several(const RunArgs& args) {
   return worst;
 }
 
-// Writes `text` to `path` through `path`.tmp and a rename, so a failed write leaves any old file whole.
-void write_file_safely(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp";
-  std::ofstream out(tmp, std::ios::binary);
-  out << text;
-  out.close();
-  std::error_code ec;
-  if (!out) {
-    fs::remove(tmp, ec);
-    throw InputError(path, "", "cannot write the file");
-  }
-  fs::rename(tmp, path, ec);
-  if (ec) {
-    std::error_code ignored;
-    fs::remove(tmp, ignored);
-    throw InputError(path, "", "cannot write the file: " + ec.message());
-  }
-}
-
 bool same_file(const std::string& a, const std::string& b) {
   std::error_code ec;
   return fs::equivalent(a, b, ec) && !ec;
@@ -396,7 +396,7 @@ int write_trace_scenario(const Trace& t, const std::string& trace_file, const st
   scenario_from_trace(t, trace_file, options);  // a trace whose scenario does not parse writes nothing
   nlohmann::json doc = t.scenario;
   doc["options"] = options.to_json();
-  write_file_safely(out, doc.dump(2) + "\n");
+  write_file_atomically(out, doc.dump(2) + "\n");
   std::cout << "wrote " << out << " (the scenario of " << trace_file << " with its recorded options)\n";
   return 0;
 }

@@ -1,13 +1,6 @@
 # ctest: cpack -G DEB in the build tree, dpkg -x the package into a root, run its command.
 #   cmake -DBUILD=... -DWORK=... -DVERSION=... -P package_deb.cmake
-function(step what)
-  execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
-  message("== ${what}\n${out}${err}")
-  if(NOT rc EQUAL 0)
-    message(FATAL_ERROR "${what} failed (${rc})")
-  endif()
-  set(step_output "${out}${err}" PARENT_SCOPE)
-endfunction()
+include(${CMAKE_CURRENT_LIST_DIR}/package_step.cmake)
 
 file(REMOVE_RECURSE ${WORK})
 file(MAKE_DIRECTORY ${WORK})

@@ -8,7 +8,7 @@
 
 #include <gtest/gtest.h>
 
-#include "cli/trace_of.h"
+#include "api/trace_of.h"
 #include "core/scenario.h"
 #include "oracles/check.h"
 #include "traces/render.h"
@@ -64,7 +64,7 @@ TEST(Examples, ResultsAndDiagramsMatchGolden) {
     CheckedRun run = check_scenario(sc, sc.options);
     const std::string name = file.stem().string();
     expect_golden(golden_dir() / "results" / (name + ".json"), run.result.dump(2) + "\n");
-    const Trace trace = cli::trace_of(sc, sc.options, run);
+    const Trace trace = trace_of(sc, sc.options, run);
     expect_golden(golden_dir() / "dot" / (name + ".dot"), render_dot(trace));
     expect_golden(golden_dir() / "dot" / (name + ".ranks.dot"), render_dot(trace, RenderView::Ranks));
   }
@@ -85,7 +85,7 @@ TEST(Examples, RankViewOfEightAndSixteenRanksFitsAScreen) {
       Scenario sc = parse_scenario(doc, file.string());
       CheckedRun run = check_scenario(sc, sc.options);
       ASSERT_EQ(run.result["status"], "pass") << run.result.dump(2);
-      const std::string dot = render_dot(cli::trace_of(sc, sc.options, run), RenderView::Ranks);
+      const std::string dot = render_dot(trace_of(sc, sc.options, run), RenderView::Ranks);
       size_t clusters = 0;
       for (auto at = dot.find("subgraph \"cluster_rank"); at != std::string::npos;
            at = dot.find("subgraph \"cluster_rank", at + 1))

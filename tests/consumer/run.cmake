@@ -1,13 +1,6 @@
 # ctest: configure and build tests/consumer against the staged install, then run what it built.
 #   cmake -DSTAGE=... -DWORK=... -DSOURCE=... -DGENERATOR=... -P run.cmake
-function(step what)
-  execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
-  message("== ${what}\n${out}${err}")
-  if(NOT rc EQUAL 0)
-    message(FATAL_ERROR "${what} failed (${rc})")
-  endif()
-  set(step_output "${out}${err}" PARENT_SCOPE)
-endfunction()
+include(${CMAKE_CURRENT_LIST_DIR}/../package_step.cmake)
 
 set(scenario ${SOURCE}/double_it.json)
 file(REMOVE_RECURSE ${WORK})

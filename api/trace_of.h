@@ -1,11 +1,12 @@
-// The trace of a checked run (DESIGN.md, contract 4).
+// The trace of a checked run (DESIGN.md, contract 4): what `meshsim run --trace`, counterexamples
+// and run_scenario's RunSettings::trace_out write.
 #pragma once
 
 #include "core/scenario.h"
 #include "oracles/check.h"
 #include "traces/trace.h"
 
-namespace meshsim::cli {
+namespace meshsim {
 
 inline Trace trace_of(const Scenario& sc, const RunOptions& options, const CheckedRun& run) {
   Trace t;
@@ -17,4 +18,4 @@ inline Trace trace_of(const Scenario& sc, const RunOptions& options, const Check
   return t;
 }
 
-}  // namespace meshsim::cli
+}  // namespace meshsim
