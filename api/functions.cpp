@@ -2,6 +2,7 @@
 // variance strategy a registry entry, its reference the oracle's, and its declared collective
 // events like meshsim's own collectives (in the result's `collectives`, traces and diagrams).
 #include <algorithm>
+#include <optional>
 #include <stdexcept>
 
 #include "core/cost_model.h"
@@ -14,16 +15,13 @@ namespace meshsim {
 
 namespace {
 
-const std::vector<std::string>& collective_ops() {
-  static const std::vector<std::string> ops = {"all_reduce", "all_gather", "reduce_scatter", "all_to_all"};
-  return ops;
-}
+// The collectives a Function may declare, by the names meshsim's own steps have.
+const StepKind kDeclarable[] = {StepKind::AllReduce, StepKind::AllGather, StepKind::ReduceScatter, StepKind::AllToAll};
 
-StepKind step_kind_of(const std::string& op) {
-  if (op == "all_reduce") return StepKind::AllReduce;
-  if (op == "all_gather") return StepKind::AllGather;
-  if (op == "reduce_scatter") return StepKind::ReduceScatter;
-  return StepKind::AllToAll;
+std::optional<StepKind> declarable(const std::string& op) {
+  for (StepKind k : kDeclarable)
+    if (op == step_kind_name(k)) return k;
+  return std::nullopt;
 }
 
 AxisNames names_of(const Mesh& mesh, const AxisSet& axes) {
@@ -35,12 +33,11 @@ AxisNames names_of(const Mesh& mesh, const AxisSet& axes) {
 AxisSet indices_of(const Mesh& mesh, const AxisNames& names, const std::string& fn) {
   AxisSet out;
   for (const auto& n : names) {
-    const auto& axes = mesh.axes();
-    auto it = std::find(axes.begin(), axes.end(), n);
-    if (it == axes.end())
+    const int a = mesh.axis_index(n);
+    if (a < 0)
       throw SemanticError(ErrorKind::InvalidScenario,
                           "the variance strategy of Function \"" + fn + "\" names mesh axis \"" + n + "\", which the mesh lacks");
-    out.insert(static_cast<int>(it - axes.begin()));
+    out.insert(a);
   }
   return out;
 }
@@ -74,7 +71,7 @@ int64_t declared_bytes(const CollectiveDecl& c, const Locals& group) {
   const int64_t n = static_cast<int64_t>(group.size());
   const int64_t local = group[0].numel() * static_cast<int64_t>(group[0].element_size());
   const int64_t full = c.op == "all_gather" ? local * n : local;
-  return collective_bytes(step_kind_of(c.op), full, n);
+  return collective_bytes(*declarable(c.op), full, n);
 }
 
 void record_declared(Runtime& rt, const std::string& op, int axis, int64_t bytes, const std::string& value,
@@ -143,11 +140,13 @@ void register_function(FunctionDef def) {
   if (def.group && def.arity != 1) throw std::invalid_argument(who + "a communicating Function takes 1 argument");
   if (def.collective) {
     if (def.rank_local) throw std::invalid_argument(who + "a rank-local Function performs no collective");
-    const auto& ops = collective_ops();
-    for (const std::string* op : {&def.collective->op, &def.collective->backward_op})
-      if (!(op == &def.collective->backward_op && op->empty()) && std::find(ops.begin(), ops.end(), *op) == ops.end())
-        throw std::invalid_argument(who + "unknown collective \"" + *op +
-                                    "\" (all_reduce, all_gather, reduce_scatter or all_to_all)");
+    auto unknown = [&](const std::string& op) {
+      return std::invalid_argument(who + "unknown collective \"" + op +
+                                   "\" (all_reduce, all_gather, reduce_scatter or all_to_all)");
+    };
+    if (!declarable(def.collective->op)) throw unknown(def.collective->op);
+    const std::string& back = def.collective->backward_op;
+    if (!back.empty() && !declarable(back)) throw unknown(back);
   }
   if (def.variance)
     register_variance_tracking_strategy(strategy_key(def.name), strategy_of(def.name, *def.variance));

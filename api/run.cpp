@@ -35,17 +35,7 @@ std::string message_of(const nlohmann::json& result) {
 
 RunResult run_parsed(const nlohmann::json& doc, const std::string& name, const RunSettings& settings) {
   Scenario sc = parse_scenario(doc, name);
-  RunOptions options = sc.options;
-  for (const auto& kv : settings.options) {
-    const auto eq = kv.find('=');
-    if (eq == std::string::npos || eq == 0)
-      return error_result(2, "invalid_scenario", "option: expected key=value, got \"" + kv + "\"");
-    try {
-      set_option(options, kv.substr(0, eq), nlohmann::json(kv.substr(eq + 1)));
-    } catch (const std::invalid_argument& e) {
-      return error_result(2, "invalid_scenario", "option " + kv.substr(0, eq) + ": " + e.what());
-    }
-  }
+  const RunOptions options = with_overrides(sc.options, settings.options);
   CheckedRun run = check_scenario(sc, options);
   RunResult r;
   r.exit_code = run.exit_code;

@@ -126,15 +126,13 @@ int main(int argc, char** argv) {
   } catch (const InputError& e) {
     std::cerr << "meshsim: " << e.what() << "\n";
     return 2;
-  } catch (const cli::UsageError& e) {
+  } catch (const cli::UsageError& e) {  // plugins that cannot be loaded included
     std::cerr << "meshsim: " << e.what() << "\n";
     return 2;
   } catch (const cli::WorkerError& e) {
     std::cerr << "meshsim: " << e.what();
     return 1;
-  } catch (const cli::PluginError& e) {
-    std::cerr << "meshsim: " << e.what() << "\n";
-    return 2;
+
   } catch (const SemanticError& e) {
     std::cerr << "meshsim: " << error_kind_name(e.kind()) << ": " << e.what() << "\n";
     return exit_code_for(e.kind());

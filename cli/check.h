@@ -34,12 +34,6 @@ struct CheckArgs {
   std::string worker_units;  // internal (-j): run these units of the selection, one JSON line each
 };
 
-// A command line check cannot run (exit 2): a malformed --shard, -j 0, an unknown property.
-class UsageError : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
-
 // A -j worker died before it reported its units (exit 1): which, and its last words.
 class WorkerError : public std::runtime_error {
  public:

@@ -21,24 +21,6 @@ namespace meshsim::cli {
 
 namespace fs = std::filesystem;
 
-namespace {
-
-RunOptions with_overrides(RunOptions options, const std::vector<std::string>& overrides) {
-  for (const auto& kv : overrides) {
-    auto eq = kv.find('=');
-    if (eq == std::string::npos || eq == 0)
-      throw InputError("--option", "", "expected key=value, got \"" + kv + "\"");
-    try {
-      set_option(options, kv.substr(0, eq), nlohmann::json(kv.substr(eq + 1)));
-    } catch (const std::invalid_argument& e) {
-      throw InputError("--option", "/" + kv.substr(0, eq), e.what());
-    }
-  }
-  return options;
-}
-
-}  // namespace
-
 RunOptions options_with_overrides(const Scenario& sc, const std::vector<std::string>& overrides) {
   return with_overrides(sc.options, overrides);
 }
@@ -184,8 +166,7 @@ struct FileRun {
   }
 };
 
-FileRun run_file(const nlohmann::json& doc, const std::string& file, const RunArgs& args) {
-  Runnable r = runnable_of(doc, file);
+FileRun run_file(Runnable r, const RunArgs& args) {
   FileRun f{std::move(r.sc), {}, {}, std::nullopt, {}, "", 0};
   f.expect = parse_expectation(f.sc);  // before the run: a malformed block is unusable input
   f.options = with_overrides(r.options, args.options);
@@ -218,7 +199,7 @@ void print_verdicts(const FileRun& f) {
 // One file, as `meshsim run FILE` has always run it (and the expect and --strict lines).
 int run_single(const RunArgs& args) {
   const std::string& file = args.files.front();
-  FileRun f = run_file(read_json_file(file), file, args);
+  FileRun f = run_file(runnable_of(read_json_file(file), file), args);
   if (args.json) {
     std::cout << f.result().dump(2) << "\n";
     if (!f.strict_problem.empty()) std::cerr << f.strict_problem << "\n";
@@ -285,14 +266,14 @@ Report run_reported(const nlohmann::json& doc, const std::string& file, const Ru
   try {
     // A scenario that calls Functions of the user's own is skipped, and says so, where they are
     // not loaded (a suite run with the stock command; `--plugin` or a meshsim of one's own has them).
+    Runnable r = runnable_of(doc, file);
     std::string missing;
-    if (is_scenario_document(doc))
-      for (const auto& fn : parse_scenario(doc, file).required_functions)
-        if (!find_scenario_function(fn)) missing += (missing.empty() ? "" : ", ") + fn;
+    for (const auto& fn : r.sc.required_functions)
+      if (!find_scenario_function(fn)) missing += (missing.empty() ? "" : ", ") + fn;
     if (!missing.empty())
       return {file, 0, "skipped: needs the Functions " + missing + " (load them with meshsim --plugin, docs/cpp-api.md)",
               {{"format", "meshsim.result/1"}, {"status", "skipped"}, {"missing_functions", missing}}};
-    return report_of(run_file(doc, file, args), file);
+    return report_of(run_file(std::move(r), args), file);
   } catch (const InputError& e) {
     return report_of(file, e);
   } catch (const SemanticError& e) {

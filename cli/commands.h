@@ -1,12 +1,20 @@
 // The subcommands of `meshsim` (DESIGN.md, contract 1). Each returns the process exit code.
 #pragma once
 
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "core/scenario.h"
 
 namespace meshsim::cli {
+
+// A command line that cannot run (exit 2, one plain line): a malformed --shard, -j 0, an unknown
+// property, a plugin that cannot be loaded.
+class UsageError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
 
 // The scenario's options with `--option key=value` overrides applied (InputError when malformed).
 RunOptions options_with_overrides(const Scenario& sc, const std::vector<std::string>& overrides);

@@ -1,16 +1,17 @@
 // Plugins: shared libraries that register Functions into the stock `meshsim` (docs/cpp-api.md).
 #pragma once
 
-#include <stdexcept>
 #include <string>
 #include <vector>
+
+#include "cli/commands.h"
 
 namespace meshsim::cli {
 
 // A plugin that cannot be loaded (exit 2): "plugin FILE: why".
-class PluginError : public std::runtime_error {
+class PluginError : public UsageError {
  public:
-  PluginError(const std::string& file, const std::string& why) : std::runtime_error("plugin " + file + ": " + why) {}
+  PluginError(const std::string& file, const std::string& why) : UsageError("plugin " + file + ": " + why) {}
 };
 
 // Loads each plugin (dlopen) and calls its entry point with a PluginHost. Throws PluginError naming

@@ -786,6 +786,20 @@ json RunOptions::to_json() const {
           {"semantics", semantics_name(semantics)}};
 }
 
+RunOptions with_overrides(RunOptions options, const std::vector<std::string>& overrides) {
+  for (const auto& kv : overrides) {
+    auto eq = kv.find('=');
+    if (eq == std::string::npos || eq == 0)
+      throw InputError("--option", "", "expected key=value, got \"" + kv + "\"");
+    try {
+      set_option(options, kv.substr(0, eq), json(kv.substr(eq + 1)));
+    } catch (const std::invalid_argument& e) {
+      throw InputError("--option", "/" + kv.substr(0, eq), e.what());
+    }
+  }
+  return options;
+}
+
 void set_option(RunOptions& options, const std::string& key, const json& value) {
   if (key == "redistribute")
     options.redistribute = pick(key, value, kRedistributeModes);

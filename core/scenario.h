@@ -45,6 +45,9 @@ struct RunOptions {
 
 // Applies one "key=value" (from --option or the options object); throws std::invalid_argument.
 void set_option(RunOptions& options, const std::string& key, const nlohmann::json& value);
+// `options` with "key=value" overrides (`--option`, RunSettings::options) applied; InputError naming
+// --option and the key when one is malformed.
+RunOptions with_overrides(RunOptions options, const std::vector<std::string>& overrides);
 
 struct InputDecl {
   std::string name;
