@@ -612,6 +612,7 @@ int cmd_check(const CheckArgs& args, std::ostream& out) {
     std::error_code ec;
     if (!std::filesystem::is_directory(parent, ec))
       throw UsageError("--junit: " + parent.string() + " is not a directory");
+    refuse_output_over_input("--junit", args.junit, args.scenarios);
   }
   if (!args.json) {
     out << "SEED=" << seed << "  (meshsim check --seed " << seed << ")";

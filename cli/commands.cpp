@@ -25,25 +25,6 @@ RunOptions options_with_overrides(const Scenario& sc, const std::vector<std::str
   return with_overrides(sc.options, overrides);
 }
 
-// Writes `text` to `path` through `path`.tmp and a rename, so a failed write leaves any old file whole.
-void write_file_atomically(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp";
-  std::ofstream out(tmp, std::ios::binary);
-  out << text;
-  out.close();
-  std::error_code ec;
-  if (!out) {
-    fs::remove(tmp, ec);
-    throw InputError(path, "", "cannot write the file");
-  }
-  fs::rename(tmp, path, ec);
-  if (ec) {
-    std::error_code ignored;
-    fs::remove(tmp, ignored);
-    throw InputError(path, "", "cannot write the file: " + ec.message());
-  }
-}
-
 namespace {
 
 std::string join_specs(const nlohmann::json& placements) {
@@ -199,6 +180,8 @@ void print_verdicts(const FileRun& f) {
 // One file, as `meshsim run FILE` has always run it (and the expect and --strict lines).
 int run_single(const RunArgs& args) {
   const std::string& file = args.files.front();
+  if (!args.trace_out.empty()) refuse_output_over_input("--trace", args.trace_out, {file});
+  if (!args.render_out.empty()) refuse_output_over_input("--render", args.render_out, {file, args.trace_out});
   FileRun f = run_file(runnable_of(read_json_file(file), file), args);
   if (args.json) {
     std::cout << f.result().dump(2) << "\n";
@@ -364,15 +347,9 @@ int run_several(const RunArgs& args) {
   return worst;
 }
 
-bool same_file(const std::string& a, const std::string& b) {
-  std::error_code ec;
-  return fs::equivalent(a, b, ec) && !ec;
-}
-
 // replay --scenario OUT: the trace's scenario with the options it ran with, as a scenario file.
 int write_trace_scenario(const Trace& t, const std::string& trace_file, const std::string& out) {
-  if (same_file(out, trace_file) || same_file(out + ".tmp", trace_file))
-    throw InputError("--scenario", "", out + " is the trace being read; name another file");
+  refuse_output_over_input("--scenario", out, {trace_file});
   RunOptions options;
   scenario_from_trace(t, trace_file, options);  // a trace whose scenario does not parse writes nothing
   nlohmann::json doc = t.scenario;
@@ -422,6 +399,7 @@ int cmd_replay(const ReplayArgs& args) {
 }
 
 int cmd_render(const RenderArgs& args) {
+  refuse_output_over_input("--out", args.out, {args.file});
   nlohmann::json doc = read_json_file(args.file);
   Trace trace;
   if (is_trace_document(doc)) {

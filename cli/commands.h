@@ -19,9 +19,6 @@ class UsageError : public std::runtime_error {
 // The scenario's options with `--option key=value` overrides applied (InputError when malformed).
 RunOptions options_with_overrides(const Scenario& sc, const std::vector<std::string>& overrides);
 
-// Writes `text` to `path` through `path`.tmp and a rename, so a failed write leaves any old file
-// whole; InputError naming the path (and why) when it cannot.
-void write_file_atomically(const std::string& path, const std::string& text);
 
 struct RunArgs {
   // Scenario files, trace files (run with their recorded options) and directories (searched for

@@ -7,6 +7,7 @@
 #include <optional>
 
 #include "core/error.h"
+#include "core/files.h"
 
 // .npy files are written little-endian, as this host lays them out.
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
@@ -33,23 +34,6 @@ std::optional<NpyType> npy_type(at::ScalarType t) {
     case at::kLong: return NpyType{"<i8", "int64"};
     default: return std::nullopt;
   }
-}
-
-[[noreturn]] void write_failed(const std::string& path, int err) {
-  throw InputError(path, "", std::string("cannot write: ") + std::strerror(err));
-}
-
-void write_file(const std::string& path, const std::string& head, const void* data, size_t bytes) {
-  std::FILE* f = std::fopen(path.c_str(), "wb");
-  if (!f) write_failed(path, errno);
-  bool ok = std::fwrite(head.data(), 1, head.size(), f) == head.size();
-  if (ok && bytes) ok = std::fwrite(data, 1, bytes, f) == bytes;
-  int err = ok ? 0 : errno;
-  if (std::fclose(f) != 0 && ok) {
-    ok = false;
-    err = errno;
-  }
-  if (!ok) write_failed(path, err ? err : EIO);
 }
 
 void make_dirs(const fs::path& dir) {
@@ -86,7 +70,8 @@ std::string write_npy(const std::string& path, const at::Tensor& t) {
     type = npy_type(at::kDouble);
   }
   c = c.contiguous();
-  write_file(path, npy_header(type->descr, c.sizes()), c.data_ptr(), c.numel() * c.element_size());
+  write_file_atomically(path, {npy_header(type->descr, c.sizes()),
+                              {static_cast<const char*>(c.data_ptr()), static_cast<size_t>(c.numel() * c.element_size())}});
   return type->name;
 }
 
@@ -147,7 +132,7 @@ class Writer {
                           {"missing", missing_}};
     const std::string text = doc.dump(2) + "\n";
     const fs::path path = dir_ / "index.json";
-    write_file(path.string(), "", text.data(), text.size());
+    write_file_atomically(path.string(), text);
   }
 
  private:

@@ -31,8 +31,7 @@ int exit_code_for(ErrorKind kind) {
 static std::string compose(const std::string& file, const std::string& path, const std::string& msg) {
   std::string out = file.empty() ? std::string("<input>") : file;
   out += ": ";
-  out += path.empty() ? std::string("/") : path;
-  out += ": ";
+  if (!path.empty()) out += path + ": ";  // none: the message is about the file, not a place in it
   out += msg;
   return out;
 }

@@ -853,39 +853,4 @@ Scenario load_scenario(const std::string& path) {
   return parse_scenario(read_json_file(path), path);
 }
 
-json parse_json_text(const std::string& text, const std::string& file) {
-  try {
-    return json::parse(text);
-  } catch (const json::parse_error& e) {
-    size_t end = std::min(e.byte, text.size());
-    size_t line = 1, column = 1;
-    for (size_t i = 0; i + 1 < end; ++i) {
-      if (text[i] == '\n')
-        ++line, column = 1;
-      else
-        ++column;
-    }
-    // nlohmann's message: "[json.exception.parse_error.101] parse error at line 1, column 2: why".
-    std::string why = e.what();
-    auto colon = why.find(": ");
-    why = colon == std::string::npos ? why : why.substr(colon + 2);
-    throw InputError(file, "/",
-                     "invalid JSON at line " + std::to_string(line) + ", column " +
-                         std::to_string(column) + ": " + why);
-  } catch (const json::exception& e) {  // e.g. a number out of range
-    throw InputError(file, "/", std::string("invalid JSON: ") + e.what());
-  }
-}
-
-json read_json_file(const std::string& path) {
-  std::error_code ec;
-  std::ifstream in(path, std::ios::binary);
-  if (std::filesystem::is_directory(path, ec) || !in)
-    throw InputError(path, "/", "cannot read file");
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (in.bad()) throw InputError(path, "/", "cannot read file");
-  return parse_json_text(text.str(), path);
-}
-
 }  // namespace meshsim

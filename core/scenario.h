@@ -8,6 +8,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/files.h"  // parse_json_text, read_json_file: every scenario reader uses them
+
 #include "core/layout.h"
 #include "core/mesh.h"
 #include "core/placement.h"
@@ -109,8 +111,5 @@ bool is_creation_op(const std::string& op);
 Scenario parse_scenario(const nlohmann::json& doc, const std::string& file);
 // Reads and parses a file; unreadable files and invalid JSON throw InputError too.
 Scenario load_scenario(const std::string& path);
-// Parses JSON text, naming `file` (and the line and column) on a syntax error.
-nlohmann::json parse_json_text(const std::string& text, const std::string& file);
-nlohmann::json read_json_file(const std::string& path);
 
 }  // namespace meshsim

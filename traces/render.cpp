@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/files.h"
 #include "traces/render_common.h"
 
 namespace meshsim {
@@ -317,9 +318,7 @@ void render_to_file(const Trace& trace, const std::string& out_path, RenderView 
   }
   const std::string dot = render_dot(trace, view);
   const std::string bytes = format == "dot" ? dot : layout_dot(dot, format, out_path);
-  std::ofstream out(out_path, std::ios::binary);
-  out << bytes;
-  if (!out.flush()) throw InputError(out_path, "", "cannot write the file");
+  write_file_atomically(out_path, bytes);
 }
 
 }  // namespace meshsim

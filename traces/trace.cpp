@@ -1,10 +1,10 @@
 #include "traces/trace.h"
 
 #include <algorithm>
-#include <fstream>
 #include <sstream>
 
 #include "core/error.h"
+#include "core/files.h"
 
 namespace meshsim {
 
@@ -210,24 +210,10 @@ Trace trace_from_json(const json& doc, const std::string& file) {
 }
 
 void write_trace(const Trace& trace, const std::string& path) {
-  std::ofstream out(path, std::ios::binary);
-  out << trace_to_json(trace).dump(2) << "\n";
-  if (!out.flush()) throw InputError(path, "", "cannot write the trace");
+  write_file_atomically(path, trace_to_json(trace).dump(2) + "\n");
 }
 
-Trace read_trace(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw InputError(path, "", "cannot read the file");
-  std::stringstream text;
-  text << in.rdbuf();
-  json doc;
-  try {
-    doc = json::parse(text.str());
-  } catch (const json::parse_error& e) {
-    throw InputError(path, "", std::string("invalid JSON: ") + e.what());
-  }
-  return trace_from_json(doc, path);
-}
+Trace read_trace(const std::string& path) { return trace_from_json(read_json_file(path), path); }
 
 Divergence compare_events(const std::vector<Event>& recorded, const std::vector<Event>& replayed) {
   const size_t common = std::min(recorded.size(), replayed.size());
