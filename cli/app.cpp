@@ -1,16 +1,89 @@
 // meshsim: the command line (DESIGN.md, contract 1), as meshsim::main so that a binary of the
 // user's own (their Functions built in) runs the same command line (include/meshsim/meshsim.h).
+#include <cerrno>
+#include <cstdlib>
 #include <iostream>
 
 #include <CLI/CLI.hpp>
 
 #include "cli/commands.h"
 #include "core/error.h"
+#include "core/resources.h"
 #include "cli/check.h"
 #include "cli/plugin.h"
 #include "meshsim/meshsim.h"
 
 namespace meshsim {
+
+namespace {
+
+// Numbers on the command line: parsed whole and bounded, with a plain message ("--ranks: expected
+// a whole number from 1 to 1099511627776, got 0"); CLI11's own ranges print doubles of 309 digits.
+CLI::Validator whole_number(int64_t lo, int64_t hi) {
+  return CLI::Validator(
+      [lo, hi](std::string& text) -> std::string {
+        const std::string expected =
+            "expected a whole number from " + std::to_string(lo) + " to " + std::to_string(hi) + ", got \"" + text + "\"";
+        errno = 0;
+        char* end = nullptr;
+        const long long v = std::strtoll(text.c_str(), &end, 10);
+        if (text.empty() || *end != '\0' || errno == ERANGE || v < lo || v > hi) return expected;
+        return "";
+      },
+      "INT " + std::to_string(lo) + ".." + std::to_string(hi));
+}
+
+CLI::Validator seed_number() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        errno = 0;
+        char* end = nullptr;
+        std::strtoull(text.c_str(), &end, 10);
+        if (text.empty() || text[0] == '-' || *end != '\0' || errno == ERANGE)
+          return "expected a whole number from 0 to 18446744073709551615, got \"" + text + "\"";
+        return "";
+      },
+      "UINT64");
+}
+
+CLI::Validator seconds(double lo, double hi) {
+  return CLI::Validator(
+      [lo, hi](std::string& text) -> std::string {
+        char* end = nullptr;
+        const double v = std::strtod(text.c_str(), &end);
+        if (text.empty() || *end != '\0' || !(v >= lo && v <= hi))
+          return "expected seconds from " + CLI::detail::to_string(lo) + " to " + CLI::detail::to_string(hi) +
+                 ", got \"" + text + "\"";
+        return "";
+      },
+      "SECONDS");
+}
+
+CLI::Validator byte_size() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        try {
+          parse_byte_size(text);
+        } catch (const std::invalid_argument& e) {
+          return e.what();
+        }
+        return "";
+      },
+      "SIZE");
+}
+
+// --max-memory and --max-ranks, for every subcommand that runs a scenario.
+void add_limits(CLI::App* sub, ResourceLimits& limits, std::string& max_memory) {
+  sub->add_option("--max-memory", max_memory,
+                  "Refuse (exit 2, with the estimate) a scenario estimated to need more memory: 8G, 512M, bytes "
+                  "(default: half this machine's memory)")
+      ->check(byte_size());
+  sub->add_option("--max-ranks", limits.max_ranks,
+                  "Refuse (exit 2) a mesh of more ranks (default " + std::to_string(kDefaultMaxRanks) + ")")
+      ->check(whole_number(1, int64_t{1} << 40));
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"meshsim: a deterministic simulator and testing harness for distributed tensor semantics"};
@@ -21,6 +94,8 @@ int main(int argc, char** argv) {
                  "Load a plugin (a shared library defining MESHSIM_PLUGIN) whose Functions scenarios can call "
                  "(repeatable; before the subcommand; MESHSIM_PLUGINS, colon-separated, names more)");
 
+  ResourceLimits limits;
+  std::string max_memory;
   cli::RunArgs run;
   auto* run_cmd =
       app.add_subcommand("run", "Run scenarios on the fake mesh and check them against the single-device oracle");
@@ -43,11 +118,12 @@ int main(int argc, char** argv) {
   // One value per --option, so that scenario files may follow it.
   run_cmd->add_option("--option", run.options, "Override a scenario option, key=value (repeatable)")
       ->allow_extra_args(false);
+  add_limits(run_cmd, limits, max_memory);
 
   cli::CheckArgs check;
   auto* check_cmd = app.add_subcommand("check", "Run the property suite");
-  check_cmd->add_option("--cases", check.cases, "Cases per property")->check(CLI::PositiveNumber);
-  check_cmd->add_option("--seed", check.seed, "Seed (printed before the run starts)");
+  check_cmd->add_option("--cases", check.cases, "Cases per property")->check(whole_number(1, 100000000));
+  check_cmd->add_option("--seed", check.seed, "Seed (printed before the run starts)")->check(seed_number());
   check_cmd->add_option("--property", check.properties, "Run only this property (repeatable)");
   check_cmd->add_option("--mutant", check.mutant, "Switch on a planted bug; the run must then fail");
   check_cmd->add_option("--out", check.out_dir, "Where counterexample traces are written");
@@ -60,7 +136,8 @@ int main(int argc, char** argv) {
   check_cmd->add_option("--shard", check.shard,
                         "Run shard I of N (1 <= I <= N): every N-th unit of 25 cases; the N shards together are the "
                         "whole run");
-  check_cmd->add_option("-j,--jobs", check.jobs, "Worker processes (the same results as -j 1)");
+  check_cmd->add_option("-j,--jobs", check.jobs, "Worker processes (the same results as -j 1)")
+      ->check(whole_number(1, 1024));
   check_cmd->add_option("--worker-units", check.worker_units, "Internal: the units a -j worker runs")->group("");
   check_cmd->add_flag("--coverage", check.coverage,
                       "Report how many cases exercised each rule row, backward rule and redistribution "
@@ -72,6 +149,7 @@ int main(int argc, char** argv) {
   replay_cmd->add_option("--scenario", replay.scenario_out,
                          "Write the trace's scenario, with its recorded options, to this scenario file instead "
                          "of replaying");
+  add_limits(replay_cmd, limits, max_memory);
 
   cli::RenderArgs render;
   auto* render_cmd = app.add_subcommand("render", "Draw a scenario or a trace as a dataflow diagram");
@@ -82,6 +160,7 @@ int main(int argc, char** argv) {
                          "per rank with local shapes, collectives joining each group (meshes over 16 "
                          "ranks collapsed)")
       ->check(CLI::IsMember({"logical", "ranks"}));
+  add_limits(render_cmd, limits, max_memory);
 
   ValidateConfig validate;
   auto* validate_cmd = app.add_subcommand(
@@ -90,17 +169,18 @@ int main(int argc, char** argv) {
   validate_cmd->add_option("--backend", validate.backend, "gloo (CPU processes) or nccl (one GPU per rank)")
       ->check(CLI::IsMember({"gloo", "nccl"}));
   validate_cmd->add_option("--ranks", validate.ranks, "World size; must equal the mesh's (default: the mesh's)")
-      ->check(CLI::PositiveNumber);
+      ->check(whole_number(1, int64_t{1} << 40));
   validate_cmd->add_option("--option", validate.options, "Override a scenario option, key=value (repeatable)");
   validate_cmd->add_option("--timeout", validate.timeout_s, "Seconds any collective or rendezvous may take (default 30)")
-      ->check(CLI::PositiveNumber);
+      ->check(seconds(0.001, 86400));
   validate_cmd->add_flag("--json", validate.json, "Print the report as JSON (meshsim.validate/1)");
   validate_cmd->add_flag("--keep", validate.keep, "Keep the workers' directory (logs, progress, verdicts)");
   validate_cmd->add_option("--fault", validate.fault, "Testing: kill:RANK:AT or hang:RANK:AT, at that rank's AT-th collective");
   auto* worker = validate_cmd->add_option_group("worker", "Run one rank (workers started by hand, or by the coordinator)");
-  worker->add_option("--rank", validate.rank, "This worker's rank")->check(CLI::NonNegativeNumber);
+  worker->add_option("--rank", validate.rank, "This worker's rank")->check(whole_number(0, int64_t{1} << 40));
   worker->add_option("--master-addr", validate.master_addr, "TCP store host (rank 0 serves it)");
-  worker->add_option("--master-port", validate.master_port, "TCP store port (default 29500)");
+  worker->add_option("--master-port", validate.master_port, "TCP store port (default 29500)")
+      ->check(whole_number(1, 65535));
   worker->add_option("--hostname", validate.hostname, "The address this worker listens on (default: this host's name)");
   worker->add_option("--store", validate.store, "File store path (a shared file system)");
   worker->add_option("--result", validate.result_file, "Write this rank's verdict (JSON) here");
@@ -112,6 +192,12 @@ int main(int argc, char** argv) {
     int code = app.exit(e);
     return code == 0 ? 0 : 2;
   }
+  if (!max_memory.empty()) limits.max_bytes = parse_byte_size(max_memory);
+  cli::set_resource_limits(limits);
+  if (!(*validate_cmd && validate.rank >= 0)) cli::install_progress_line();  // a worker has no terminal of its own
+  struct Erase {
+    ~Erase() { cli::erase_progress_line(); }
+  } erase;
   try {
     cli::load_plugins(cli::plugins_from_environment());
     cli::load_plugins(plugins);
@@ -136,8 +222,12 @@ int main(int argc, char** argv) {
   } catch (const SemanticError& e) {
     std::cerr << "meshsim: " << error_kind_name(e.kind()) << ": " << e.what() << "\n";
     return exit_code_for(e.kind());
-  } catch (const std::exception& e) {  // a bug of meshsim's own: said, never an abort
-    std::cerr << "meshsim: internal error: " << e.what() << "\n";
+  } catch (const std::exception& e) {
+    if (is_out_of_memory(e)) {  // the machine's limit: its own exit code, never "a check failed"
+      std::cerr << "meshsim: out of memory: " << first_line(e.what()) << "\n";
+      return kExitResource;
+    }
+    std::cerr << "meshsim: internal error: " << first_line(e.what()) << "\n";  // a bug of meshsim's own
     return 1;
   }
   return 2;

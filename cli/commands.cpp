@@ -1,6 +1,10 @@
 #include "cli/commands.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <chrono>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -13,6 +17,7 @@
 #include "core/error.h"
 #include "core/scenario.h"
 #include "oracles/check.h"
+#include "sim/interpreter.h"
 #include "sim/local_map.h"
 #include "traces/render.h"
 #include "traces/trace.h"
@@ -24,6 +29,48 @@ namespace fs = std::filesystem;
 RunOptions options_with_overrides(const Scenario& sc, const std::vector<std::string>& overrides) {
   return with_overrides(sc.options, overrides);
 }
+
+namespace {
+ResourceLimits g_limits;
+}  // namespace
+
+void set_resource_limits(const ResourceLimits& limits) { g_limits = limits; }
+
+namespace {
+
+// The progress line: drawn on stderr once a run has taken 2 s, redrawn at most 4 times a second,
+// erased when the command ends; nothing when stderr is not a terminal.
+struct ProgressLine {
+  std::optional<std::chrono::steady_clock::time_point> start, drawn;
+  bool shown = false;
+} g_progress;
+
+void draw_progress(size_t done, size_t total, const std::string& what) {
+  const auto now = std::chrono::steady_clock::now();
+  if (!g_progress.start) g_progress.start = now;
+  const double elapsed = std::chrono::duration<double>(now - *g_progress.start).count();
+  if (elapsed < 2 || (g_progress.drawn && now - *g_progress.drawn < std::chrono::milliseconds(250))) return;
+  g_progress.drawn = now;
+  g_progress.shown = true;
+  char line[200];
+  if (done < total)
+    std::snprintf(line, sizeof line, "\r\033[Kmeshsim: op %zu of %zu (%s), %.0f s", done + 1, total, what.c_str(), elapsed);
+  else
+    std::snprintf(line, sizeof line, "\r\033[Kmeshsim: %s, %.0f s", what.c_str(), elapsed);
+  std::cerr << line << std::flush;
+}
+
+}  // namespace
+
+void install_progress_line() {
+  if (::isatty(STDERR_FILENO)) set_progress_hook(draw_progress);
+}
+
+void erase_progress_line() {
+  if (g_progress.shown) std::cerr << "\r\033[K" << std::flush;
+  g_progress = {};
+}
+const ResourceLimits& resource_limits() { return g_limits; }
 
 namespace {
 
@@ -151,6 +198,7 @@ FileRun run_file(Runnable r, const RunArgs& args) {
   FileRun f{std::move(r.sc), {}, {}, std::nullopt, {}, "", 0};
   f.expect = parse_expectation(f.sc);  // before the run: a malformed block is unusable input
   f.options = with_overrides(r.options, args.options);
+  check_resources(f.sc, f.options, g_limits);
   f.run = check_scenario(f.sc, f.options, /*keep_values=*/!args.values_dir.empty());
   f.exit_code = f.run.exit_code;
   if (f.expect) {
@@ -175,26 +223,6 @@ void print_verdicts(const FileRun& f) {
     std::cout << "expect: met (status " << f.run.result.value("status", "") << " as expected)\n";
   for (const auto& u : f.unmet) std::cout << "expect: " << u << "\n";
   if (!f.strict_problem.empty()) std::cout << f.strict_problem << "\n";
-}
-
-// One file, as `meshsim run FILE` has always run it (and the expect and --strict lines).
-int run_single(const RunArgs& args) {
-  const std::string& file = args.files.front();
-  if (!args.trace_out.empty()) refuse_output_over_input("--trace", args.trace_out, {file});
-  if (!args.render_out.empty()) refuse_output_over_input("--render", args.render_out, {file, args.trace_out});
-  FileRun f = run_file(runnable_of(read_json_file(file), file), args);
-  if (args.json) {
-    std::cout << f.result().dump(2) << "\n";
-    if (!f.strict_problem.empty()) std::cerr << f.strict_problem << "\n";
-  } else {
-    print_summary(f.sc, f.options, f.run.result);
-    print_verdicts(f);
-  }
-  if (!args.values_dir.empty()) write_values(f.run, args.values_dir, args.values_per_rank);
-  Trace trace = trace_of(f.sc, f.options, f.run);
-  if (!args.trace_out.empty()) write_trace(trace, args.trace_out);
-  if (!args.render_out.empty()) render_to_file(trace, args.render_out, parse_render_view(args.render_view));
-  return f.exit_code;
 }
 
 // One file of several: its exit code, its verdict line and its result.
@@ -236,7 +264,64 @@ Report report_of(const std::string& file, int exit_code, ErrorKind kind, const s
 }
 
 Report report_of(const std::string& file, const InputError& e) {
-  return report_of(file, 2, e.kind(), e.file() == file ? e.json_path() + ": " + e.detail() : e.what());
+  Report rep = report_of(file, 2, e.kind(), e.file() == file ? e.json_path() + ": " + e.detail() : e.what());
+  if (e.file() == file && !e.json_path().empty()) rep.result["error"]["path"] = e.json_path();
+  if (e.file() != file) rep.result["error"]["file"] = e.file();  // an option or another file named
+  return rep;
+}
+
+Report report_of(const std::string& file, const SemanticError& e) {
+  Report rep = report_of(file, exit_code_for(e.kind()), e.kind(), e.what());
+  if (!e.path().empty()) rep.result["error"]["path"] = e.path();
+  return rep;
+}
+
+// The line on stderr for a result with status error: file, JSON path, kind and message.
+void print_error_line(const std::string& file, const nlohmann::json& result) {
+  const nlohmann::json& e = members(result, "error");
+  const std::string message = first_line(text_of(e, "message", ""));
+  const std::string path = text_of(e, "path", "");
+  // Messages of the rules often lead with their JSON path already.
+  const bool placed = path.empty() || message.rfind(path, 0) == 0;
+  std::cerr << "meshsim: " << file << ": " << (placed ? "" : path + ": ") << text_of(e, "kind") << ": " << message
+            << "\n";
+}
+
+// One file, as `meshsim run FILE` has always run it (and the expect and --strict lines). A file
+// that cannot run says why on stderr, and with --json prints its result with status error too.
+int run_single(const RunArgs& args) {
+  const std::string& file = args.files.front();
+  if (!args.trace_out.empty()) refuse_output_over_input("--trace", args.trace_out, {file});
+  if (!args.render_out.empty()) refuse_output_over_input("--render", args.render_out, {file, args.trace_out});
+  std::optional<FileRun> run;
+  std::optional<Report> refused;
+  try {
+    run = run_file(runnable_of(read_json_file(file), file), args);
+  } catch (const InputError& e) {
+    refused = report_of(file, e);
+  } catch (const SemanticError& e) {
+    refused = report_of(file, e);
+  }
+  if (refused) {
+    if (args.json) std::cout << refused->result.dump(2) << "\n";
+    print_error_line(file, refused->result);
+    return refused->exit_code;
+  }
+  FileRun& f = *run;
+  if (args.json) {
+    std::cout << f.result().dump(2) << "\n";
+    if (!f.strict_problem.empty()) std::cerr << f.strict_problem << "\n";
+  } else {
+    print_summary(f.sc, f.options, f.run.result);
+    print_verdicts(f);
+  }
+  // An error that the expect block does not accept is said where errors are looked for.
+  if (f.run.result.value("status", "") == "error" && f.exit_code != 0) print_error_line(file, f.run.result);
+  if (!args.values_dir.empty()) write_values(f.run, args.values_dir, args.values_per_rank);
+  Trace trace = trace_of(f.sc, f.options, f.run);
+  if (!args.trace_out.empty()) write_trace(trace, args.trace_out);
+  if (!args.render_out.empty()) render_to_file(trace, args.render_out, parse_render_view(args.render_view));
+  return f.exit_code;
 }
 
 bool is_scenario_document(const nlohmann::json& doc) {
@@ -260,7 +345,7 @@ Report run_reported(const nlohmann::json& doc, const std::string& file, const Ru
   } catch (const InputError& e) {
     return report_of(file, e);
   } catch (const SemanticError& e) {
-    return report_of(file, exit_code_for(e.kind()), e.kind(), e.what());
+    return report_of(file, e);
   } catch (const std::exception& e) {  // a bug of meshsim's own
     return report_of(file, 1, ErrorKind::InvalidScenario, std::string("internal error: ") + e.what());
   }
@@ -378,6 +463,7 @@ int cmd_replay(const ReplayArgs& args) {
   if (!args.scenario_out.empty()) return write_trace_scenario(recorded, args.trace, args.scenario_out);
   RunOptions options;
   Scenario sc = scenario_from_trace(recorded, args.trace, options);
+  check_resources(sc, options, g_limits);
   CheckedRun run = check_scenario(sc, options);
   Divergence d = compare_events(recorded.events, run.events);
   if (!d.diverged && recorded.result.is_object() && recorded.result.value("status", "") != run.result.value("status", "")) {
@@ -406,6 +492,7 @@ int cmd_render(const RenderArgs& args) {
     trace = trace_from_json(doc, args.file);
   } else {
     Scenario sc = parse_scenario(doc, args.file);
+    check_resources(sc, sc.options, g_limits);
     trace = trace_of(sc, sc.options, check_scenario(sc, sc.options));
   }
   render_to_file(trace, args.out, parse_render_view(args.view));

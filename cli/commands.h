@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "core/resources.h"
 #include "core/scenario.h"
 
 namespace meshsim::cli {
@@ -19,6 +20,14 @@ class UsageError : public std::runtime_error {
 // The scenario's options with `--option key=value` overrides applied (InputError when malformed).
 RunOptions options_with_overrides(const Scenario& sc, const std::vector<std::string>& overrides);
 
+
+// The limits every scenario run by the command line is held to (--max-memory, --max-ranks).
+void set_resource_limits(const ResourceLimits& limits);
+const ResourceLimits& resource_limits();
+
+// A progress line on stderr, when it is a terminal, for runs longer than 2 s; erased at the end.
+void install_progress_line();
+void erase_progress_line();
 
 struct RunArgs {
   // Scenario files, trace files (run with their recorded options) and directories (searched for

@@ -1,4 +1,5 @@
 // `meshsim validate` (DESIGN.md, contract 1): the command-line side of gpu_validate/validate.h.
+#include <algorithm>
 #include <iostream>
 #include <stdexcept>
 
@@ -15,6 +16,10 @@ int cmd_validate(const ValidateConfig& config) {
     throw InputError(sc.file, "/mesh/shape",
                      "the mesh (" + sc.mesh.str() + ") has " + std::to_string(sc.mesh.size()) + " ranks, --ranks asks for " +
                          std::to_string(config.ranks));
+  ResourceLimits limits = resource_limits();
+  // The coordinator simulates once; so does every worker, the whole mesh each, at the same time.
+  limits.processes = config.rank >= 0 ? 1 : static_cast<int>(std::min<int64_t>(sc.mesh.size() + 1, 1 << 20));
+  check_resources(sc, options, limits);
   if (config.rank >= 0) {
     if (config.store.empty() && config.master_addr.empty())
       throw InputError("--rank", "", "a worker needs --store PATH or --master-addr HOST");

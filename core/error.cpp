@@ -1,5 +1,7 @@
 #include "core/error.h"
 
+#include <new>
+
 namespace meshsim {
 
 const char* error_kind_name(ErrorKind kind) {
@@ -13,6 +15,8 @@ const char* error_kind_name(ErrorKind kind) {
     case ErrorKind::ShapeMismatch: return "shape_mismatch";
     case ErrorKind::UnsupportedOp: return "unsupported_op";
     case ErrorKind::OutSpecMismatch: return "out_spec_mismatch";
+    case ErrorKind::ResourceLimit: return "resource_limit";
+    case ErrorKind::OutOfMemory: return "out_of_memory";
   }
   return "invalid_scenario";
 }
@@ -22,7 +26,10 @@ int exit_code_for(ErrorKind kind) {
     case ErrorKind::InvalidScenario:
     case ErrorKind::ShapeMismatch:
     case ErrorKind::UnsupportedOp:
+    case ErrorKind::ResourceLimit:
       return 2;
+    case ErrorKind::OutOfMemory:
+      return kExitResource;
     default:
       return 3;
   }
@@ -43,6 +50,14 @@ InputError::InputError(const std::string& file, const std::string& json_path,
       json_path_(json_path),
       detail_(message),
       kind_(kind) {}
+
+bool is_out_of_memory(const std::exception& e) {
+  if (dynamic_cast<const std::bad_alloc*>(&e) || dynamic_cast<const std::length_error*>(&e)) return true;
+  // libtorch's CPU allocator: "DefaultCPUAllocator: not enough memory: you tried to allocate N bytes"
+  // (older releases: "can't allocate memory").
+  const std::string what = first_line(e.what());
+  return what.find("not enough memory") != std::string::npos || what.find("can't allocate memory") != std::string::npos;
+}
 
 std::string first_line(const std::string& text) { return text.substr(0, text.find('\n')); }
 

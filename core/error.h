@@ -3,6 +3,7 @@
 
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 namespace meshsim {
 
@@ -16,7 +17,17 @@ enum class ErrorKind {
   ShapeMismatch,
   UnsupportedOp,
   OutSpecMismatch,  // a local_map returns a value whose variance contradicts its out placement
+  ResourceLimit,    // the scenario needs more memory or ranks than the limits allow (refused up front)
+  OutOfMemory,      // memory ran out during the run (exit kExitResource)
 };
+
+// Exit code of a run that ran out of memory (contract 1, extended): neither a failed check (1) nor
+// unusable input (2); 4 and 5 are validate's.
+inline constexpr int kExitResource = 6;
+
+// Whether `e` says memory ran out: std::bad_alloc, a container asked for more than it can hold,
+// or libtorch's allocator refusing.
+bool is_out_of_memory(const std::exception& e);
 
 // The first line of a message (libtorch's carry a backtrace after it).
 std::string first_line(const std::string& text);
@@ -30,12 +41,16 @@ int exit_code_for(ErrorKind kind);
 // A scenario that is illegal under the semantics (exit 3), or unusable (exit 2), raised while running.
 class SemanticError : public std::runtime_error {
  public:
-  SemanticError(ErrorKind kind, const std::string& message)
-      : std::runtime_error(message), kind_(kind) {}
+  SemanticError(ErrorKind kind, const std::string& message, std::string path = "")
+      : std::runtime_error(message), kind_(kind), path_(std::move(path)) {}
   ErrorKind kind() const { return kind_; }
+  // The JSON path of the scenario element it was raised at ("/program/3"), "" when unknown.
+  const std::string& path() const { return path_; }
+  void set_path(const std::string& path) { path_ = path; }
 
  private:
   ErrorKind kind_;
+  std::string path_;
 };
 
 // Unusable input found while reading a file: names the file and the JSON path (exit 2).

@@ -18,6 +18,9 @@ Mesh::Mesh(std::vector<std::string> axes, std::vector<int64_t> shape)
   strides_.assign(shape_.size(), 1);
   for (int i = static_cast<int>(shape_.size()) - 1; i >= 0; --i) {
     if (shape_[i] < 1) throw std::invalid_argument("mesh axis sizes must be >= 1");
+    // Rank arithmetic is int64: a mesh beyond 2^40 ranks (far past any limit) is refused here.
+    if (shape_[i] > (int64_t{1} << 40) / size_)
+      throw std::invalid_argument("a mesh of more than 2^40 ranks cannot be simulated");
     strides_[i] = size_;
     size_ *= shape_[i];
   }

@@ -1,6 +1,7 @@
 #include "core/propagation.h"
 
 #include <algorithm>
+#include <cmath>
 #include <iomanip>
 #include <limits>
 #include <map>
@@ -1648,6 +1649,54 @@ std::vector<CoverageRow> propagation_coverage() {
       }
   forward.insert(forward.end(), backward.begin(), backward.end());
   return forward;
+}
+
+OpAttrs op_attrs(const OpDecl& decl) {
+  OpAttrs a;
+  static const nlohmann::json kNone = nlohmann::json::object();
+  const auto& j = decl.attrs.is_object() ? decl.attrs : kNone;
+  auto integer = [&](const char* key) { return j.contains(key) && j[key].is_number_integer(); };
+  auto ints = [&](const char* key) {
+    std::vector<int64_t> out;
+    if (j.contains(key) && j[key].is_array())
+      for (const auto& v : j[key])
+        if (v.is_number_integer()) out.push_back(v.get<int64_t>());
+    return out;
+  };
+  if (integer("dim")) a.dim = j["dim"].get<int64_t>();
+  if (j.contains("dim") && j["dim"].is_array()) {
+    a.dims = ints("dim");
+    a.dims_given = true;
+  }
+  if (j.contains("dims")) a.dims = ints("dims");  // permute
+  if (j.contains("keepdim") && j["keepdim"].is_boolean()) a.keepdim = j["keepdim"].get<bool>();
+  const bool binary = decl.op == "add" || decl.op == "sub" || decl.op == "mul" || decl.op == "div";
+  if (j.contains("value") && j["value"].is_number()) {
+    a.value = j["value"].get<double>();
+    a.scalar = binary;
+  }
+  if (decl.op == "masked_fill" || decl.op == "full") {
+    if (j.contains("value") && j["value"].is_number()) a.fill = j["value"].get<double>();
+    if (j.contains("value") && j["value"].is_string()) a.fill = j["value"] == "-inf" ? -INFINITY : INFINITY;
+  }
+  a.tanh = j.value("approximate", "none") == "tanh";
+  if (j.contains("exponent") && j["exponent"].is_number()) a.exponent = j["exponent"].get<double>();
+  if (integer("diagonal")) a.diagonal = j["diagonal"].get<int64_t>();
+  a.normalized_shape = ints("normalized_shape");
+  if (j.contains("eps") && j["eps"].is_number()) a.eps = j["eps"].get<double>();
+  a.sum_reduction = j.value("reduction", "mean") == "sum";
+  if (integer("ignore_index")) a.ignore_index = j["ignore_index"].get<int64_t>();
+  if (integer("dim0")) a.dim0 = j["dim0"].get<int64_t>();
+  if (integer("dim1")) a.dim1 = j["dim1"].get<int64_t>();
+  a.shape = ints("shape");
+  a.sizes = ints("sizes");
+  if (integer("start_dim")) a.start_dim = j["start_dim"].get<int64_t>();
+  if (integer("end_dim")) a.end_dim = j["end_dim"].get<int64_t>();
+  if (integer("start")) a.start = j["start"].get<int64_t>();
+  if (integer("length")) a.length = j["length"].get<int64_t>();
+  if (integer("size")) a.split_size = j["size"].get<int64_t>();
+  if (integer("chunks")) a.chunks = j["chunks"].get<int64_t>();
+  return a;
 }
 
 }  // namespace meshsim

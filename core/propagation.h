@@ -111,6 +111,9 @@ std::vector<Chunk> split_pieces(const std::string& op, const OpAttrs& attrs, int
 // result shape is the local layout of the output, which the runtime passes as local_shape.
 bool is_view_op(const std::string& op);
 
+// The attributes of a scenario op (its JSON fields), as the rules and kernels take them.
+OpAttrs op_attrs(const OpDecl& decl);
+
 // The shape of an op's result; throws SemanticError(ShapeMismatch) naming the op.
 Shape infer_shape(const std::string& op, const std::vector<Shape>& in_shapes, const OpAttrs& attrs);
 

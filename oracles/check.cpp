@@ -92,6 +92,14 @@ nlohmann::json collectives_json(const std::vector<Event>& events) {
 // mesh ran): the simulation is inconsistent, which is a failed check, not unusable input.
 void raised(CheckedRun& out, const RunOptions& options, const std::string& stage, const std::exception& e) {
   nlohmann::json& r = out.result;
+  if (is_out_of_memory(e)) {  // the machine's limit, not a bug found: its own status and exit code
+    r["status"] = "error";
+    r["error"] = {{"kind", error_kind_name(ErrorKind::OutOfMemory)},
+                  {"message", "out of memory in " + stage + ": " + first_line(e.what()) +
+                                  " (meshsim run estimates what a scenario needs before it runs: --max-memory)"}};
+    out.exit_code = kExitResource;
+    return;
+  }
   r["status"] = "fail";
   r["error"] = nullptr;
   r["checks"] = {{"runs", false}};
@@ -104,6 +112,7 @@ void semantic_error(CheckedRun& out, const SemanticError& e) {
   nlohmann::json& r = out.result;
   r["status"] = "error";
   r["error"] = {{"kind", error_kind_name(e.kind())}, {"message", e.what()}};
+  if (!e.path().empty()) r["error"]["path"] = e.path();
   out.exit_code = exit_code_for(e.kind());
 }
 
@@ -387,6 +396,7 @@ CheckedRun check_scenario(const Scenario& sc, const RunOptions& options, bool ke
     }
   };
   OracleRun oracle;
+  report_progress(sc.program.size(), sc.program.size(), "the single-device oracle");
   try {
     oracle = run_oracle(sc, run.input_globals, options.dtype);
   } catch (const SemanticError& e) {  // a local_map reference libtorch refuses
@@ -399,6 +409,7 @@ CheckedRun check_scenario(const Scenario& sc, const RunOptions& options, bool ke
     return out;
   }
   keep(&oracle);
+  report_progress(sc.program.size(), sc.program.size(), "the comparison");
   try {
     compare(sc, options, run, oracle, out);
   } catch (const std::exception& e) {

@@ -11,6 +11,19 @@
 
 namespace meshsim {
 
+namespace {
+
+// libtorch refused an op of the user's local code (a local_map body, or code between to_local and
+// from_local): the op's place and libtorch's first line, without its backtrace.
+struct LocalCodeRefused : std::runtime_error {
+  LocalCodeRefused(const std::string& at, const std::string& op, const c10::Error& e)
+      : std::runtime_error(at + ": " + op + ": libtorch cannot run it: " + first_line(e.what_without_backtrace())),
+        path(at) {}
+  std::string path;
+};
+
+}  // namespace
+
 std::vector<DTensor> make_inputs(const Scenario& sc, const RunOptions& options,
                                  std::map<std::string, at::Tensor>& globals) {
   std::vector<DTensor> out;
@@ -66,7 +79,11 @@ std::vector<DTensor> run_local_map(Runtime& rt, const OpDecl& op, const std::vec
                                 {x}, b.outs[k]);
       continue;
     }
-    env[b.out] = ctx.run(b, env);
+    try {
+      env[b.out] = ctx.run(b, env);
+    } catch (const c10::Error& e) {
+      throw LocalCodeRefused(b.path, b.op, e);
+    }
   }
   std::vector<DTensor> outs;
   for (size_t k = 0; k < op.returns.size(); ++k) outs.push_back(ctx.leave(env.at(op.returns[k]), op.out_placements[k], op.outs[k]));
@@ -338,6 +355,15 @@ bool run_local_code(BodyContext& ctx, const OpDecl& op, SimRun& run, std::map<st
   return true;
 }
 
+namespace {
+ProgressHook g_progress = nullptr;
+}  // namespace
+
+void set_progress_hook(ProgressHook hook) { g_progress = hook; }
+void report_progress(size_t done, size_t total, const std::string& what) {
+  if (g_progress) g_progress(done, total, what);
+}
+
 SimRun run_distributed(const Scenario& sc, const RunOptions& options) {
   SimRun run;
   run.runtime = std::make_unique<Runtime>(sc.mesh, options);
@@ -359,8 +385,9 @@ SimRun run_distributed(const Scenario& sc, const RunOptions& options) {
   // unchecked local_map body runs, with PyTorch's DTensor.to_local / from_local at its ends.
   BodyContext local_code(rt, /*checked=*/false);
   std::map<std::string, LTensor> locals;
-  for (const auto& op : sc.program) {
-    if (run_local_code(local_code, op, run, locals)) continue;
+  // One program op; what it raises names its place in the scenario.
+  auto run_op = [&](const OpDecl& op) {
+    if (run_local_code(local_code, op, run, locals)) return;
     std::vector<DTensor> args;
     for (const auto& a : op.args) args.push_back(run.values.at(a));
     if (op.op == "local_map") {
@@ -370,7 +397,7 @@ SimRun run_distributed(const Scenario& sc, const RunOptions& options) {
         run.values[op.outs[k]] = std::move(outs[k]);
       }
       run.has_local_map |= tracked_local_map(rt, op);
-      continue;
+      return;
     }
     if (is_split_op(op.op)) {  // one narrow per piece, each its own value
       const auto pieces = split_as_narrows(op, args.at(0).shape);
@@ -378,7 +405,7 @@ SimRun run_distributed(const Scenario& sc, const RunOptions& options) {
         run.named.push_back(op.outs[k]);
         run.values[op.outs[k]] = rt.apply_op("narrow", pieces[k], {args[0]}, op.outs[k]);
       }
-      continue;
+      return;
     }
     DTensor out;
     if (op.op == "redistribute") {
@@ -390,9 +417,37 @@ SimRun run_distributed(const Scenario& sc, const RunOptions& options) {
     }
     run.named.push_back(op.out);
     run.values[op.out] = std::move(out);
+  };
+  const bool planted = !options.mutant.empty();
+  for (const auto& op : sc.program) {
+    report_progress(static_cast<size_t>(&op - sc.program.data()), sc.program.size(), op.op);
+    try {
+      run_op(op);
+    } catch (SemanticError& e) {
+      if (e.path().empty()) e.set_path(op.path);
+      throw;
+    } catch (const LocalCodeRefused& e) {
+      // libtorch refusing the user's local code is a program libtorch cannot run: unusable input,
+      // said in one line. Under a planted bug it is the bug's doing: a failed run (check_scenario).
+      if (planted) throw std::runtime_error(e.what());
+      throw SemanticError(ErrorKind::InvalidScenario, e.what(), e.path);
+    } catch (const c10::Error& e) {
+      bool local_code = false;  // code between to_local and from_local
+      for (const auto& a : op.args) local_code |= locals.count(a) > 0;
+      if (planted || !local_code) throw;
+      const LocalCodeRefused refused(op.path, op.op, e);
+      throw SemanticError(ErrorKind::InvalidScenario, refused.what(), refused.path);
+    }
   }
   if (!sc.backward.empty()) {
-    auto grads = rt.backward(run.values.at(sc.backward), grad_leaves);
+    report_progress(sc.program.size(), sc.program.size(), "backward");
+    std::vector<std::vector<at::Tensor>> grads;
+    try {
+      grads = rt.backward(run.values.at(sc.backward), grad_leaves);
+    } catch (SemanticError& e) {
+      if (e.path().empty()) e.set_path("/backward");
+      throw;
+    }
     for (size_t i = 0; i < grad_leaves.size(); ++i) {
       run.grads[grad_leaves[i].name] = grads[i];
       if (auto gs = rt.input_grad_spec(grad_leaves[i].name, grad_leaves[i].spec)) run.grad_specs[grad_leaves[i].name] = *gs;

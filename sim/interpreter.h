@@ -43,6 +43,14 @@ struct LTensor;
 bool run_local_code(BodyContext& ctx, const OpDecl& op, SimRun& run, std::map<std::string, LTensor>& locals);
 
 // Throws SemanticError when the scenario is illegal under the semantics.
+// Progress of a run, for a person watching: called before each program op (done = its index,
+// total = the program's length, what = the op), before the backward pass (what = "backward") and
+// by check_scenario before the oracle and the comparison. The command line draws a line on a
+// terminal from it; set once, at start-up (nullptr: none).
+using ProgressHook = void (*)(size_t done, size_t total, const std::string& what);
+void set_progress_hook(ProgressHook hook);
+void report_progress(size_t done, size_t total, const std::string& what);
+
 SimRun run_distributed(const Scenario& sc, const RunOptions& options);
 
 }  // namespace meshsim

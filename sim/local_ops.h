@@ -12,7 +12,6 @@
 
 namespace meshsim {
 
-OpAttrs op_attrs(const OpDecl& decl);
 at::Tensor local_op(const std::string& op, const OpAttrs& attrs, const std::vector<at::Tensor>& xs);
 
 // split and chunk run as one narrow per piece (core/propagation.h, split_pieces): the narrow's
