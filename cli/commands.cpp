@@ -279,11 +279,11 @@ Report report_of(const std::string& file, const SemanticError& e) {
 // The line on stderr for a result with status error: file, JSON path, kind and message.
 void print_error_line(const std::string& file, const nlohmann::json& result) {
   const nlohmann::json& e = members(result, "error");
-  const std::string message = first_line(text_of(e, "message", ""));
+  std::string message = first_line(text_of(e, "message", ""));
   const std::string path = text_of(e, "path", "");
-  // Messages of the rules often lead with their JSON path already.
-  const bool placed = path.empty() || message.rfind(path, 0) == 0;
-  std::cerr << "meshsim: " << file << ": " << (placed ? "" : path + ": ") << text_of(e, "kind") << ": " << message
+  // Messages of the rules often lead with their JSON path already: said once, first.
+  if (!path.empty() && message.rfind(path + ": ", 0) == 0) message = message.substr(path.size() + 2);
+  std::cerr << "meshsim: " << file << ": " << (path.empty() ? "" : path + ": ") << text_of(e, "kind") << ": " << message
             << "\n";
 }
 
@@ -295,16 +295,19 @@ int run_single(const RunArgs& args) {
   if (!args.render_out.empty()) refuse_output_over_input("--render", args.render_out, {file, args.trace_out});
   std::optional<FileRun> run;
   std::optional<Report> refused;
+  std::string said;  // unusable input: FILE: PATH: why, as main() says it
   try {
     run = run_file(runnable_of(read_json_file(file), file), args);
   } catch (const InputError& e) {
     refused = report_of(file, e);
+    said = e.what();
   } catch (const SemanticError& e) {
     refused = report_of(file, e);
   }
   if (refused) {
     if (args.json) std::cout << refused->result.dump(2) << "\n";
-    print_error_line(file, refused->result);
+    if (said.empty()) print_error_line(file, refused->result);
+    else std::cerr << "meshsim: " << said << "\n";
     return refused->exit_code;
   }
   FileRun& f = *run;

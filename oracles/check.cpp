@@ -93,9 +93,12 @@ nlohmann::json collectives_json(const std::vector<Event>& events) {
 void raised(CheckedRun& out, const RunOptions& options, const std::string& stage, const std::exception& e) {
   nlohmann::json& r = out.result;
   if (is_out_of_memory(e)) {  // the machine's limit, not a bug found: its own status and exit code
+    std::string why = first_line(e.what());
+    const auto allocator = why.find("DefaultCPUAllocator: ");  // after libtorch's "[enforce fail at ...]"
+    if (allocator != std::string::npos) why = why.substr(allocator);
     r["status"] = "error";
     r["error"] = {{"kind", error_kind_name(ErrorKind::OutOfMemory)},
-                  {"message", "out of memory in " + stage + ": " + first_line(e.what()) +
+                  {"message", "out of memory in " + stage + ": " + why +
                                   " (meshsim run estimates what a scenario needs before it runs: --max-memory)"}};
     out.exit_code = kExitResource;
     return;

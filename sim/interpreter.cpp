@@ -424,7 +424,11 @@ SimRun run_distributed(const Scenario& sc, const RunOptions& options) {
     try {
       run_op(op);
     } catch (SemanticError& e) {
-      if (e.path().empty()) e.set_path(op.path);
+      // A rule's message may lead with a deeper path ("/program/2/body/0/args: ..."): that one.
+      const std::string what = e.what();
+      const auto colon = what.find(": ");
+      if (e.path().empty())
+        e.set_path(what.rfind(op.path, 0) == 0 && colon != std::string::npos ? what.substr(0, colon) : op.path);
       throw;
     } catch (const LocalCodeRefused& e) {
       // libtorch refusing the user's local code is a program libtorch cannot run: unusable input,

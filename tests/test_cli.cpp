@@ -198,13 +198,18 @@ TEST_F(Cli, RenderNamesEveryKindOfImplicitValue) {
 // A run that libtorch stops (a body mm whose local shapes do not fit) is a failed check whose
 // result has no values, collectives or grads: the summary prints what there is (it used to abort
 // on the missing keys).
-TEST_F(Cli, RunThatRaisedPrintsItsSummary) {
+// A local_map body libtorch cannot run is the user's program at fault: exit 2 with the body op's
+// path and libtorch's first line, never its C++ backtrace.
+TEST_F(Cli, RunOfABodyLibtorchRefusesExits2InOneLine) {
   write("raises.json", local_map_scenario(json::array({{{"out", "z"}, {"op", "mm"}, {"args", {"x", "x"}}}}), nullptr));
-  Outcome o = meshsim("run raises.json");
-  EXPECT_EQ(o.code, 1) << o;
-  EXPECT_TRUE(contains(o.out, "lm: fail")) << o;
-  EXPECT_TRUE(contains(o.out, "runs=FAIL")) << o;
-  EXPECT_TRUE(contains(o.out, "failure: the run raised: ")) << o;
+  for (const char* flags : {"", " --json"}) {
+    Outcome o = meshsim(std::string("run raises.json") + flags);
+    EXPECT_EQ(o.code, 2) << o;
+    EXPECT_TRUE(contains(o.err, "raises.json: /program/0/body/0: invalid_scenario: mm: libtorch cannot run it: ")) << o;
+    EXPECT_FALSE(contains(o.err + o.out, "frame #")) << o;
+    EXPECT_FALSE(contains(o.err + o.out, "Exception raised from")) << o;
+    EXPECT_EQ(std::count(o.err.begin(), o.err.end(), '\n'), 1) << o;
+  }
 }
 
 // A reference that libtorch refuses is unusable input: exit 2 with the JSON path, no abort.
@@ -229,6 +234,8 @@ TEST_F(Cli, CallWithoutArgumentsExits2) {
   Outcome o = meshsim("run noargs.json");
   EXPECT_EQ(o.code, 2) << o;
   EXPECT_TRUE(contains(o.out, "invalid_scenario: /program/0/body/0/args: opaque_all_reduce takes 1 argument, got 0")) << o;
+  // and on stderr, with the file (it printed nothing there before)
+  EXPECT_TRUE(contains(o.err, "noargs.json: /program/0/body/0/args: invalid_scenario: opaque_all_reduce takes 1 argument")) << o;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -638,6 +645,133 @@ TEST_F(Cli, MalformedScenariosExit2NamingFileAndPath) {
   Outcome missing = meshsim("run nowhere.json");
   EXPECT_EQ(missing.code, 2) << missing;
   EXPECT_TRUE(contains(missing.err, "nowhere.json")) << missing;
+}
+
+// Hostile files (issue #16): each is exit 2 naming the file and the JSON path on stderr, and with
+// --json a result with status error as well; never a crash.
+TEST_F(Cli, HostileFilesExit2NamingFileAndPath) {
+  const std::string good = example().dump(2);
+  struct Case {
+    std::string file, text, path, message;
+  };
+  std::string dup = good;
+  dup.insert(dup.find('{') + 1, "\"mesh\": 1, ");
+  const std::vector<Case> cases = {
+      {"deep.json", std::string(100000, '[') + std::string(100000, ']'), "/0/0/0/0", "nesting deeper than 100 levels"},
+      {"dup.json", dup, "/mesh", "the key \"mesh\" appears twice"},
+      {"nul.json", good + std::string(1, '\0') + "junk", "/", "a NUL byte at line"},
+      {"trailing.json", good + " {}", "/", "expected end of input"},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.file);
+    write(c.file, c.text);
+    for (const char* cmd : {"run ", "render -o out.svg ", "validate ", "replay "}) {
+      Outcome o = meshsim(cmd + c.file);
+      EXPECT_EQ(o.code, 2) << cmd << o;
+      EXPECT_TRUE(contains(o.err, c.file + ": " + c.path)) << cmd << o;
+      EXPECT_TRUE(contains(o.err, c.message)) << cmd << o;
+    }
+    Outcome j = meshsim("run --json " + c.file);
+    EXPECT_EQ(j.code, 2) << j;
+    const json r = json::parse(j.out);  // a result, as for any other error
+    EXPECT_EQ(r["status"], "error") << j;
+    EXPECT_EQ(r["error"]["kind"], "invalid_scenario") << j;
+    EXPECT_TRUE(contains(r["error"].value("path", ""), c.path)) << j;
+    EXPECT_TRUE(contains(j.err, c.message)) << j;
+  }
+}
+
+// Errors found while running (a shape mismatch) are said on stderr with the file and the op's
+// path, with or without --json (before, only the result said it, and --json only in JSON).
+TEST_F(Cli, RunErrorsSayFileAndPathOnStderr) {
+  json doc = example();
+  const std::string second_arg = doc["program"][1]["args"][1];
+  doc["program"][1]["args"][1] = doc["program"][1]["args"][0];
+  doc["program"][1]["args"][0] = second_arg;  // mm of the operands swapped: inner dims differ
+  write("shape.json", doc);
+  for (const char* flags : {"", " --json"}) {
+    Outcome o = meshsim(std::string("run shape.json") + flags);
+    EXPECT_EQ(o.code, 2) << o;
+    EXPECT_TRUE(contains(o.err, "shape.json: /program/1: shape_mismatch: ")) << o;
+  }
+  const json r = json::parse(meshsim("run shape.json --json").out);
+  EXPECT_EQ(r["error"]["path"], "/program/1");
+}
+
+// An output that is an input is refused, and the input is left as it was.
+TEST_F(Cli, OutputsNeverReplaceInputs) {
+  const std::string text = example().dump(2);
+  write("s.json", text);
+  for (const char* args : {"run s.json --trace s.json", "run s.json --trace ./s.json", "run s.json --render s.json",
+                           "render s.json -o ./s.json"}) {
+    Outcome o = meshsim(args);
+    EXPECT_EQ(o.code, 2) << args << "\n" << o;
+    EXPECT_TRUE(contains(o.err, "it is the input")) << args << "\n" << o;
+    EXPECT_EQ(read_text(dir / "s.json"), text) << args;
+  }
+}
+
+// A trace write that fails partway (a file size limit, as a full disk) leaves the old trace whole
+// and says why; it used to leave 4 KB of invalid JSON.
+TEST_F(Cli, AFailedWriteLeavesTheOldTraceWhole) {
+  write("s.json", example());
+  ASSERT_EQ(meshsim("run s.json --trace t.json").code, 0);
+  const std::string before = read_text(dir / "t.json");
+  ASSERT_GT(before.size(), 8192u);
+  Outcome o = run_process(dir, "/bin/bash",
+                          "-c " + q("ulimit -f 4; trap '' XFSZ; exec " + q(MESHSIM_BIN) + " run s.json --trace t.json"), 60);
+  EXPECT_EQ(o.code, 2) << o;
+  EXPECT_TRUE(contains(o.err, "t.json: cannot write: File too large; the file was left as it was")) << o;
+  EXPECT_EQ(read_text(dir / "t.json"), before);
+  for (const auto& entry : fs::directory_iterator(dir))
+    EXPECT_FALSE(contains(entry.path().filename().string(), ".t.json.")) << "temporary file left: " << entry.path();
+}
+
+// Limits: a mesh too large or a scenario estimated too large is refused before it runs (exit 2,
+// with the estimate); memory that runs out all the same is exit 6, never "a check failed".
+TEST_F(Cli, ResourceLimitsRefuseUpFrontAndOutOfMemoryIsExit6) {
+  json big_mesh = example();
+  big_mesh["mesh"]["shape"] = {65536};
+  write("big_mesh.json", big_mesh);
+  Outcome m = meshsim("run big_mesh.json", 20);
+  EXPECT_EQ(m.code, 2) << m;
+  EXPECT_TRUE(contains(m.err, "big_mesh.json: /mesh/shape: resource_limit: the mesh has 65536 ranks")) << m;
+  write("s.json", example());
+  Outcome r = meshsim("run s.json --max-ranks 2");
+  EXPECT_EQ(r.code, 2) << r;
+  Outcome e = meshsim("run s.json --max-memory 1K --json");
+  EXPECT_EQ(e.code, 2) << e;
+  EXPECT_TRUE(contains(e.err, "resource_limit: the run needs about ")) << e;
+  EXPECT_EQ(json::parse(e.out)["error"]["kind"], "resource_limit") << e;
+  EXPECT_EQ(meshsim("run s.json --max-memory 1G").code, 0);
+
+  // 4 GB asked of a process limited to 3 GB of address space, the estimate waved through.
+  json big = {{"format", "meshsim.scenario/1"}, {"name", "big"}, {"mesh", {{"axes", {"dp"}}, {"shape", {2}}}},
+              {"inputs", {{{"name", "x"}, {"shape", {500000000}}, {"placements", {"S(0)"}}}}},
+              {"program", {{{"out", "y"}, {"op", "mul"}, {"args", {"x", "x"}}}}}};
+  write("big.json", big);
+  Outcome oom = run_process(dir, "/bin/bash", "-c " + q("ulimit -v 3000000; exec " + q(MESHSIM_BIN) + " run big.json --max-memory 1T"), 120);
+  EXPECT_EQ(oom.code, 6) << oom;
+  EXPECT_TRUE(contains(oom.err, "out_of_memory: out of memory in the run: DefaultCPUAllocator")) << oom;
+}
+
+// Numbers on the command line are parsed and bounded, in plain words.
+TEST_F(Cli, CommandLineNumbersAreBounded) {
+  struct Case {
+    std::string args, message;
+  };
+  for (const Case& c : std::vector<Case>{{"check --cases abc", "--cases: expected a whole number from 1 to 100000000, got \"abc\""},
+                                         {"check --cases 0", "--cases: expected a whole number from 1"},
+                                         {"check --seed -1", "--seed: expected a whole number from 0"},
+                                         {"check -j 0", "--jobs: expected a whole number from 1 to 1024"},
+                                         {"validate x.json --ranks 0", "--ranks: expected a whole number from 1"},
+                                         {"validate x.json --timeout abc", "--timeout: expected seconds"},
+                                         {"run x.json --max-memory lots", "--max-memory: expected a size such as 8G"}}) {
+    Outcome o = meshsim(c.args);
+    EXPECT_EQ(o.code, 2) << c.args << "\n" << o;
+    EXPECT_TRUE(contains(o.err, c.message)) << c.args << "\n" << o;
+    EXPECT_LT(o.err.size(), 300u) << c.args << "\n" << o;  // no 309-digit range
+  }
 }
 
 TEST_F(Cli, BadFlagsExit2) {
