@@ -88,7 +88,8 @@ OracleRun run_oracle(const Scenario& sc, const std::map<std::string, at::Tensor>
   std::vector<at::Tensor> leaves;
   std::vector<std::string> leaf_names;
   for (const auto& in : sc.inputs) {
-    at::Tensor t = input_globals.at(in.name).detach().clone().requires_grad_(in.requires_grad);
+    // The inputs' own storage (no op writes in place): a copy would double every input.
+    at::Tensor t = input_globals.at(in.name).detach().requires_grad_(in.requires_grad);
     run.values[in.name] = t;
     if (in.requires_grad) {
       leaves.push_back(t);

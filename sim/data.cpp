@@ -295,24 +295,46 @@ std::string tensor_hash(const at::Tensor& t) {
   return h;
 }
 
+namespace {
+
+// Comparisons run over slices of this many elements: each needs a few temporaries the size of
+// its operands, and a tensor of 10^8 elements must not need several copies of itself
+// (docs/performance.md, "Memory: one large tensor").
+constexpr int64_t kSlice = int64_t{1} << 20;
+
+// `t` flattened, sharing its storage where it can.
+at::Tensor flat(const at::Tensor& t) { return t.detach().reshape({-1}); }
+
+}  // namespace
+
 double max_abs_diff(const at::Tensor& a, const at::Tensor& b) {
   if (a.sizes() != b.sizes()) return std::numeric_limits<double>::infinity();
   if (a.numel() == 0) return 0.0;
-  const at::Tensor x = a.detach().to(at::kDouble), y = b.detach().to(at::kDouble);
-  const at::Tensor agree = at::eq(x, y).logical_or(at::isnan(x).logical_and(at::isnan(y)));
-  const at::Tensor diff = at::where(agree, at::zeros_like(x), (x - y).abs());
-  if (at::isnan(diff).any().item<bool>()) return std::numeric_limits<double>::quiet_NaN();
-  return diff.max().item<double>();
+  const at::Tensor fa = flat(a), fb = flat(b);
+  double worst = 0.0;
+  for (int64_t start = 0; start < fa.numel(); start += kSlice) {
+    const int64_t n = std::min(kSlice, fa.numel() - start);
+    const at::Tensor x = fa.narrow(0, start, n).to(at::kDouble), y = fb.narrow(0, start, n).to(at::kDouble);
+    const at::Tensor agree = at::eq(x, y).logical_or(at::isnan(x).logical_and(at::isnan(y)));
+    const at::Tensor diff = at::where(agree, at::zeros_like(x), (x - y).abs());
+    if (at::isnan(diff).any().item<bool>()) return std::numeric_limits<double>::quiet_NaN();
+    worst = std::max(worst, diff.max().item<double>());
+  }
+  return worst;
 }
 
 bool within(double err, double tol, const at::Tensor& reference) {
   if (std::isnan(err)) return false;
   if (tol == 0.0) return err == 0.0;
   // Relative to the largest finite magnitude of the reference (an infinity would excuse anything).
-  const at::Tensor ref = reference.detach().to(at::kDouble);
-  const at::Tensor finite = ref.masked_select(at::isfinite(ref));
-  const double scale = finite.numel() ? std::max(1.0, finite.abs().max().item<double>()) : 1.0;
-  return err <= tol * scale;
+  const at::Tensor ref = flat(reference);
+  double largest = 0.0;
+  for (int64_t start = 0; start < ref.numel(); start += kSlice) {
+    const at::Tensor r = ref.narrow(0, start, std::min(kSlice, ref.numel() - start)).to(at::kDouble);
+    const at::Tensor finite = r.masked_select(at::isfinite(r));
+    if (finite.numel()) largest = std::max(largest, finite.abs().max().item<double>());
+  }
+  return err <= tol * std::max(1.0, largest);
 }
 
 }  // namespace meshsim

@@ -37,6 +37,14 @@ inline std::filesystem::path fresh_dir(const std::string& prefix, const std::str
   return dir;
 }
 
+// Removes a directory of fresh_dir and, once empty, its TMPDIR/PREFIX_PID parent (each test runs
+// in a process of its own under ctest: a parent per test would otherwise stay behind).
+inline void remove_fresh_dir(const std::filesystem::path& dir) {
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+  std::filesystem::remove(dir.parent_path(), ec);  // only when empty
+}
+
 inline bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 
 struct Outcome {

@@ -26,7 +26,7 @@ class Check : public ::testing::Test {
     const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
     dir = fresh_dir("meshsim_test_check", info->name());
   }
-  void TearDown() override { fs::remove_all(dir); }
+  void TearDown() override { remove_fresh_dir(dir); }
 
   Outcome meshsim(const std::string& args, int limit_s = 300) {
     return run_process(dir, MESHSIM_BIN, args, limit_s, std::to_string(++calls));

@@ -34,7 +34,7 @@ class Cli : public ::testing::Test {
 
   void SetUp() override { dir = fresh_dir("meshsim_test_cli", ::testing::UnitTest::GetInstance()->current_test_info()->name()); }
   void TearDown() override {
-    if (!HasFailure()) fs::remove_all(dir);
+    if (!HasFailure()) remove_fresh_dir(dir);
   }
 
   // Runs `meshsim ARGS` (ARGS already quoted as needed) in `dir`, killed after `limit_s`.
@@ -48,6 +48,13 @@ class Cli : public ::testing::Test {
 };
 
 json example() { return json::parse(read_text(kExample)); }
+
+// A scenario whose run fails a check (exit 1): a known bug without its expect block.
+json failing() {
+  json doc = json::parse(read_text(std::string(MESHSIM_SOURCE_DIR) + "/examples/bugs/bias_grad_off_by_tp.json"));
+  doc.erase("expect");
+  return doc;
+}
 
 // The names listed under a heading ("properties:", "mutants:") of `check --list`.
 std::vector<std::string> listed(const std::string& text, const std::string& heading) {
@@ -294,15 +301,14 @@ TEST_F(Cli, RunExpectMetExits0) {
   EXPECT_TRUE(contains(pass.out, "fsdp_reduced_linear: pass")) << pass;
   EXPECT_TRUE(contains(pass.out, "\nexpect: met (status pass as expected)\n")) << pass;
 
-  json raises = local_map_scenario(json::array({{{"out", "z"}, {"op", "mm"}, {"args", {"x", "x"}}}}), nullptr);
-  write("fail_plain.json", raises);
+  write("fail_plain.json", failing());
   ASSERT_EQ(meshsim("run fail_plain.json").code, 1);
   const json known_failure = {
-      {"status", "fail"}, {"checks", {{"runs", false}}}, {"failures", {"the run raised"}}, {"exit", 1}};
-  write("fail.json", with(raises, "/expect", known_failure));
+      {"status", "fail"}, {"checks", {{"gradient_equivalence", false}}}, {"failures", {"grad b"}}, {"exit", 1}};
+  write("fail.json", with(failing(), "/expect", known_failure));
   Outcome fail = meshsim("run fail.json");
   EXPECT_EQ(fail.code, 0) << fail;
-  EXPECT_TRUE(contains(fail.out, "lm: fail")) << fail;
+  EXPECT_TRUE(contains(fail.out, "bias_grad_off_by_tp: fail")) << fail;
   EXPECT_TRUE(contains(fail.out, "expect: met (status fail as expected)")) << fail;
 
   const json illegal = with(example(), "/program/0/placements", {"P(sum)"});
@@ -345,8 +351,7 @@ TEST_F(Cli, RunExpectUnmetExits1) {
   EXPECT_EQ(r["expect"]["met"], false);
   EXPECT_EQ(r["expect"]["unmet"].size(), 5u) << r["expect"];
   // Without a status the run must not fail: a block that pins collectives only hides no failure.
-  json raises = local_map_scenario(json::array({{{"out", "z"}, {"op", "mm"}, {"args", {"x", "x"}}}}), nullptr);
-  write("silent.json", with(raises, "/expect", {{"collectives", {{{"op", "all_reduce"}, {"count", 0}}}}}));
+  write("silent.json", with(failing(), "/expect", {{"collectives", {{{"op", "all_gather"}, {"count", 0}}}}}));
   Outcome silent = meshsim("run silent.json");
   EXPECT_EQ(silent.code, 1) << silent;
   EXPECT_TRUE(contains(silent.out, "expect: /expect/status: expected pass (the default without status), found fail"))
@@ -422,15 +427,14 @@ TEST_F(Cli, RunSeveralFilesAndADirectory) {
   fs::create_directories(dir / "suite" / "sub");
   write("suite/sub/a.json", example());
   write("suite/b.json", with(example(), "/expect", {{"status", "pass"}, {"collectives", {kReduceScatter}}}));
-  write("suite/c_fail.json",
-        local_map_scenario(json::array({{{"out", "z"}, {"op", "mm"}, {"args", {"x", "x"}}}}), nullptr));
+  write("suite/c_fail.json", failing());
   ASSERT_EQ(meshsim("run " + q(kExample) + " --trace suite/trace.json").code, 0);
   write("suite/result.json", json::parse(meshsim("run " + q(kExample) + " --json").out));
   write("suite/notes.txt", std::string("not json"));
   Outcome o = meshsim("run suite");
   EXPECT_EQ(o.code, 1) << o;
   const std::string expected_lines = "ok     suite/b.json: pass, as expected\n"
-                                     "FAIL   suite/c_fail.json: fail: the run raised: ";
+                                     "FAIL   suite/c_fail.json: fail: grad b: ";
   EXPECT_TRUE(contains(o.out, expected_lines)) << o;
   EXPECT_TRUE(contains(o.out, "\nok     suite/sub/a.json: pass\n3 scenarios: 2 passed, 1 failed, 0 errors\n")) << o;
   EXPECT_FALSE(contains(o.out, "trace.json")) << o;
@@ -549,7 +553,7 @@ TEST_F(Cli, ReplayScenarioRoundTrips) {
   const std::string before = read_text(dir / "t.json");
   Outcome self = meshsim("replay t.json --scenario ./t.json");
   EXPECT_EQ(self.code, 2) << self;
-  EXPECT_TRUE(contains(self.err, "is the trace being read")) << self;
+  EXPECT_TRUE(contains(self.err, "refused as --scenario: it is the input")) << self;
   EXPECT_EQ(read_text(dir / "t.json"), before);
   Outcome not_trace = meshsim("replay s.json --scenario x.json");
   EXPECT_EQ(not_trace.code, 2) << not_trace;

@@ -224,7 +224,19 @@ TEST(TraceRead, MissingFile) {
   EXPECT_THROW(read_trace("/nonexistent/dir/trace.json"), InputError);
 }
 
-TEST(TraceRead, NotJson) { expect_input_error("{\"format\": ", "", "invalid JSON"); }
+// The element being read when the text ended: /format.
+TEST(TraceRead, NotJson) { expect_input_error("{\"format\": ", "/format", "invalid JSON at line 1, column 11"); }
+
+// Traces are read as strictly as scenarios (core/files.h).
+TEST(TraceRead, HostileJson) {
+  std::string hundred_deep;  // the path of the element that would nest one level too deep
+  for (int i = 0; i < 100; ++i) hundred_deep += "/0";
+  expect_input_error(std::string(100000, '[') + std::string(100000, ']'), hundred_deep, "nesting deeper than 100 levels");
+  std::string dup = trace_to_json(fsdp_trace()).dump();
+  dup.insert(1, "\"events\": [], ");
+  expect_input_error(dup, "/events", "appears twice");
+  expect_input_error(trace_to_json(fsdp_trace()).dump() + std::string(1, '\0') + "{}", "/", "a NUL byte");
+}
 
 TEST(TraceRead, NotAnObject) { expect_input_error("[1, 2]", "", "expected an object"); }
 
