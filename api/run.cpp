@@ -4,6 +4,7 @@
 
 #include "api/trace_of.h"
 #include "core/error.h"
+#include "core/resources.h"
 #include "core/scenario.h"
 #include "meshsim/meshsim.h"
 #include "oracles/check.h"
@@ -36,6 +37,10 @@ std::string message_of(const nlohmann::json& result) {
 RunResult run_parsed(const nlohmann::json& doc, const std::string& name, const RunSettings& settings) {
   Scenario sc = parse_scenario(doc, name);
   const RunOptions options = with_overrides(sc.options, settings.options);
+  ResourceLimits limits;
+  limits.max_bytes = settings.max_memory;
+  limits.max_ranks = settings.max_ranks;
+  check_resources(sc, options, limits);
   CheckedRun run = check_scenario(sc, options);
   RunResult r;
   r.exit_code = run.exit_code;
@@ -67,6 +72,8 @@ RunResult guarded(const F& body) {
   } catch (const SemanticError& e) {
     return error_result(exit_code_for(e.kind()), error_kind_name(e.kind()), e.what());
   } catch (const std::exception& e) {
+    if (is_out_of_memory(e))
+      return error_result(kExitResource, error_kind_name(ErrorKind::OutOfMemory), "out of memory: " + first_line(e.what()));
     return error_result(1, "internal", std::string("internal error: ") + first_line(e.what()));
   }
 }

@@ -198,6 +198,17 @@ int main(int argc, char** argv) {
   struct Erase {
     ~Erase() { cli::erase_progress_line(); }
   } erase;
+  // With --json, an error that stops the command is a document on stdout too (status "error"), in
+  // the command's own format, besides its line on stderr.
+  auto json_error = [&](ErrorKind kind, const std::string& message, const std::string& file, const std::string& path) {
+    const char* format = *validate_cmd && validate.json ? "meshsim.validate/1" : *check_cmd && check.json ? "meshsim.check/1" : nullptr;
+    if (!format) return;
+    nlohmann::json doc = {{"format", format}, {"status", "error"},
+                          {"error", {{"kind", error_kind_name(kind)}, {"message", message}}}};
+    if (!file.empty()) doc["error"]["file"] = file;
+    if (!path.empty()) doc["error"]["path"] = path;
+    std::cout << doc.dump(2) << "\n";
+  };
   try {
     cli::load_plugins(cli::plugins_from_environment());
     cli::load_plugins(plugins);
@@ -211,16 +222,23 @@ int main(int argc, char** argv) {
     if (*validate_cmd) return cli::cmd_validate(validate);
   } catch (const InputError& e) {
     std::cerr << "meshsim: " << e.what() << "\n";
+    json_error(ErrorKind::InvalidScenario, e.detail(), e.file(), e.json_path());
     return 2;
   } catch (const cli::UsageError& e) {  // plugins that cannot be loaded included
     std::cerr << "meshsim: " << e.what() << "\n";
+    json_error(ErrorKind::InvalidScenario, e.what(), "", "");
     return 2;
   } catch (const cli::WorkerError& e) {
     std::cerr << "meshsim: " << e.what();
     return 1;
-
   } catch (const SemanticError& e) {
-    std::cerr << "meshsim: " << error_kind_name(e.kind()) << ": " << e.what() << "\n";
+    // FILE: PATH: kind: message, as `meshsim run` says it, where the file is known.
+    const std::string file = *validate_cmd ? validate.file : *render_cmd ? render.file : *replay_cmd ? replay.trace : "";
+    std::string message = e.what();
+    if (!e.path().empty() && message.rfind(e.path() + ": ", 0) == 0) message = message.substr(e.path().size() + 2);
+    std::cerr << "meshsim: " << (file.empty() ? "" : file + ": ") << (e.path().empty() ? "" : e.path() + ": ")
+              << error_kind_name(e.kind()) << ": " << message << "\n";
+    json_error(e.kind(), e.what(), file, e.path());
     return exit_code_for(e.kind());
   } catch (const std::exception& e) {
     if (is_out_of_memory(e)) {  // the machine's limit: its own exit code, never "a check failed"

@@ -17,17 +17,8 @@ packages=(
   libtorch-dev librapidcheck-dev libgtest-dev libbenchmark-dev
   libgraphviz-dev nlohmann-json3-dev libcli11-dev libxxhash-dev libgloo-dev
 )
-missing=()
-for p in "${packages[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if ((${#missing[@]})); then
-  sudo=""
-  [ "$(id -u)" -eq 0 ] || sudo="sudo"
-  echo "installing: ${missing[*]}"
-  $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-fi
+. scripts/install_missing.sh
+install_missing "${packages[@]}"
 
 build=${MESHSIM_BUILD_DIR:-build}
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release ${MESHSIM_WERROR:+-DMESHSIM_WERROR=ON} >/dev/null

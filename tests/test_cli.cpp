@@ -682,6 +682,14 @@ TEST_F(Cli, HostileFilesExit2NamingFileAndPath) {
     EXPECT_EQ(r["error"]["kind"], "invalid_scenario") << j;
     EXPECT_TRUE(contains(r["error"].value("path", ""), c.path)) << j;
     EXPECT_TRUE(contains(j.err, c.message)) << j;
+    // validate --json: a report of its own format that says the error.
+    Outcome v = meshsim("validate --json " + c.file);
+    EXPECT_EQ(v.code, 2) << v;
+    const json report = json::parse(v.out);
+    EXPECT_EQ(report["format"], "meshsim.validate/1") << v;
+    EXPECT_EQ(report["status"], "error") << v;
+    EXPECT_EQ(report["error"]["file"], c.file) << v;
+    EXPECT_TRUE(contains(report["error"].value("message", ""), c.message)) << v;
   }
 }
 

@@ -32,10 +32,15 @@ struct RunSettings {
   std::string trace_out;             // write the trace (meshsim.trace/1) here; "" none
   std::string render_out;            // write the diagram here (.svg, .png or .dot); "" none
   bool strict = false;               // status "unchecked" is a failure, as `--strict`
+  // As --max-memory and --max-ranks: a scenario estimated to need more (bytes; 0: half this
+  // machine's memory) or a mesh of more ranks is refused, error kind "resource_limit", exit 2.
+  double max_memory = 0;
+  int64_t max_ranks = 16384;
 };
 
 struct RunResult {
-  // As `meshsim run` exits: 0 passed, 1 a check failed, 2 bad input, 3 refused by the semantics.
+  // As `meshsim run` exits: 0 passed, 1 a check failed, 2 bad input, 3 refused by the semantics,
+  // 6 out of memory (error kind "out_of_memory").
   int exit_code = 2;
   // The result's status: "pass" | "fail" | "unchecked" | "error"; "error" too when the input could
   // not be read (then `result` is null).
