@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # The part of the test suite that CI runs under AddressSanitizer and UndefinedBehaviorSanitizer
 # (docs/testing.md, "Hostile input: fuzzing and sanitizers"): every reader of files (scenarios,
-# traces, the fuzz regression corpus), the rules, the simulator and the oracle on every bundled
+# traces, the fuzz regression corpus), the simulator and the oracle on every bundled
 # example, and the diagrams. Needs what scripts/setup.sh installs. Build directory: build-asan
 # (MESHSIM_SANITIZE_BUILD_DIR).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 build=${MESHSIM_SANITIZE_BUILD_DIR:-build-asan}
-tests=(test_core test_scenario test_files test_traces test_examples)
+tests=(test_scenario test_files test_traces test_examples)
 fuzz=(fuzz_replay_scenario fuzz_replay_trace fuzz_replay_render)
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMESHSIM_SANITIZE=ON -DMESHSIM_BUILD_BENCH=OFF \
   ${MESHSIM_WERROR:+-DMESHSIM_WERROR=ON} >/dev/null
