@@ -29,8 +29,20 @@
 // ranks failing on that value, and its text names the rank); a failing run has a red note with
 // its failed checks; an error run a red note with the error's kind and message, and, when the
 // run stopped before its first event, the scenario's program as written.
+//
+// Large programs: a diagram whose layout size is over kRenderMaxLayoutSize is collapsed, in both
+// views and in DOT as in SVG and PNG (the DOT text is what dot lays out). Each run of 4 or more repetitions of a
+// pattern of up to 32 events (ops with their redistribution steps; in the backward, gradients and
+// steps) keeps its first and last repetitions and folds the others into one node, "×4,998
+// repetitions folded", with the pattern and the ops it holds; runs of folded runs fold again. If
+// the diagram is still too large, the middle of each long phase becomes one node, "⋮ N events not
+// drawn", with counts of what it holds. The title says the diagram is collapsed and how many ops
+// (and backward events) were folded. Failing values do not repeat, so they stay drawn where the
+// budget allows; a fold that holds some says so in red. The program as written (a run that stopped
+// before its first event) keeps its first and last 150 ops.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 
@@ -46,6 +58,12 @@ const char* render_view_name(RenderView view);
 
 // The rank view draws every rank of a mesh up to this size and collapses larger meshes.
 inline constexpr int64_t kRankViewMaxRanks = 16;
+
+// The largest layout size drawn in full: nodes, plus one for every rank a long edge crosses (dot
+// lays those out as virtual nodes). dot's time grows much faster than the size: on one core, a
+// diagram of size 2,800 took 0.7 s, 4,900 took 5 s, 10,900 took 75 s, and 20,000-op programs
+// crashed it (docs/gallery.md, "Large programs"); the bundled examples are 1,700 at most.
+inline constexpr size_t kRenderMaxLayoutSize = 3000;
 
 // Deterministic DOT text, a pure function of the trace and the view: node ids come from value
 // names ("v:wf") and event seqs ("e7"; "r3:e7" per rank and "e7:g0" per collective group in the

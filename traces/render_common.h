@@ -3,7 +3,8 @@
 //   render_logical.cpp the logical view
 //   render_ranks.cpp   the rank view
 //   render.cpp         the frame of a diagram (title, status note, legend, the program as
-//                      written), layout with libgvc, and the public functions
+//                      written), which events a diagram too large for dot folds, layout with
+//                      libgvc, and the public functions
 #pragma once
 
 #include <cstdint>
@@ -43,6 +44,7 @@ inline constexpr const char* kRed = "#d7191c";
 inline constexpr const char* kGreen = "#1a9641";
 inline constexpr const char* kBackwardEdge = "#9e4a73";
 inline constexpr const char* kBr = "<BR/>";
+inline constexpr const char* kFoldInk = "#7a6a3a";  // a collapsed diagram's folds and title line
 
 // <FONT ...>html</FONT>; html is already escaped.
 std::string font(const std::string& html, const std::string& color, int size = 0, const std::string& face = "");
@@ -149,15 +151,62 @@ std::vector<const Event*> take_pending(std::map<std::string, std::vector<const E
                                        const std::string& value);
 
 // ---------------------------------------------------------------------------------------------
+// Collapsing a diagram too large for dot's layout (render.cpp)
+// ---------------------------------------------------------------------------------------------
+
+// Events drawn as one node. A repeat fold holds the middle repetitions of a run of a repeated
+// pattern (its first and last repetitions stay drawn, around it); an elision holds the middle of
+// a phase that is still too long once its runs are folded.
+struct Fold {
+  bool elided = false;
+  bool backward = false;
+  size_t first = 0, end = 0;  // the events [first, end) of the trace, by position
+  int64_t repetitions = 0;    // a repeat fold: the run's repetitions, drawn ones included
+  int64_t folded_repetitions = 0;
+  std::string pattern;        // a repeat fold: one repetition, "add → mul"
+  int64_t ops = 0;            // folded forward ops (events of kind "op")
+  int64_t events = 0;         // folded events
+  int64_t failing = 0;        // folded values and input gradients that fail a check
+  std::vector<std::pair<std::string, int64_t>> names;  // an elision: what it holds, most first
+};
+
+struct Collapse {
+  std::vector<Fold> folds;
+  std::vector<int> fold_of;     // per event of the trace: its fold, or -1; empty when none
+  int64_t ops = 0;              // forward ops in the trace
+  int64_t ops_folded = 0;
+  int64_t backward_events = 0;  // events of the backward phase
+  int64_t backward_folded = 0;
+  size_t drawn = 0;             // events and folds drawn
+
+  bool active() const { return !folds.empty(); }
+  int at(size_t event) const { return fold_of.empty() ? -1 : fold_of[event]; }
+};
+
+// Folds every run of at least 4 repetitions of a pattern of up to 32 events (a run of runs too:
+// three passes), then elides the middle of the longest phases until at most `max_drawn` events
+// and folds are drawn. Values and gradients that fail a check never repeat, so they stay drawn
+// while the budget allows.
+Collapse plan_collapse(const Trace& t, const Facts& f, size_t max_drawn);
+
+inline std::string fold_id(int fold) { return "fold" + std::to_string(fold); }
+// The node of a fold: what it holds, how many ops, and what was drawn around it.
+Attrs fold_attrs(const Fold& fold, const Attrs& extra = {});
+// "4,998"
+std::string count_str(int64_t n);
+
+// ---------------------------------------------------------------------------------------------
 // The views: the body of the graph (clusters, nodes, edges) between the frame's parts
 // ---------------------------------------------------------------------------------------------
 
-std::string logical_view(const Trace& trace, const Facts& facts);
+// With an active collapse, the events of a fold draw its node instead of theirs, and every edge
+// of theirs ends at it.
+std::string logical_view(const Trace& trace, const Facts& facts, const Collapse& collapse);
 
 struct RankViewText {
   std::string body;
   std::string view_line;  // under the title: how many ranks, and how they are drawn
 };
-RankViewText rank_view(const Trace& trace, const Facts& facts);
+RankViewText rank_view(const Trace& trace, const Facts& facts, const Collapse& collapse);
 
 }  // namespace meshsim::render_detail

@@ -14,13 +14,20 @@ namespace {
 
 class Logical {
  public:
-  Logical(const Trace& trace, const Facts& facts) : f_(facts) {
-    for (const auto& e : trace.events) add(e);
+  Logical(const Trace& trace, const Facts& facts, const Collapse& collapse) : f_(facts), c_(collapse) {
+    for (size_t i = 0; i < trace.events.size(); ++i) {
+      fold_ = c_.at(i);
+      add(trace.events[i]);
+    }
     // Steps no op consumed, in event order.
     std::vector<const Event*> left;
     for (const auto& [value, chain] : pending_) left.insert(left.end(), chain.begin(), chain.end());
     std::sort(left.begin(), left.end(), [](const Event* a, const Event* b) { return a->seq < b->seq; });
-    for (const Event* step : left) step_node(*step);
+    for (const Event* step : left) {
+      fold_ = c_.at(static_cast<size_t>(step - trace.events.data()));
+      step_node(*step);
+    }
+    fold_ = -1;
   }
 
   std::string body() const {
@@ -274,11 +281,28 @@ class Logical {
     return {{"tooltip", e.note}};
   }
 
+  // A node of a folded event is its fold's node (drawn where its first event would be).
   void node(std::string& cluster_body, const std::string& id, const Attrs& attrs) {
-    cluster_body += node_line(id, attrs, in_body_ && &cluster_body != &forward_ ? "      " : "    ");
+    const std::string indent = in_body_ && &cluster_body != &forward_ ? "      " : "    ";
+    if (fold_ < 0) {
+      cluster_body += node_line(id, attrs, indent);
+      return;
+    }
+    alias_[id] = fold_id(fold_);
+    if (folds_drawn_.insert(fold_).second)
+      cluster_body += node_line(fold_id(fold_), fold_attrs(c_.folds[fold_]), indent);
   }
-  void edge(const std::string& from, const std::string& to, const Attrs& extra = {}) {
+  static bool is_fold(const std::string& id) { return id.compare(0, 4, "fold") == 0; }
+  std::string resolve(const std::string& id) const {
+    auto it = alias_.find(id);
+    return it == alias_.end() ? id : it->second;
+  }
+  // The edges of folded events end at their fold's node: once each, none inside a fold.
+  void edge(const std::string& from_id, const std::string& to_id, const Attrs& extra = {}) {
+    const std::string from = resolve(from_id), to = resolve(to_id);
     if (from.empty() || to.empty()) return;
+    const bool folded = is_fold(from) || is_fold(to);
+    if (folded && (from == to || !fold_edges_.insert({from, to}).second)) return;
     Attrs attrs;
     auto it = out_edge_.find(from);
     if (it != out_edge_.end()) attrs = it->second;
@@ -289,13 +313,19 @@ class Logical {
     attrs.insert(attrs.end(), extra.begin(), extra.end());
     edges_ += "  " + quote(from) + " -> " + quote(to) + (attrs.empty() ? "" : attr_list(attrs)) + ";\n";
   }
-  void backward_edge(const std::string& from, const std::string& to) {
+  void backward_edge(const std::string& from_id, const std::string& to) {
+    const std::string from = resolve(from_id);
     auto it = out_edge_.find(from);
     if (it != out_edge_.end() && !it->second.empty()) return edge(from, to, {{"style", "dashed"}});
     edge(from, to, {{"style", "dashed"}, {"color", kBackwardEdge}});
   }
 
   const Facts& f_;
+  const Collapse& c_;
+  int fold_ = -1;                                  // the fold of the event being drawn, or -1
+  std::map<std::string, std::string> alias_;       // a folded event's node -> its fold's node
+  std::set<int> folds_drawn_;
+  std::set<std::pair<std::string, std::string>> fold_edges_;
   std::string forward_, backward_, edges_;
   std::vector<std::string> bodies_;  // the nodes of each local_map body
   bool in_body_ = false;
@@ -311,6 +341,8 @@ class Logical {
 
 }  // namespace
 
-std::string logical_view(const Trace& trace, const Facts& facts) { return Logical(trace, facts).body(); }
+std::string logical_view(const Trace& trace, const Facts& facts, const Collapse& collapse) {
+  return Logical(trace, facts, collapse).body();
+}
 
 }  // namespace meshsim::render_detail

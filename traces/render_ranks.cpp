@@ -142,8 +142,8 @@ std::string ranks_text(const std::vector<int64_t>& ranks) {
 
 class RankView {
  public:
-  RankView(const Trace& trace, const Facts& facts)
-      : f_(facts), mesh_(facts.mesh), shown_(shown_ranks(facts.mesh, facts)) {
+  RankView(const Trace& trace, const Facts& facts, const Collapse& collapse)
+      : f_(facts), c_(collapse), mesh_(facts.mesh), shown_(shown_ranks(facts.mesh, facts)) {
     size_t count = 0;
     class_of_ = rank_classes(trace, facts, shown_, &count);
     members_.resize(count);
@@ -162,7 +162,11 @@ class RankView {
              return c[nest_levels_].size() == 1;
            }))
       ++nest_levels_;
-    for (const auto& e : trace.events) add(e);
+    for (size_t i = 0; i < trace.events.size(); ++i) {
+      fold_ = c_.at(i);
+      add(trace.events[i]);
+    }
+    fold_ = -1;
   }
 
   bool collapsed() const { return static_cast<int64_t>(shown_.size()) < mesh_.size(); }
@@ -212,7 +216,7 @@ class RankView {
       const std::string id = quote("order:" + std::to_string(rep_[s]));
       out += "  " + id + " [shape=\"point\", style=\"invis\", width=\"0.05\", height=\"0.05\"];\n";
       out += "  \"order\" -> " + id + " [style=\"invis\"];\n";
-      out += "  " + id + " -> " + quote(first_node_[s]) + " [style=\"invis\"];\n";
+      out += "  " + id + " -> " + quote(resolve(first_node_[s])) + " [style=\"invis\"];\n";
       ++count;
     }
     if (count < 2) return "";
@@ -275,7 +279,23 @@ class RankView {
       }
       if (!mine.empty()) label += error_lines(mine, 30);
     }
-    body_[s] += node_line(id, node_attrs(role, label, failing, {{"fontsize", "9"}}), "      ");
+    emit(s, id, node_attrs(role, label, failing, {{"fontsize", "9"}}));
+  }
+
+  // A node of class s; for a folded event, the fold's node in that class (drawn once).
+  void emit(size_t s, const std::string& id, const Attrs& attrs) {
+    if (fold_ < 0) {
+      body_[s] += node_line(id, attrs, "      ");
+      return;
+    }
+    const std::string fold = rid(s, fold_id(fold_));
+    alias_[id] = fold;
+    if (folds_drawn_.insert(fold).second)
+      body_[s] += node_line(fold, fold_attrs(c_.folds[fold_], {{"fontsize", "9"}}), "      ");
+  }
+  std::string resolve(const std::string& id) const {
+    auto it = alias_.find(id);
+    return it == alias_.end() ? id : it->second;
   }
 
   const std::vector<std::string>* errors_of(const std::map<std::string, std::vector<std::string>>& m,
@@ -289,7 +309,7 @@ class RankView {
     auto it = holder_[s].find(name);
     if (it != holder_[s].end()) return it->second;
     const std::string id = rid(s, value_id(name));
-    body_[s] += node_line(id, node_attrs(Role::Ghost, esc(name), false, {{"fontsize", "9"}}), "      ");
+    emit(s, id, node_attrs(Role::Ghost, esc(name), false, {{"fontsize", "9"}}));
     holder_[s][name] = id;
     return id;
   }
@@ -375,11 +395,12 @@ class RankView {
 
   std::vector<Ids> run_step(const Event& e, const std::vector<Ids>& cur, bool backward) {
     std::vector<Ids> next(classes());
-    if (e.kind != "collective") {
+    // A folded collective has no node of its own: each class's fold stands for it.
+    if (e.kind != "collective" || fold_ >= 0) {
       for (size_t s = 0; s < classes(); ++s) {
         const std::string id = rid(s, event_id(e));
         std::string label = bold(e.name) + " " + mono(local_shape(e, s), "#222222", 9);
-        body_[s] += node_line(id, step_attrs(e.name, label, {{"fontsize", "8"}}), "      ");
+        emit(s, id, step_attrs(e.name, label, {{"fontsize", "8"}}));
         if (backward) consume(s, cur[s], id);
         else for (const auto& from : cur[s]) edge(from, id, backward);
         next[s] = {id};
@@ -518,8 +539,11 @@ class RankView {
     }
     add_edge(from, to, attrs);
   }
-  void add_edge(const std::string& from, const std::string& to, const Attrs& attrs) {
-    if (from.empty() || to.empty() || !edge_seen_.insert({from, to}).second) return;
+  // The edges of folded events end at their fold's node, none inside a fold.
+  void add_edge(const std::string& from_id, const std::string& to_id, const Attrs& attrs) {
+    const std::string from = resolve(from_id), to = resolve(to_id);
+    if (from.empty() || to.empty() || (from == to && (from != from_id || to != to_id))) return;
+    if (!edge_seen_.insert({from, to}).second) return;
     edges_ += "  " + quote(from) + " -> " + quote(to) + (attrs.empty() ? "" : attr_list(attrs)) + ";\n";
   }
 
@@ -589,6 +613,10 @@ class RankView {
   }
 
   const Facts& f_;
+  const Collapse& c_;
+  int fold_ = -1;                                 // the fold of the event being drawn, or -1
+  std::map<std::string, std::string> alias_;      // a folded event's node -> its fold's node
+  std::set<std::string> folds_drawn_;
   const Mesh& mesh_;
   std::vector<int64_t> shown_;               // the ranks drawn, ascending
   std::vector<size_t> class_of_;             // per shown rank: its class
@@ -612,8 +640,8 @@ class RankView {
 
 }  // namespace
 
-RankViewText rank_view(const Trace& trace, const Facts& facts) {
-  RankView view(trace, facts);
+RankViewText rank_view(const Trace& trace, const Facts& facts, const Collapse& collapse) {
+  RankView view(trace, facts, collapse);
   return {view.body(), view.view_line()};
 }
 
