@@ -175,7 +175,7 @@ int main(int argc, char** argv) {
       ->check(seconds(0.001, 86400));
   validate_cmd->add_flag("--json", validate.json, "Print the report as JSON (meshsim.validate/1)");
   validate_cmd->add_flag("--keep", validate.keep, "Keep the workers' directory (logs, progress, verdicts)");
-  validate_cmd->add_option("--fault", validate.fault, "Testing: kill:RANK:AT or hang:RANK:AT, at that rank's AT-th collective");
+  validate_cmd->add_option("--fault", validate.fault, "Testing: kill:RANK:AT, hang:RANK:AT, stop:RANK:AT (SIGSTOP) or corrupt:RANK:AT, at that rank's AT-th collective");
   auto* worker = validate_cmd->add_option_group("worker", "Run one rank (workers started by hand, or by the coordinator)");
   worker->add_option("--rank", validate.rank, "This worker's rank")->check(whole_number(0, int64_t{1} << 40));
   worker->add_option("--master-addr", validate.master_addr, "TCP store host (rank 0 serves it)");

@@ -6,6 +6,8 @@
 
 #include <stdexcept>
 
+#include "core/error.h"
+
 namespace meshsim {
 
 namespace {
@@ -22,9 +24,9 @@ void wait(const c10::intrusive_ptr<c10d::Work>& work, const char* what, const Ra
   try {
     work->wait(timeout);
   } catch (const c10::Error& e) {
-    throw fail(e.what_without_backtrace());
+    throw fail(first_line(e.what_without_backtrace()));
   } catch (const std::exception& e) {
-    throw fail(e.what());
+    throw fail(first_line(e.what()));
   }
 }
 
@@ -55,28 +57,39 @@ GlooCommunicator::GlooCommunicator(const Mesh& mesh, const GlooConfig& config)
     : RealCommunicator(config), impl_(std::make_unique<Impl>()) {
   const StoreConfig& sc = config.store;
   impl_->timeout = sc.timeout;
-  impl_->store = make_store(sc);
-  std::string host = config.hostname;
-  if (host.empty() && !sc.file.empty()) host = "127.0.0.1";  // one machine: loopback
-  auto options = c10d::ProcessGroupGloo::Options::create(sc.timeout);
-  options->devices.push_back(host.empty() ? c10d::ProcessGroupGloo::createDefaultDevice()
-                                          : c10d::ProcessGroupGloo::createDeviceForHostname(host));
-  options->threads = 1;
-  for (const auto& g : member_groups(mesh, sc.rank))
-    impl_->groups[g.ranks] = c10::make_intrusive<c10d::ProcessGroupGloo>(
-        c10::make_intrusive<c10d::PrefixStore>(group_key(g.ranks), impl_->store), static_cast<int>(g.position),
-        static_cast<int>(g.ranks.size()), options);
-  if (sc.world > 1)
-    impl_->world = c10::make_intrusive<c10d::ProcessGroupGloo>(
-        c10::make_intrusive<c10d::PrefixStore>("meshsim/world", impl_->store), static_cast<int>(sc.rank),
-        static_cast<int>(sc.world), options);
+  // Meeting the store (a TCP client waits for rank 0's server) and each process group's
+  // constructor wait for the other members: a wait like a collective's.
+  note_progress("in the rendezvous");
+  try {
+    impl_->store = make_store(sc);
+    std::string host = config.hostname;
+    if (host.empty() && !sc.file.empty()) host = "127.0.0.1";  // one machine: loopback
+    auto options = c10d::ProcessGroupGloo::Options::create(sc.timeout);
+    options->devices.push_back(host.empty() ? c10d::ProcessGroupGloo::createDefaultDevice()
+                                            : c10d::ProcessGroupGloo::createDeviceForHostname(host));
+    options->threads = 1;
+    for (const auto& g : member_groups(mesh, sc.rank))
+      impl_->groups[g.ranks] = c10::make_intrusive<c10d::ProcessGroupGloo>(
+          c10::make_intrusive<c10d::PrefixStore>(group_key(g.ranks), impl_->store), static_cast<int>(g.position),
+          static_cast<int>(g.ranks.size()), options);
+    if (sc.world > 1)
+      impl_->world = c10::make_intrusive<c10d::ProcessGroupGloo>(
+          c10::make_intrusive<c10d::PrefixStore>("meshsim/world", impl_->store), static_cast<int>(sc.rank),
+          static_cast<int>(sc.world), options);
+  } catch (const c10::Error& e) {  // its what() carries a C++ backtrace
+    throw std::runtime_error("gloo rendezvous failed: " + first_line(e.what_without_backtrace()));
+  }
+  note_progress("after the rendezvous");
 }
 
 GlooCommunicator::~GlooCommunicator() = default;
 
 void GlooCommunicator::finish() {
   // No rank leaves (closing its connections) before every rank is done with its collectives.
-  if (impl_->world) wait(impl_->world->barrier(), "closing barrier", {}, impl_->timeout);
+  if (!impl_->world) return;
+  note_progress("in the closing barrier");
+  wait(impl_->world->barrier(), "closing barrier", {}, impl_->timeout);
+  note_progress("after the closing barrier");
 }
 
 at::Tensor GlooCommunicator::real_all_gather(const Ranks& ranks, size_t k, const Locals& group, int64_t dim) {

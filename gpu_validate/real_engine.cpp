@@ -1,6 +1,8 @@
 #include "gpu_validate/real_engine.h"
 
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <sstream>
@@ -14,8 +16,9 @@ Fault parse_fault(const std::string& spec) {
   std::istringstream in(spec);
   std::string kind, rank, at;
   if (!std::getline(in, kind, ':') || !std::getline(in, rank, ':') || !std::getline(in, at) ||
-      (kind != "kill" && kind != "hang" && kind != "corrupt"))
-    throw std::invalid_argument("fault \"" + spec + "\": expected kill:RANK:AT, hang:RANK:AT or corrupt:RANK:AT");
+      (kind != "kill" && kind != "hang" && kind != "stop" && kind != "corrupt"))
+    throw std::invalid_argument("fault \"" + spec +
+                                "\": expected kill:RANK:AT, hang:RANK:AT, stop:RANK:AT or corrupt:RANK:AT");
   try {
     f.rank = std::stoll(rank);
     f.at = std::stoll(at);
@@ -23,8 +26,33 @@ Fault parse_fault(const std::string& spec) {
     throw std::invalid_argument("fault \"" + spec + "\": RANK and AT are integers");
   }
   if (f.rank < 0 || f.at < 1) throw std::invalid_argument("fault \"" + spec + "\": RANK >= 0 and AT >= 1");
-  f.kind = kind == "kill" ? Fault::Kind::Kill : kind == "hang" ? Fault::Kind::Hang : Fault::Kind::Corrupt;
+  f.kind = kind == "kill" ? Fault::Kind::Kill
+           : kind == "hang" ? Fault::Kind::Hang
+           : kind == "stop" ? Fault::Kind::Stop
+                            : Fault::Kind::Corrupt;
   return f;
+}
+
+Heartbeat::Heartbeat(std::string path, std::chrono::milliseconds period) : path_(std::move(path)), period_(period) {
+  // Created here, appended to by the engine later, never truncated: its lines are the progress.
+  const int fd = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0600);
+  if (fd >= 0) ::close(fd);
+  thread_ = std::thread([this] {
+    std::unique_lock<std::mutex> lock(mutex_);
+    while (!done_) {
+      ::utimensat(AT_FDCWD, path_.c_str(), nullptr, 0);  // now
+      wake_.wait_for(lock, period_, [this] { return done_; });
+    }
+  });
+}
+
+Heartbeat::~Heartbeat() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    done_ = true;
+  }
+  wake_.notify_one();
+  thread_.join();
 }
 
 namespace {
@@ -71,11 +99,17 @@ RealCommunicator::RealCommunicator(const EngineConfig& config) : rank_(config.st
   if (!config.progress_file.empty()) progress_.open(config.progress_file, std::ios::app);
 }
 
+void RealCommunicator::note_progress(const std::string& line) {
+  if (progress_.is_open()) progress_ << line << std::endl;
+}
+
 void RealCommunicator::begin(const char* what, const Ranks& ranks) {
   const int64_t n = ++stats_.collectives;
-  if ((fault_.kind == Fault::Kind::Kill || fault_.kind == Fault::Kind::Hang) && fault_.rank == rank_ && fault_.at == n) {
+  if (fault_.rank == rank_ && fault_.at == n) {
     if (fault_.kind == Fault::Kind::Kill) ::kill(::getpid(), SIGKILL);
-    for (;;) std::this_thread::sleep_for(std::chrono::hours(1));  // Hang: until killed
+    if (fault_.kind == Fault::Kind::Stop) ::raise(SIGSTOP);  // every thread, until SIGCONT or SIGKILL
+    if (fault_.kind == Fault::Kind::Hang)
+      for (;;) std::this_thread::sleep_for(std::chrono::hours(1));  // until killed
   }
   if (progress_.is_open()) {
     // A line when this rank enters a collective and one when it leaves, flushed, so that whoever

@@ -7,9 +7,12 @@
 #pragma once
 
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <fstream>
+#include <mutex>
 #include <string>
+#include <thread>
 
 #include "core/mesh.h"
 #include "gpu_validate/store.h"
@@ -19,10 +22,11 @@ namespace meshsim {
 
 // A fault planted in one worker, for testing that failures are reported by rank, that nothing
 // hangs, and that a wrong result is caught: at the `at`-th collective (1-based) of rank `rank`, the
-// worker kills itself (SIGKILL), hangs (sleeps until killed), or corrupts the engine's result (adds
-// 1 to its first element: an engine bug). Spelled "kill:RANK:AT", "hang:RANK:AT", "corrupt:RANK:AT".
+// worker kills itself (SIGKILL), hangs (sleeps until killed), stops itself (SIGSTOP: the whole
+// process freezes, its heartbeat too), or corrupts the engine's result (adds 1 to its first
+// element: an engine bug). Spelled "kill:RANK:AT", "hang:RANK:AT", "stop:RANK:AT", "corrupt:RANK:AT".
 struct Fault {
-  enum class Kind { None, Kill, Hang, Corrupt } kind = Kind::None;
+  enum class Kind { None, Kill, Hang, Stop, Corrupt } kind = Kind::None;
   int64_t rank = -1;
   int64_t at = 0;
 };
@@ -42,6 +46,25 @@ struct EngineConfig {
   StoreConfig store;
   Fault fault;
   std::string progress_file;
+};
+
+// A worker's sign of life for whoever watches it: a background thread sets the modification time of
+// `path` (created if absent) every `period`, whatever the worker's own thread is doing. A process
+// that is stopped (SIGSTOP) or frozen stops beating; one that is merely slow or waiting does not.
+class Heartbeat {
+ public:
+  Heartbeat(std::string path, std::chrono::milliseconds period);
+  ~Heartbeat();
+  Heartbeat(const Heartbeat&) = delete;
+  Heartbeat& operator=(const Heartbeat&) = delete;
+
+ private:
+  std::string path_;
+  std::chrono::milliseconds period_;
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  bool done_ = false;
+  std::thread thread_;
 };
 
 // Position of `rank` in `ranks`, or -1.
@@ -72,6 +95,10 @@ class RealCommunicator : public Communicator {
   const EngineStats& stats() const { return stats_; }
 
  protected:
+  // A progress line of the engine's own waits beyond the collectives ("in the rendezvous", "after
+  // the closing barrier"), so that a rank waiting there for its peers is seen waiting, not hung.
+  void note_progress(const std::string& line);
+
   // The engine's part: `k` is this rank's position in `ranks`, `group` every member's local (the
   // peers' only for their shapes, which a real job knows from the program). Each returns this
   // rank's result.

@@ -8,11 +8,17 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <array>
 #include <chrono>
+#include <csignal>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <map>
+#include <optional>
 #include <sstream>
 #include <thread>
 
@@ -28,6 +34,8 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 
 namespace {
+
+constexpr std::chrono::milliseconds kHeartbeatPeriod{200};
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -134,6 +142,10 @@ std::string engine_unavailable(const std::string& backend, int64_t world) {
 
 int validate_worker(const Scenario& sc, const RunOptions& options, const ValidateConfig& config, std::ostream& out) {
   json v{{"format", "meshsim.validate.rank/1"}, {"rank", config.rank}, {"backend", config.backend}};
+  // Beats from the start, the simulation included, so that the coordinator tells a worker that is
+  // busy or waiting from one that is stopped or frozen.
+  std::optional<Heartbeat> heartbeat;
+  if (!config.progress_file.empty()) heartbeat.emplace(config.progress_file, kHeartbeatPeriod);
   int code = 0;
   try {
     if (config.rank < 0 || config.rank >= sc.mesh.size())
@@ -185,11 +197,12 @@ int validate_worker(const Scenario& sc, const RunOptions& options, const Validat
     code = exit_code_for(e.kind());
   } catch (const EngineUnavailable& e) {
     v["status"] = "skipped";
-    v["error"] = {{"kind", "engine_unavailable"}, {"message", e.what()}};
+    v["error"] = {{"kind", "engine_unavailable"}, {"message", first_line(e.what())}};
     code = kExitEngineSkipped;
   } catch (const std::exception& e) {  // the engine failed: a peer died, a timeout, a refused connection
+    // libtorch's errors carry a C++ backtrace after their first line: of no use in a report.
     v["status"] = "error";
-    v["error"] = {{"kind", "engine_failure"}, {"message", e.what()}};
+    v["error"] = {{"kind", "engine_failure"}, {"message", first_line(e.what())}};
     code = kExitEngineFailure;
   }
   write_json(config.result_file, v);
@@ -200,13 +213,29 @@ int validate_worker(const Scenario& sc, const RunOptions& options, const Validat
 
 namespace {
 
+using Clock = std::chrono::steady_clock;
+
+// A worker whose process is alive and not stopped, but whose heartbeat (kHeartbeatPeriod) has not
+// come for this long (ten beats), is not responding: frozen, not merely busy or waiting.
+constexpr double kHeartbeatStaleSeconds = 2.0;
+
 struct Worker {
   int64_t rank = 0;
   pid_t pid = -1;
   std::string result, progress, log;
   bool running = false;
-  int status = 0;           // waitpid's
-  bool stopped = false;     // killed by the coordinator
+  int status = 0;       // waitpid's
+  bool killed = false;  // killed by the coordinator, the run having failed
+  // What the coordinator saw while watching it: its progress file grows by a line at each wait it
+  // enters or leaves, and its modification time is the heartbeat.
+  off_t progress_bytes = 0;
+  Clock::time_point last_progress;
+  timespec beat{};
+  bool beating = false;  // it has beaten at least once
+  Clock::time_point last_beat;
+  // Taken just before the coordinator killed it.
+  char state = '?';  // /proc/PID/stat's: R, S, D, T (stopped by a signal), t (stopped by a debugger)
+  double beat_age_s = 0, idle_s = 0;
 };
 
 std::vector<std::string> lines_of(const std::string& path) {
@@ -217,23 +246,232 @@ std::vector<std::string> lines_of(const std::string& path) {
   return lines;
 }
 
-// The last `n` lines of a worker's log, indented for the report.
-std::string tail(const std::string& path, size_t n) {
-  const std::vector<std::string> all = lines_of(path);
-  std::string out;
-  for (size_t i = all.size() > n ? all.size() - n : 0; i < all.size(); ++i) out += "      " + all[i] + "\n";
+// A line of a C++ backtrace, which libtorch's errors print after their message.
+bool backtrace_line(const std::string& line) {
+  const auto at = line.find_first_not_of(" \t");
+  return at != std::string::npos &&
+         (line.compare(at, 7, "frame #") == 0 || line.compare(at, 21, "Exception raised from") == 0);
+}
+
+// The last `n` lines of a worker's output, for the report (the workers' directory is removed):
+// without backtraces, and without the verdict it printed, which the report has already.
+json output_tail(const Worker& w, size_t n) {
+  const std::string own = "rank " + std::to_string(w.rank) + ": ";
+  std::vector<std::string> kept;
+  for (const auto& line : lines_of(w.log))
+    if (!backtrace_line(line) && line.rfind(own, 0) != 0 && line.rfind("    first difference at", 0) != 0)
+      kept.push_back(line);
+  if (kept.size() > n) kept.erase(kept.begin(), kept.end() - static_cast<std::ptrdiff_t>(n));
+  return kept;
+}
+
+// Where a worker is, from its progress lines (real_engine.cpp, gloo_engine.cpp): waiting in a
+// collective, the rendezvous or the closing barrier, or between two of them, and how many waits of
+// each kind it entered. The collectives over one group come in the same order on every member,
+// so a member that entered fewer of the group's collectives than a waiting rank is one it waits for.
+struct Position {
+  std::string text = "before its first collective";  // its last line
+  bool waiting = false;
+  std::string key;  // what it waits in: "ranks 0 1 2 3", "the rendezvous", "the closing barrier"
+  Ranks members;    // who must come there too
+  std::map<std::string, int64_t> entered;
+};
+
+Position position_of(const Worker& w, int64_t world) {
+  Position p;
+  for (const auto& line : lines_of(w.progress)) {
+    p.text = line;
+    p.waiting = line.rfind("in ", 0) == 0;
+    if (!p.waiting) continue;
+    p.members.clear();
+    const auto over = line.find(" over ranks ");
+    if (over == std::string::npos) {  // the rendezvous or the closing barrier: every rank
+      p.key = line.substr(3);
+      for (int64_t r = 0; r < world; ++r) p.members.push_back(r);
+    } else {
+      std::istringstream in(line.substr(over + 12));  // "0 1 2 3)"
+      p.key = "ranks";
+      for (int64_t r = 0; in >> r;) {
+        p.members.push_back(r);
+        p.key += " " + std::to_string(r);
+      }
+    }
+    ++p.entered[p.key];
+  }
+  return p;
+}
+
+// The members that a waiting rank waits for: those that have not come to its wait yet.
+Ranks waits_for(int64_t rank, const std::vector<Position>& all) {
+  const Position& p = all[static_cast<size_t>(rank)];
+  Ranks out;
+  if (!p.waiting) return out;
+  const int64_t k = p.entered.at(p.key);
+  for (auto m : p.members) {
+    if (m == rank || m < 0 || m >= static_cast<int64_t>(all.size())) continue;
+    const auto& theirs = all[static_cast<size_t>(m)].entered;
+    const auto it = theirs.find(p.key);
+    if ((it == theirs.end() ? 0 : it->second) < k) out.push_back(m);
+  }
   return out;
 }
 
-// Where a worker is, from its progress lines (real_engine.cpp).
-std::string where(const Worker& w) {
-  const std::vector<std::string> lines = lines_of(w.progress);
-  return lines.empty() ? "before its first collective" : lines.back();
+// "rank 1", "ranks 1 and 3", "ranks 1, 2 and 3".
+std::string ranks_text(const Ranks& ranks) {
+  std::string s = ranks.size() == 1 ? "rank " : "ranks ";
+  for (size_t i = 0; i < ranks.size(); ++i)
+    s += (i == 0 ? "" : i + 1 == ranks.size() ? " and " : ", ") + std::to_string(ranks[i]);
+  return s;
 }
 
-off_t file_size(const std::string& path) {
+// "in collective #2" of "in collective #2 (reduce_scatter over ranks 0 1 2 3)".
+std::string short_wait(const Position& p) { return p.text.substr(0, p.text.find(" (")); }
+
+char process_state(pid_t pid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat;
+  std::getline(f, stat);
+  const auto close = stat.rfind(')');  // after the command name, which may hold anything
+  return close != std::string::npos && close + 2 < stat.size() ? stat[close + 2] : '?';
+}
+
+void watch(Worker& w, Clock::time_point now) {
   struct stat st {};
-  return ::stat(path.c_str(), &st) == 0 ? st.st_size : 0;
+  if (::stat(w.progress.c_str(), &st) != 0) return;
+  if (st.st_size != w.progress_bytes) {
+    w.progress_bytes = st.st_size;
+    w.last_progress = now;
+  }
+  if (!w.beating || st.st_mtim.tv_sec != w.beat.tv_sec || st.st_mtim.tv_nsec != w.beat.tv_nsec) {
+    w.beat = st.st_mtim;
+    w.beating = true;
+    w.last_beat = now;
+  }
+}
+
+double seconds_between(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
+
+// While the workers run, SIGINT, SIGTERM and SIGHUP make the coordinator stop them and remove
+// their directory before it dies of the signal; dying at once would leave the directory behind.
+// A signal ignored when meshsim started (a background job's SIGINT) stays ignored.
+volatile std::sig_atomic_t g_interrupted = 0;
+void note_interrupt(int sig) { g_interrupted = sig; }
+
+class InterruptWatch {
+ public:
+  InterruptWatch() {
+    g_interrupted = 0;
+    struct sigaction on {};
+    on.sa_handler = note_interrupt;
+    sigemptyset(&on.sa_mask);
+    on.sa_flags = SA_RESTART;
+    for (size_t i = 0; i < kSignals.size(); ++i) {
+      ::sigaction(kSignals[i], nullptr, &old_[i]);
+      if (old_[i].sa_handler != SIG_IGN) ::sigaction(kSignals[i], &on, nullptr);
+    }
+  }
+  ~InterruptWatch() { restore(); }
+  InterruptWatch(const InterruptWatch&) = delete;
+  InterruptWatch& operator=(const InterruptWatch&) = delete;
+
+  int signal() const { return g_interrupted; }
+  // Dies of the signal that came, as a program interrupted is expected to (a shell's loop stops).
+  [[noreturn]] void die() {
+    const int sig = g_interrupted;
+    restore();
+    ::raise(sig);
+    std::_Exit(128 + sig);  // a handler of the caller's caught it
+  }
+
+ private:
+  void restore() {
+    for (size_t i = 0; i < kSignals.size(); ++i) ::sigaction(kSignals[i], &old_[i], nullptr);
+  }
+  static constexpr std::array<int, 3> kSignals{SIGINT, SIGTERM, SIGHUP};
+  std::array<struct sigaction, 3> old_{};
+};
+
+// The workers' directory: removed whichever way the run ends (an exception included), unless --keep.
+class RunDir {
+ public:
+  explicit RunDir(bool keep) : keep_(keep) {
+    std::string tmpl = (fs::temp_directory_path() / "meshsim-validate-XXXXXX").string();
+    if (!::mkdtemp(tmpl.data()))
+      throw std::runtime_error("cannot make a private directory: " + std::string(std::strerror(errno)));
+    path_ = tmpl;
+  }
+  ~RunDir() { close(); }
+  RunDir(const RunDir&) = delete;
+  RunDir& operator=(const RunDir&) = delete;
+
+  const fs::path& path() const { return path_; }
+  // Removes it (unless kept); says where it is when kept.
+  void close(std::ostream* note = nullptr) {
+    if (path_.empty()) return;
+    if (keep_ && note) *note << "workers' files kept in " << path_.string() << "\n";
+    std::error_code ec;
+    if (!keep_) fs::remove_all(path_, ec);
+    path_.clear();
+  }
+
+ private:
+  bool keep_;
+  fs::path path_;
+};
+
+// The worker processes, one process group: whatever happens, none outlives the coordinator's run.
+class Crew {
+ public:
+  explicit Crew(std::vector<Worker>& workers) : workers_(workers) {}
+  ~Crew() { stop(); }
+  Crew(const Crew&) = delete;
+  Crew& operator=(const Crew&) = delete;
+
+  pid_t group = 0;  // the first worker's pid
+  // Kills the workers still running and reaps them.
+  void stop() {
+    if (group > 0) ::kill(-group, SIGKILL);
+    for (auto& w : workers_)
+      if (w.running) {
+        ::kill(w.pid, SIGKILL);  // not reaped yet, so still this worker's pid
+        ::waitpid(w.pid, &w.status, 0);
+        w.running = false;
+        w.killed = WIFSIGNALED(w.status) && WTERMSIG(w.status) == SIGKILL;  // else it exited just before
+      }
+  }
+
+ private:
+  std::vector<Worker>& workers_;
+};
+
+// A worker that was still running when the run failed: what it was doing, and whether it is the
+// cause. A rank waiting for peers is not blamed; a rank is blamed when stopped by a signal, alive
+// but silent (no heartbeat), or alive and beating but idle between two waits while others wait for it.
+json verdict_of_killed(const Worker& w, const Position& p, const Ranks& waited, bool awaited, double hung_s) {
+  auto error = [&](const char* kind, const std::string& message) {
+    return json{{"rank", w.rank}, {"status", "error"}, {"error", {{"kind", kind}, {"message", message}}}};
+  };
+  std::ostringstream age;
+  age.precision(2);
+  age << std::fixed << w.beat_age_s;
+  if (w.state == 'T') return error("suspended", "stopped (SIGSTOP) " + p.text + ", killed by the coordinator");
+  if (w.state == 't') return error("suspended", "stopped by a debugger " + p.text + ", killed by the coordinator");
+  if (w.beating && w.beat_age_s >= kHeartbeatStaleSeconds)
+    return error("not_responding", "not responding " + p.text + ": no heartbeat for " + age.str() +
+                                       " s though its process is alive (state " + std::string(1, w.state) +
+                                       "), killed by the coordinator");
+  if (p.waiting && !waited.empty()) {
+    json v = error("stopped", "waiting " + p.text + " for " + ranks_text(waited) + ", stopped by the coordinator");
+    v["error"]["waiting_for"] = waited;
+    return v;
+  }
+  if (!p.waiting && awaited && w.idle_s >= hung_s) {
+    const bool started = p.text.rfind("before", 0) != 0;
+    return error("hung", "hung " + p.text + (started ? ": never entered its next collective" : ": never reached the rendezvous") +
+                             ", stopped by the coordinator");
+  }
+  if (!w.beating) return error("stopped", "still starting (no heartbeat yet), stopped by the coordinator");
+  return error("stopped", "still running " + p.text + ", stopped by the coordinator");
 }
 
 }  // namespace
@@ -244,6 +482,36 @@ std::string self_executable() {
   if (ec) throw std::runtime_error("cannot find this executable (/proc/self/exe): " + ec.message());
   return self.string();
 }
+
+namespace {
+
+pid_t start_worker(const std::string& self_exe, const std::vector<std::string>& args, const std::string& log, pid_t parent,
+                   pid_t group) {
+  std::vector<std::string> copy = args;
+  std::vector<char*> argv;
+  for (auto& a : copy) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  const pid_t pid = ::fork();
+  if (pid < 0) throw std::runtime_error("fork failed: " + std::string(std::strerror(errno)));
+  if (pid == 0) {
+    // The worker: in the coordinator's process group of workers, killed with its parent.
+    ::setpgid(0, group);
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != parent) ::_exit(127);
+    const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    if (fd >= 0) {
+      ::dup2(fd, 1);
+      ::dup2(fd, 2);
+      ::close(fd);
+    }
+    ::execv(self_exe.c_str(), argv.data());
+    ::_exit(127);
+  }
+  ::setpgid(pid, group == 0 ? pid : group);  // both sides, so neither races the other
+  return pid;
+}
+
+}  // namespace
 
 int validate_coordinator(const Scenario& sc, const RunOptions& options, const ValidateConfig& config, std::ostream& out) {
   const std::string self_exe = self_executable();
@@ -260,56 +528,37 @@ int validate_coordinator(const Scenario& sc, const RunOptions& options, const Va
   }
   run_distributed(sc, options);  // an illegal scenario stops here (SemanticError, exit 3)
 
-  std::string tmpl = (fs::temp_directory_path() / "meshsim-validate-XXXXXX").string();
-  if (!::mkdtemp(tmpl.data())) throw std::runtime_error("cannot make a private directory: " + std::string(std::strerror(errno)));
-  const fs::path dir = tmpl;
+  // Declared in this order so that the workers are stopped before their directory goes.
+  InterruptWatch interrupt;
+  RunDir dir(config.keep);
   std::vector<Worker> workers(static_cast<size_t>(world));
+  Crew crew(workers);
   const pid_t parent = ::getpid();
-  pid_t group = 0;
+  const auto started = Clock::now();
   for (int64_t r = 0; r < world; ++r) {
     Worker& w = workers[static_cast<size_t>(r)];
     w.rank = r;
-    w.result = (dir / ("rank" + std::to_string(r) + ".json")).string();
-    w.progress = (dir / ("rank" + std::to_string(r) + ".progress")).string();
-    w.log = (dir / ("rank" + std::to_string(r) + ".log")).string();
+    w.result = (dir.path() / ("rank" + std::to_string(r) + ".json")).string();
+    w.progress = (dir.path() / ("rank" + std::to_string(r) + ".progress")).string();
+    w.log = (dir.path() / ("rank" + std::to_string(r) + ".log")).string();
     std::vector<std::string> args{self_exe, "validate", sc.file, "--backend", config.backend,
-                                  "--rank", std::to_string(r), "--store", (dir / "store").string(),
+                                  "--rank", std::to_string(r), "--store", (dir.path() / "store").string(),
                                   "--result", w.result, "--progress", w.progress,
                                   "--timeout", std::to_string(config.timeout_s)};
     for (const auto& o : config.options) args.insert(args.end(), {"--option", o});
     if (!config.fault.empty()) args.insert(args.end(), {"--fault", config.fault});
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    const pid_t pid = ::fork();
-    if (pid < 0) throw std::runtime_error("fork failed: " + std::string(std::strerror(errno)));
-    if (pid == 0) {
-      // The worker: in the coordinator's process group of workers, killed with its parent.
-      ::setpgid(0, group);
-      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-      if (::getppid() != parent) ::_exit(127);
-      const int fd = ::open(w.log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-      if (fd >= 0) {
-        ::dup2(fd, 1);
-        ::dup2(fd, 2);
-        ::close(fd);
-      }
-      ::execv(self_exe.c_str(), argv.data());
-      ::_exit(127);
-    }
-    ::setpgid(pid, group);  // both sides, so neither races the other
-    if (group == 0) group = pid;
-    w.pid = pid;
+    w.pid = start_worker(self_exe, args, w.log, parent, crew.group);
+    if (crew.group == 0) crew.group = w.pid;
     w.running = true;
+    w.last_progress = started;
   }
 
   // Watch: a worker that dies (a signal, or an exit other than pass/fail) stops the run at once; a
   // run where no rank starts a collective for the timeout (plus a grace for start-up) is hung.
   const double idle_limit = config.timeout_s + 10;
-  auto last_progress = std::chrono::steady_clock::now();
-  off_t progress_total = 0;
+  auto last_progress = started;
   bool failed = false, hung = false;
-  for (;;) {
+  while (!interrupt.signal()) {
     bool any_running = false;
     for (auto& w : workers) {
       if (!w.running) continue;
@@ -323,25 +572,34 @@ int validate_coordinator(const Scenario& sc, const RunOptions& options, const Va
       }
     }
     if (failed || !any_running) break;
-    off_t total = 0;
-    for (const auto& w : workers) total += file_size(w.progress);
-    if (total != progress_total) {
-      progress_total = total;
-      last_progress = std::chrono::steady_clock::now();
-    } else if (seconds_since(last_progress) > idle_limit) {
+    const auto now = Clock::now();
+    for (auto& w : workers) {
+      watch(w, now);
+      if (w.last_progress > last_progress) last_progress = w.last_progress;
+    }
+    if (seconds_between(last_progress, now) > idle_limit) {
       hung = true;
       break;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
+  if (interrupt.signal()) {
+    crew.stop();
+    std::cerr << "meshsim: validate: interrupted (" << strsignal(interrupt.signal()) << "): the workers were stopped\n";
+    dir.close(&std::cerr);
+    interrupt.die();
+  }
   if (failed || hung) {
-    ::kill(-group, SIGKILL);
-    for (auto& w : workers)
-      if (w.running) {
-        ::waitpid(w.pid, &w.status, 0);
-        w.running = false;
-        w.stopped = true;
-      }
+    // How each worker still running was, before killing it changes that.
+    const auto now = Clock::now();
+    for (auto& w : workers) {
+      if (!w.running) continue;
+      w.state = process_state(w.pid);
+      watch(w, now);
+      w.beat_age_s = w.beating ? seconds_between(w.last_beat, now) : 0;
+      w.idle_s = seconds_between(w.last_progress, now);
+    }
+    crew.stop();
   }
 
   if (!config.json)
@@ -349,39 +607,58 @@ int validate_coordinator(const Scenario& sc, const RunOptions& options, const Va
         << sc.mesh.str() << "), timeout " << config.timeout_s << " s per collective\n";
   json report{{"format", "meshsim.validate/1"}, {"scenario", sc.name}, {"backend", config.backend},
               {"ranks", world}, {"timeout_s", config.timeout_s}};
+  std::vector<Position> positions;
+  for (const auto& w : workers) positions.push_back(position_of(w, world));
+  std::vector<Ranks> waited(static_cast<size_t>(world));
+  std::vector<bool> awaited(static_cast<size_t>(world), false);
+  for (int64_t r = 0; r < world; ++r) {
+    waited[static_cast<size_t>(r)] = waits_for(r, positions);
+    for (auto m : waited[static_cast<size_t>(r)]) awaited[static_cast<size_t>(m)] = true;
+  }
+  const double hung_s = std::max(0.5, config.timeout_s / 2);
   json ranks = json::array();
   bool all_pass = true;
   double slowest_engine = 0, slowest_sim = 0;
   for (const auto& w : workers) {
+    const auto r = static_cast<size_t>(w.rank);
+    const Position& p = positions[r];
     json v;
-    if (w.stopped) {
-      // A rank that left a collective and never entered the next, while its peers wait in a
-      // collective, is the one that hangs.
-      const std::string at = where(w);
-      const bool between = at.rfind("after", 0) == 0 || at.rfind("before", 0) == 0;
-      v = {{"rank", w.rank}, {"status", "error"},
-           {"error", {{"kind", between ? "hung" : "stopped"},
-                      {"message", between ? "hung " + at + ": never entered its next collective, stopped by the coordinator"
-                                          : "still running " + at + ", stopped by the coordinator"}}}};
+    if (w.killed) {
+      v = verdict_of_killed(w, p, waited[r], awaited[r], hung_s);
     } else if (WIFSIGNALED(w.status)) {
       v = {{"rank", w.rank}, {"status", "error"},
            {"error", {{"kind", "died"}, {"message", std::string("died (signal ") + std::to_string(WTERMSIG(w.status)) + ", " +
-                                                        strsignal(WTERMSIG(w.status)) + ") " + where(w)}}}};
+                                                        strsignal(WTERMSIG(w.status)) + ") " + p.text}}}};
     } else if (fs::exists(w.result)) {
       std::ifstream f(w.result);
       v = json::parse(f);
+      // A rank that gave up waiting (a timeout, a peer gone) says for whom it waited.
+      if (v.value("status", "") == "error" && v["error"].value("kind", "") == "engine_failure" && !waited[r].empty()) {
+        v["error"]["message"] =
+            v["error"].value("message", "") + " (waiting " + short_wait(p) + " for " + ranks_text(waited[r]) + ")";
+        v["error"]["waiting_for"] = waited[r];
+      }
     } else {
       v = {{"rank", w.rank}, {"status", "error"},
            {"error", {{"kind", "no_verdict"},
-                      {"message", "exited with code " + std::to_string(WEXITSTATUS(w.status)) +
-                                      " without a verdict; its output:\n" + tail(w.log, 8)}}}};
+                      {"message", "exited with code " + std::to_string(WEXITSTATUS(w.status)) + " without a verdict"}}}};
+    }
+    if (v.value("status", "") == "error") {
+      const json tail = output_tail(w, 8);
+      if (!tail.empty()) v["error"]["output"] = tail;
     }
     if (v.value("status", "") != "pass") all_pass = false;
     if (v.contains("seconds")) {
       slowest_engine = std::max(slowest_engine, v["seconds"]["engine_run"].get<double>());
       slowest_sim = std::max(slowest_sim, v["seconds"]["sim_run"].get<double>());
     }
-    if (!config.json) out << "  " << rank_line(v) << "\n";
+    if (!config.json) {
+      out << "  " << rank_line(v) << "\n";
+      if (v.contains("error") && v["error"].contains("output")) {
+        out << "    its output (last lines):\n";
+        for (const auto& line : v["error"]["output"]) out << "      " << line.get<std::string>() << "\n";
+      }
+    }
     ranks.push_back(v);
   }
   const bool engine_failed = failed || hung ||
@@ -400,8 +677,8 @@ int validate_coordinator(const Scenario& sc, const RunOptions& options, const Va
     if (hung) out << " (hung: no rank started a collective for " << idle_limit << " s)";
     out << "\n";
   }
-  if (config.keep || engine_failed) (config.json ? std::cerr : out) << "workers' files kept in " << dir.string() << "\n";
-  else fs::remove_all(dir);
+  dir.close(config.json ? &std::cerr : &out);
+  if (interrupt.signal()) interrupt.die();  // came while the report was written: the report stands
   return all_pass ? 0 : engine_failed ? kExitEngineFailure : 1;
 }
 

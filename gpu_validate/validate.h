@@ -30,9 +30,10 @@ struct ValidateConfig {
   int64_t ranks = 0;                // 0: the mesh's size
   std::vector<std::string> options; // --option key=value, passed on to workers
   double timeout_s = 30;            // every collective and rendezvous; and the watchdog
-  std::string fault;                // kill:RANK:AT | hang:RANK:AT (testing)
+  std::string fault;                // kill|hang|stop|corrupt:RANK:AT (testing)
   bool json = false;
-  bool keep = false;                // keep the workers' directory (its path is printed)
+  bool keep = false;                // keep the workers' directory (its path is printed); else removed
+                                    // whichever way the run ends
   // Worker mode.
   int64_t rank = -1;
   std::string store;                // FileStore path
@@ -40,7 +41,7 @@ struct ValidateConfig {
   int master_port = 29500;
   std::string hostname;             // the address this worker listens on
   std::string result_file;          // where the worker writes its verdict (JSON)
-  std::string progress_file;        // one line per collective, for the coordinator's reports
+  std::string progress_file;        // a line per wait entered and left, its mtime the heartbeat
 };
 
 // Why the backend cannot run `world` ranks here, or "" when it can.

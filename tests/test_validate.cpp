@@ -1,13 +1,19 @@
 // `meshsim validate` on the Gloo engine (one process per rank, run as real processes here): every
-// example agrees with the simulation; a corrupted engine result is caught and located; a killed or
-// hung worker is reported by rank within the timeout and no process is left behind; workers started
-// by hand meet through a TCP store; the NCCL engine skips cleanly where there is no GPU.
+// example agrees with the simulation; a corrupted engine result is caught and located; a killed,
+// hung or stopped (SIGSTOP) worker is reported by rank within the timeout, its waiting peers are
+// not blamed, and no process or file is left behind, an interrupted coordinator's included;
+// workers started by hand meet through a TCP store; the NCCL engine skips cleanly where there is
+// no GPU.
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
-#include <filesystem>
 #include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <map>
 #include <random>
 #include <set>
 #include <string>
@@ -55,15 +61,38 @@ class Validate : public ::testing::Test {
     fs::copy_file(kExamples / name, dir / name, fs::copy_options::overwrite_existing);
     return (dir / name).string();
   }
-  // Removes the directory a failed run kept, named in its output.
-  static void remove_kept(const Outcome& o) {
-    const std::string key = "workers' files kept in ";
-    const auto at = o.out.find(key);
-    if (at == std::string::npos) return;
-    const auto end = o.out.find('\n', at);
-    fs::remove_all(o.out.substr(at + key.size(), end - at - key.size()));
+  // The TMPDIR of meshsim_in_tmp's runs: the coordinator makes the workers' directory there.
+  fs::path tmp() const {
+    fs::create_directories(dir / "tmp");
+    return dir / "tmp";
+  }
+  // meshsim with TMPDIR set to tmp(), so that what a run leaves there can be seen.
+  Outcome meshsim_in_tmp(const std::string& args, int limit_s = 120, const std::string& tag = "") const {
+    return run_process(dir, "env", "TMPDIR=" + q(tmp().string()) + " " + q(MESHSIM_BIN) + " " + args, limit_s, tag);
+  }
+  std::vector<std::string> left_in_tmp() const {
+    std::vector<std::string> left;
+    for (const auto& e : fs::directory_iterator(tmp())) left.push_back(e.path().filename().string());
+    return left;
   }
 };
+
+// The line of a rank in a report ("rank 2: ..."), or "" when there is none.
+std::string line_of(const std::string& out, int rank) {
+  const std::string key = "  rank " + std::to_string(rank) + ": ";
+  const auto at = out.find(key);
+  return at == std::string::npos ? "" : out.substr(at, out.find('\n', at) - at);
+}
+
+// What blames a rank in a report: a healthy rank's line holds none of these.
+bool blames(const std::string& line) {
+  for (const char* word : {"hung", "SIGSTOP", "died", "not responding", "debugger"})
+    if (contains(line, word)) return true;
+  return false;
+}
+
+// A C++ backtrace, which libtorch's errors carry after their message.
+bool has_backtrace(const std::string& text) { return contains(text, "frame #") || contains(text, "Exception raised from"); }
 
 // Every bundled example, one worker process per rank of its mesh (2 to 8: the 2x2 meshes among
 // them, and the transformer step on dp=2 x cp=2 x tp=2): the same exit code as `meshsim run`, and
@@ -138,8 +167,7 @@ TEST_F(Validate, ACustomFunctionsOwnCollectiveGoesThroughTheEngine) {
 
 TEST_F(Validate, AKilledWorkerIsReportedByRankAndNothingIsLeft) {
   const std::string file = example("fsdp_reduced.json");
-  const Outcome o = meshsim("validate " + q(file) + " --fault kill:1:2 --timeout 20");
-  remove_kept(o);
+  const Outcome o = meshsim_in_tmp("validate " + q(file) + " --fault kill:1:2 --timeout 20");
   EXPECT_EQ(o.code, 4) << o;
   EXPECT_LT(o.seconds, 20) << o;  // reported when it dies, not at the timeout
   EXPECT_TRUE(contains(o.out, "rank 1: error: died (signal 9")) << o;
@@ -147,26 +175,159 @@ TEST_F(Validate, AKilledWorkerIsReportedByRankAndNothingIsLeft) {
   EXPECT_TRUE(contains(o.out, "status: error")) << o;
   const std::vector<std::string> left = processes_mentioning(file);
   EXPECT_TRUE(left.empty()) << json(left).dump();
+  EXPECT_TRUE(left_in_tmp().empty()) << json(left_in_tmp()).dump() << o;
+  EXPECT_FALSE(contains(o.out + o.err, "kept in")) << o;
 }
 
 TEST_F(Validate, AHungWorkerIsReportedWithinTheTimeoutAndNothingIsLeft) {
   const std::string file = example("fsdp_reduced.json");
-  const Outcome o = meshsim("validate " + q(file) + " --fault hang:1:2 --timeout 3", 60);
-  remove_kept(o);
+  const Outcome o = meshsim_in_tmp("validate " + q(file) + " --fault hang:1:2 --timeout 3", 60);
   EXPECT_EQ(o.code, 4) << o;
   EXPECT_LT(o.seconds, 30) << o;
   // The hung rank left collective 1 and never entered 2; a peer timed out in 2.
   EXPECT_TRUE(contains(o.out, "rank 1: error: hung after collective #1: never entered its next collective")) << o;
-  // Its peers are each either timed out in collective 2 or stopped there (which, is a race).
-  for (const char* peer : {"rank 0: error: ", "rank 2: error: ", "rank 3: error: "}) {
-    const auto at = o.out.find(peer);
-    ASSERT_NE(at, std::string::npos) << o;
-    const std::string line = o.out.substr(at, o.out.find('\n', at) - at);
-    EXPECT_TRUE(contains(line, "timed out") || contains(line, "still running in collective #2")) << line;
+  // Its peers are each either timed out in collective 2 or stopped there (which, is a race), and
+  // say that they waited for rank 1.
+  for (int peer : {0, 2, 3}) {
+    const std::string line = line_of(o.out, peer);
+    EXPECT_TRUE(contains(line, "rank " + std::to_string(peer) + ": error: ")) << o;
+    EXPECT_TRUE(contains(line, "collective #2")) << line;
+    EXPECT_TRUE(contains(line, "for rank 1")) << line;
+    EXPECT_FALSE(blames(line)) << line;
   }
   EXPECT_TRUE(contains(o.out, "timed out")) << o;
   const std::vector<std::string> left = processes_mentioning(file);
   EXPECT_TRUE(left.empty()) << json(left).dump();
+  EXPECT_TRUE(left_in_tmp().empty()) << json(left_in_tmp()).dump() << o;
+}
+
+TEST_F(Validate, AStoppedWorkerIsNamedAndItsPeersAreNotBlamed) {
+  // Rank 1 stops itself (SIGSTOP) before its second collective: the whole process freezes, its
+  // heartbeat too. Its peers wait in collective 2 for it until the timeout.
+  const std::string file = example("fsdp_reduced.json");
+  const Outcome o = meshsim_in_tmp("validate " + q(file) + " --fault stop:1:2 --timeout 2", 60);
+  EXPECT_EQ(o.code, 4) << o;
+  EXPECT_LT(o.seconds, 30) << o;
+  EXPECT_TRUE(contains(o.out, "rank 1: error: stopped (SIGSTOP) after collective #1")) << o;
+  for (int peer : {0, 2, 3}) {
+    const std::string line = line_of(o.out, peer);
+    EXPECT_TRUE(contains(line, "rank " + std::to_string(peer) + ": error: ")) << o;
+    EXPECT_TRUE(contains(line, "waiting in collective #2")) << line;
+    EXPECT_TRUE(contains(line, "for rank 1")) << line;
+    EXPECT_FALSE(blames(line)) << line;
+  }
+  EXPECT_TRUE(contains(o.out, "status: error")) << o;
+  EXPECT_FALSE(has_backtrace(o.out + o.err)) << o;
+  const std::vector<std::string> left = processes_mentioning(file);  // a stopped process included
+  EXPECT_TRUE(left.empty()) << json(left).dump();
+  EXPECT_TRUE(left_in_tmp().empty()) << json(left_in_tmp()).dump() << o;
+}
+
+TEST_F(Validate, RanksWaitingInTheClosingBarrierAreNotBlamedForAStoppedPeer) {
+  // On dp=2 x tp=2 the collectives go over dp, groups {0,2} and {1,3}: with rank 1 stopped at its
+  // second collective, rank 3 waits there for it, while ranks 0 and 2 finish theirs and wait in the
+  // closing barrier for ranks 1 and 3. Their last collective is behind them; they are not hung.
+  const std::string file = example("fsdp_tp_2d.json");
+  const Outcome o = meshsim_in_tmp("validate " + q(file) + " --fault stop:1:2 --timeout 2 --json", 60);
+  ASSERT_EQ(o.code, 4) << o;
+  const json r = json::parse(o.out);
+  EXPECT_EQ(r["status"], "error");
+  ASSERT_EQ(r["rank_results"].size(), 4u) << o;
+  const json& stopped = r["rank_results"][1]["error"];
+  EXPECT_EQ(stopped["kind"], "suspended") << stopped;
+  EXPECT_TRUE(contains(stopped["message"].get<std::string>(), "stopped (SIGSTOP) after collective #1")) << stopped;
+  const std::map<int, json> waits{{0, json{1, 3}}, {2, json{1, 3}}, {3, json{1}}};
+  for (const auto& [rank, waited] : waits) {
+    const json& e = r["rank_results"][rank]["error"];
+    EXPECT_TRUE(e["kind"] == "stopped" || e["kind"] == "engine_failure") << e;
+    EXPECT_EQ(e["waiting_for"], waited) << e;
+    const std::string message = e["message"].get<std::string>();
+    EXPECT_FALSE(blames(message)) << message;
+    EXPECT_TRUE(contains(message, rank == 3 ? "collective #2" : "the closing barrier")) << message;
+  }
+  EXPECT_FALSE(has_backtrace(o.out + o.err)) << o;
+  EXPECT_TRUE(processes_mentioning(file).empty());
+  EXPECT_TRUE(left_in_tmp().empty()) << json(left_in_tmp()).dump() << o;
+}
+
+TEST_F(Validate, TheWorkersDirectoryIsRemovedWhateverTheOutcomeAndKeptOnlyWithKeep) {
+  const std::string file = example("fsdp_reduced.json");
+  Outcome o = meshsim_in_tmp("validate " + q(file), 120, "pass");
+  EXPECT_EQ(o.code, 0) << o;
+  EXPECT_TRUE(left_in_tmp().empty()) << json(left_in_tmp()).dump() << o;
+  o = meshsim_in_tmp("validate " + q(file) + " --fault corrupt:2:1", 120, "fail");
+  EXPECT_EQ(o.code, 1) << o;
+  EXPECT_TRUE(left_in_tmp().empty()) << json(left_in_tmp()).dump() << o;
+  // With --keep, an engine failure's directory stays, named, with each worker's files.
+  o = meshsim_in_tmp("validate " + q(file) + " --fault kill:1:1 --keep", 120, "keep");
+  EXPECT_EQ(o.code, 4) << o;
+  const std::vector<std::string> left = left_in_tmp();
+  ASSERT_EQ(left.size(), 1u) << json(left).dump() << o;
+  EXPECT_TRUE(contains(o.out, "workers' files kept in " + (tmp() / left[0]).string())) << o;
+  EXPECT_TRUE(fs::exists(tmp() / left[0] / "rank1.progress")) << o;
+}
+
+TEST_F(Validate, AnInterruptedCoordinatorStopsItsWorkersAndRemovesTheirFiles) {
+  // SIGTERM once the workers are past their first collective (rank 1 then hangs, so the run would
+  // otherwise last the timeout): the coordinator stops them, removes their directory, and dies of
+  // the signal.
+  const std::string file = example("fsdp_reduced.json");
+  const fs::path tmpdir = tmp(), out = dir / ".stdout_interrupted";
+  // Made before fork: the child only opens, duplicates and execs.
+  std::vector<std::string> env{"TMPDIR=" + tmpdir.string()};
+  for (char** e = environ; *e; ++e)
+    if (std::string(*e).rfind("TMPDIR=", 0) != 0) env.emplace_back(*e);
+  std::vector<char*> envp;
+  for (auto& e : env) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    const int fd = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    ::dup2(fd, 1);
+    ::dup2(fd, 2);
+    ::execle(MESHSIM_BIN, MESHSIM_BIN, "validate", file.c_str(), "--fault", "hang:1:2", "--timeout", "60", nullptr,
+             envp.data());
+    ::_exit(127);
+  }
+  auto past_first_collective = [&] {
+    for (const auto& e : fs::directory_iterator(tmpdir))
+      if (contains(read_text(e.path() / "rank0.progress"), "after collective #1")) return true;
+    return false;
+  };
+  const auto start = std::chrono::steady_clock::now();
+  while (!past_first_collective() && std::chrono::steady_clock::now() - start < std::chrono::seconds(90))
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_TRUE(past_first_collective()) << read_text(out);
+  ::kill(pid, SIGTERM);
+  int status = 0;
+  for (int i = 0; i < 300 && ::waitpid(pid, &status, WNOHANG) == 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  if (::waitpid(pid, &status, WNOHANG) == 0) {  // still there after 30 s: a failure, not a leftover
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, &status, 0);
+    FAIL() << "the coordinator outlived SIGTERM by 30 s";
+  }
+  EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGTERM) << status << "\n" << read_text(out);
+  EXPECT_TRUE(contains(read_text(out), "interrupted")) << read_text(out);
+  EXPECT_TRUE(processes_mentioning(file).empty());
+  EXPECT_TRUE(left_in_tmp().empty()) << json(left_in_tmp()).dump() << read_text(out);
+}
+
+TEST_F(Validate, EngineMessagesCarryNoBacktrace) {
+  // A worker started by hand whose peers never come: its rendezvous times out in libtorch, whose
+  // error carries a C++ backtrace after its first line. The verdict keeps the first line only.
+  const std::string file = example("fsdp_reduced.json");
+  const Outcome o = meshsim("validate " + q(file) + " --rank 1 --ranks 4 --store " + q((dir / "store").string()) +
+                            " --timeout 1 --json");
+  EXPECT_EQ(o.code, 4) << o;
+  const json v = json::parse(o.out);
+  EXPECT_EQ(v["error"]["kind"], "engine_failure") << v;
+  const std::string message = v["error"]["message"].get<std::string>();
+  EXPECT_TRUE(contains(message, "gloo rendezvous failed: ")) << message;
+  EXPECT_TRUE(contains(message, "Timeout")) << message;
+  EXPECT_FALSE(contains(message, "\n")) << message;
+  EXPECT_FALSE(has_backtrace(o.out)) << o;
 }
 
 TEST_F(Validate, NonIntegerDataAgreeWithinTheStatedTolerance) {
@@ -276,6 +437,7 @@ TEST_F(Validate, BadRequestsAreUnusableInput) {
   o = meshsim("validate " + q(example("fsdp_reduced.json")) + " --fault explode:1:1");
   EXPECT_EQ(o.code, 2) << o;
   EXPECT_TRUE(contains(o.err, "kill:RANK:AT")) << o;
+  EXPECT_TRUE(contains(o.err, "stop:RANK:AT")) << o;
   o = meshsim("validate " + q(example("fsdp_reduced.json")) + " --backend mpi");
   EXPECT_EQ(o.code, 2) << o;
   o = meshsim("validate " + q(example("fsdp_reduced.json")) + " --rank 1");
