@@ -149,44 +149,33 @@ void BM_RenderDot_Ranks_1000Ops(benchmark::State& state) {
 }
 BENCHMARK(BM_RenderDot_Ranks_1000Ops)->Unit(benchmark::kMillisecond);
 
-// DOT and SVG of long programs, collapsed: each layer's ops fold into one node, "×N repetitions".
-void BM_RenderSvg_Logical(benchmark::State& state) {
-  const Trace t = mlp_trace(static_cast<int>(state.range(0)) / 4);
+// DOT and SVG of `t` in `view`, laid out by Graphviz each iteration.
+void render_svg(benchmark::State& state, const Trace& t, meshsim::RenderView view) {
   std::string dot;
   for (auto _ : state) {
-    dot = meshsim::render_dot(t);
+    dot = meshsim::render_dot(t, view);
     std::string svg = meshsim::layout_dot(dot, "svg");
     benchmark::DoNotOptimize(svg.data());
   }
   set_counters(state, t, dot);
   state.counters["dot_nodes"] = static_cast<double>(count_nodes(dot));
+}
+
+// DOT and SVG of long programs, collapsed: each layer's ops fold into one node, "×N repetitions".
+void BM_RenderSvg_Logical(benchmark::State& state) {
+  render_svg(state, mlp_trace(static_cast<int>(state.range(0)) / 4), meshsim::RenderView::Logical);
 }
 BENCHMARK(BM_RenderSvg_Logical)->Arg(5000)->Arg(20000)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 // The rank view of the same programs, collapsed the same way.
 void BM_RenderSvg_Ranks(benchmark::State& state) {
-  const Trace t = mlp_trace(static_cast<int>(state.range(0)) / 4);
-  std::string dot;
-  for (auto _ : state) {
-    dot = meshsim::render_dot(t, meshsim::RenderView::Ranks);
-    std::string svg = meshsim::layout_dot(dot, "svg");
-    benchmark::DoNotOptimize(svg.data());
-  }
-  set_counters(state, t, dot);
-  state.counters["dot_nodes"] = static_cast<double>(count_nodes(dot));
+  render_svg(state, mlp_trace(static_cast<int>(state.range(0)) / 4), meshsim::RenderView::Ranks);
 }
 BENCHMARK(BM_RenderSvg_Ranks)->Arg(20000)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 // A 4096-rank trace, rank view: collapsed to 4 ranks, DOT and SVG.
 void BM_RenderSvg_Ranks_4096Ranks(benchmark::State& state) {
-  const Trace t = wide_mesh_trace(5);
-  std::string dot;
-  for (auto _ : state) {
-    dot = meshsim::render_dot(t, meshsim::RenderView::Ranks);
-    std::string svg = meshsim::layout_dot(dot, "svg");
-    benchmark::DoNotOptimize(svg.data());
-  }
-  set_counters(state, t, dot);
+  render_svg(state, wide_mesh_trace(5), meshsim::RenderView::Ranks);
 }
 BENCHMARK(BM_RenderSvg_Ranks_4096Ranks)->Unit(benchmark::kMillisecond)->UseRealTime();
 

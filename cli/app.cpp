@@ -234,10 +234,7 @@ int main(int argc, char** argv) {
   } catch (const SemanticError& e) {
     // FILE: PATH: kind: message, as `meshsim run` says it, where the file is known.
     const std::string file = *validate_cmd ? validate.file : *render_cmd ? render.file : *replay_cmd ? replay.trace : "";
-    std::string message = e.what();
-    if (!e.path().empty() && message.rfind(e.path() + ": ", 0) == 0) message = message.substr(e.path().size() + 2);
-    std::cerr << "meshsim: " << (file.empty() ? "" : file + ": ") << (e.path().empty() ? "" : e.path() + ": ")
-              << error_kind_name(e.kind()) << ": " << message << "\n";
+    std::cerr << cli::error_line(file, e.path(), error_kind_name(e.kind()), e.what()) << "\n";
     json_error(e.kind(), e.what(), file, e.path());
     return exit_code_for(e.kind());
   } catch (const std::exception& e) {

@@ -276,15 +276,20 @@ Report report_of(const std::string& file, const SemanticError& e) {
   return rep;
 }
 
-// The line on stderr for a result with status error: file, JSON path, kind and message.
-void print_error_line(const std::string& file, const nlohmann::json& result) {
-  const nlohmann::json& e = members(result, "error");
-  std::string message = first_line(text_of(e, "message", ""));
-  const std::string path = text_of(e, "path", "");
+}  // namespace
+
+std::string error_line(const std::string& file, const std::string& path, const std::string& kind, std::string message) {
+  message = first_line(message);
   // Messages of the rules often lead with their JSON path already: said once, first.
   if (!path.empty() && message.rfind(path + ": ", 0) == 0) message = message.substr(path.size() + 2);
-  std::cerr << "meshsim: " << file << ": " << (path.empty() ? "" : path + ": ") << text_of(e, "kind") << ": " << message
-            << "\n";
+  return "meshsim: " + (file.empty() ? "" : file + ": ") + (path.empty() ? "" : path + ": ") + kind + ": " + message;
+}
+
+namespace {
+
+void print_error_line(const std::string& file, const nlohmann::json& result) {
+  const nlohmann::json& e = members(result, "error");
+  std::cerr << error_line(file, text_of(e, "path", ""), text_of(e, "kind"), text_of(e, "message", "")) << "\n";
 }
 
 // One file, as `meshsim run FILE` has always run it (and the expect and --strict lines). A file

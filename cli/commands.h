@@ -25,6 +25,10 @@ RunOptions options_with_overrides(const Scenario& sc, const std::vector<std::str
 void set_resource_limits(const ResourceLimits& limits);
 const ResourceLimits& resource_limits();
 
+// The line on stderr for an error: "meshsim: FILE: PATH: kind: message" (file and path when
+// known; a message that leads with the path says it once).
+std::string error_line(const std::string& file, const std::string& path, const std::string& kind, std::string message);
+
 // A progress line on stderr, when it is a terminal, for runs longer than 2 s; erased at the end.
 void install_progress_line();
 void erase_progress_line();
