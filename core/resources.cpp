@@ -68,7 +68,6 @@ ResourceEstimate estimate_resources(const Scenario& sc, const RunOptions& option
     const double element = in.dtype == ElementType::Float ? float_bytes : in.dtype == ElementType::Bool ? 1 : 8;
     // A from_local input gives each rank's local shape: every rank holds that much.
     Held h{numel_of(in.shape), in.from_local ? ranks : copies_of(sc.mesh, in.placements), element};
-    if (in.from_local) h.numel = numel_of(in.shape);
     shapes[in.name] = in.shape;
     add(in.name, in.path, h);
     grads |= in.requires_grad;

@@ -75,6 +75,12 @@ class Validate : public ::testing::Test {
     for (const auto& e : fs::directory_iterator(tmp())) left.push_back(e.path().filename().string());
     return left;
   }
+  // A run of `file` left no process (a stopped one included) and nothing in TMPDIR.
+  void expect_nothing_left(const std::string& file, const std::string& report) const {
+    const std::vector<std::string> left = processes_mentioning(file);
+    EXPECT_TRUE(left.empty()) << json(left).dump();
+    EXPECT_TRUE(left_in_tmp().empty()) << json(left_in_tmp()).dump() << report;
+  }
 };
 
 // The line of a rank in a report ("rank 2: ..."), or "" when there is none.
@@ -89,6 +95,18 @@ bool blames(const std::string& line) {
   for (const char* word : {"hung", "SIGSTOP", "died", "not responding", "debugger"})
     if (contains(line, word)) return true;
   return false;
+}
+
+// Ranks 0, 2 and 3 of a report each have an error line that says `where` (their wait) and that
+// they waited for rank 1, and blames none of them.
+void expect_peers_wait_for_rank_1(const Outcome& o, const std::string& where) {
+  for (int peer : {0, 2, 3}) {
+    const std::string line = line_of(o.out, peer);
+    EXPECT_TRUE(contains(line, "rank " + std::to_string(peer) + ": error: ")) << o;
+    EXPECT_TRUE(contains(line, where)) << line;
+    EXPECT_TRUE(contains(line, "for rank 1")) << line;
+    EXPECT_FALSE(blames(line)) << line;
+  }
 }
 
 // A C++ backtrace, which libtorch's errors carry after their message.
@@ -173,9 +191,7 @@ TEST_F(Validate, AKilledWorkerIsReportedByRankAndNothingIsLeft) {
   EXPECT_TRUE(contains(o.out, "rank 1: error: died (signal 9")) << o;
   EXPECT_TRUE(contains(o.out, "after collective #1")) << o;
   EXPECT_TRUE(contains(o.out, "status: error")) << o;
-  const std::vector<std::string> left = processes_mentioning(file);
-  EXPECT_TRUE(left.empty()) << json(left).dump();
-  EXPECT_TRUE(left_in_tmp().empty()) << json(left_in_tmp()).dump() << o;
+  expect_nothing_left(file, o.out + o.err);
   EXPECT_FALSE(contains(o.out + o.err, "kept in")) << o;
 }
 
@@ -188,17 +204,9 @@ TEST_F(Validate, AHungWorkerIsReportedWithinTheTimeoutAndNothingIsLeft) {
   EXPECT_TRUE(contains(o.out, "rank 1: error: hung after collective #1: never entered its next collective")) << o;
   // Its peers are each either timed out in collective 2 or stopped there (which, is a race), and
   // say that they waited for rank 1.
-  for (int peer : {0, 2, 3}) {
-    const std::string line = line_of(o.out, peer);
-    EXPECT_TRUE(contains(line, "rank " + std::to_string(peer) + ": error: ")) << o;
-    EXPECT_TRUE(contains(line, "collective #2")) << line;
-    EXPECT_TRUE(contains(line, "for rank 1")) << line;
-    EXPECT_FALSE(blames(line)) << line;
-  }
+  expect_peers_wait_for_rank_1(o, "collective #2");
   EXPECT_TRUE(contains(o.out, "timed out")) << o;
-  const std::vector<std::string> left = processes_mentioning(file);
-  EXPECT_TRUE(left.empty()) << json(left).dump();
-  EXPECT_TRUE(left_in_tmp().empty()) << json(left_in_tmp()).dump() << o;
+  expect_nothing_left(file, o.out + o.err);
 }
 
 TEST_F(Validate, AStoppedWorkerIsNamedAndItsPeersAreNotBlamed) {
@@ -209,18 +217,10 @@ TEST_F(Validate, AStoppedWorkerIsNamedAndItsPeersAreNotBlamed) {
   EXPECT_EQ(o.code, 4) << o;
   EXPECT_LT(o.seconds, 30) << o;
   EXPECT_TRUE(contains(o.out, "rank 1: error: stopped (SIGSTOP) after collective #1")) << o;
-  for (int peer : {0, 2, 3}) {
-    const std::string line = line_of(o.out, peer);
-    EXPECT_TRUE(contains(line, "rank " + std::to_string(peer) + ": error: ")) << o;
-    EXPECT_TRUE(contains(line, "waiting in collective #2")) << line;
-    EXPECT_TRUE(contains(line, "for rank 1")) << line;
-    EXPECT_FALSE(blames(line)) << line;
-  }
+  expect_peers_wait_for_rank_1(o, "waiting in collective #2");
   EXPECT_TRUE(contains(o.out, "status: error")) << o;
   EXPECT_FALSE(has_backtrace(o.out + o.err)) << o;
-  const std::vector<std::string> left = processes_mentioning(file);  // a stopped process included
-  EXPECT_TRUE(left.empty()) << json(left).dump();
-  EXPECT_TRUE(left_in_tmp().empty()) << json(left_in_tmp()).dump() << o;
+  expect_nothing_left(file, o.out + o.err);
 }
 
 TEST_F(Validate, RanksWaitingInTheClosingBarrierAreNotBlamedForAStoppedPeer) {
@@ -246,8 +246,7 @@ TEST_F(Validate, RanksWaitingInTheClosingBarrierAreNotBlamedForAStoppedPeer) {
     EXPECT_TRUE(contains(message, rank == 3 ? "collective #2" : "the closing barrier")) << message;
   }
   EXPECT_FALSE(has_backtrace(o.out + o.err)) << o;
-  EXPECT_TRUE(processes_mentioning(file).empty());
-  EXPECT_TRUE(left_in_tmp().empty()) << json(left_in_tmp()).dump() << o;
+  expect_nothing_left(file, o.out + o.err);
 }
 
 TEST_F(Validate, TheWorkersDirectoryIsRemovedWhateverTheOutcomeAndKeptOnlyWithKeep) {
@@ -310,8 +309,7 @@ TEST_F(Validate, AnInterruptedCoordinatorStopsItsWorkersAndRemovesTheirFiles) {
   }
   EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGTERM) << status << "\n" << read_text(out);
   EXPECT_TRUE(contains(read_text(out), "interrupted")) << read_text(out);
-  EXPECT_TRUE(processes_mentioning(file).empty());
-  EXPECT_TRUE(left_in_tmp().empty()) << json(left_in_tmp()).dump() << read_text(out);
+  expect_nothing_left(file, read_text(out));
 }
 
 TEST_F(Validate, EngineMessagesCarryNoBacktrace) {
