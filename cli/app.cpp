@@ -3,6 +3,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <iostream>
+#include <random>
 
 #include <CLI/CLI.hpp>
 
@@ -10,6 +11,7 @@
 #include "core/error.h"
 #include "core/resources.h"
 #include "cli/check.h"
+#include "cli/emit.h"
 #include "cli/plugin.h"
 #include "meshsim/meshsim.h"
 
@@ -142,6 +144,20 @@ int main(int argc, char** argv) {
   check_cmd->add_flag("--coverage", check.coverage,
                       "Report how many cases exercised each rule row, backward rule and redistribution "
                       "transition; fail when a reachable one was never exercised");
+  cli::EmitArgs emit;
+  check_cmd
+      ->add_option("--emit", emit.dir,
+                   "Write --cases generated programs (the property generators' in turn) as scenario files into "
+                   "this directory instead of running properties")
+      ->excludes(check_cmd->get_option("--property"))
+      ->excludes(check_cmd->get_option("--scenario"))
+      ->excludes(check_cmd->get_option("--mutant"))
+      ->excludes(check_cmd->get_option("--json"))
+      ->excludes(check_cmd->get_option("--junit"))
+      ->excludes(check_cmd->get_option("--shard"))
+      ->excludes(check_cmd->get_option("--jobs"))
+      ->excludes(check_cmd->get_option("--coverage"))
+      ->excludes(check_cmd->get_option("--list"));
 
   cli::ReplayArgs replay;
   auto* replay_cmd = app.add_subcommand("replay", "Re-run a trace and compare it event by event");
@@ -215,6 +231,11 @@ int main(int argc, char** argv) {
     if (*run_cmd) return cli::cmd_run(run);
     if (*check_cmd) {
       check.seed_given = check_cmd->count("--seed") > 0;
+      if (check_cmd->count("--emit")) {
+        emit.cases = check.cases;
+        emit.seed = check.seed_given ? check.seed : std::random_device{}() * 4294967296ULL + std::random_device{}();
+        return cli::cmd_emit(emit, std::cout);
+      }
       return cli::cmd_check(check, std::cout);
     }
     if (*replay_cmd) return cli::cmd_replay(replay);
