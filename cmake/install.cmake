@@ -67,6 +67,11 @@ set(CPACK_DEBIAN_PACKAGE_DESCRIPTION
 set(CPACK_PACKAGING_INSTALL_PREFIX /usr)
 set(CPACK_DEBIAN_FILE_NAME DEB-DEFAULT)
 set(CPACK_DEBIAN_PACKAGE_SECTION science)
-set(CPACK_DEBIAN_PACKAGE_DEPENDS "libtorch1.13, libgvc6, libxxhash0, libstdc++6")
+# Built against a torch wheel's libtorch (cmake/torch.cmake), the package depends on no libtorch
+# package: the command finds the wheel's libraries by run path, on this machine only.
+set(CPACK_DEBIAN_PACKAGE_DEPENDS "libgvc6, libxxhash0, libstdc++6")
+if(MESHSIM_TORCH_DEB_DEPENDS)
+  set(CPACK_DEBIAN_PACKAGE_DEPENDS "${MESHSIM_TORCH_DEB_DEPENDS}, ${CPACK_DEBIAN_PACKAGE_DEPENDS}")
+endif()
 set(CPACK_DEBIAN_PACKAGE_RECOMMENDS "libtorch-dev, nlohmann-json3-dev, libgraphviz-dev, libxxhash-dev, librapidcheck-dev, libcli11-dev")
 include(CPack)

@@ -3,6 +3,8 @@
 #include <optional>
 #include <set>
 
+#include <ATen/core/grad_mode.h>
+
 #include "core/error.h"
 #include "core/mutants.h"
 #include "sim/data.h"

@@ -6,6 +6,8 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include <torch/csrc/autograd/function.h>
@@ -28,10 +30,23 @@ class MeshNode : public torch::autograd::Node {
   Fn fn_;
 };
 
+// A new autograd node, owned the way libtorch owns its own: by a shared_ptr whose deleter frees a
+// long graph without recursing (libtorch 1.x: deleteNode), or by an intrusive_ptr where an Edge
+// holds one (newer libtorch, which has no deleteNode). Chosen by the type, not by a version.
+template <class T, class... Args>
+auto make_node(Args&&... args) {
+  if constexpr (std::is_same_v<decltype(torch::autograd::Edge::function), std::shared_ptr<torch::autograd::Node>>) {
+    // Unqualified: found by argument-dependent lookup in torch::autograd, and only looked up here.
+    return std::shared_ptr<T>(new T(std::forward<Args>(args)...), [](T* node) { deleteNode(node); });
+  } else {
+    return c10::make_intrusive<T>(std::forward<Args>(args)...);
+  }
+}
+
 // Makes `outputs` the results of a new MeshNode whose next edges are `inputs`.
 inline void connect(const std::string& name, const std::vector<at::Tensor>& inputs, Locals& outputs,
                     MeshNode::Fn backward) {
-  auto node = std::shared_ptr<MeshNode>(new MeshNode(name, std::move(backward)), torch::autograd::deleteNode);
+  auto node = make_node<MeshNode>(name, std::move(backward));
   node->set_next_edges(torch::autograd::collect_next_edges(inputs));
   for (auto& o : outputs) torch::autograd::create_gradient_edge(o, node);
 }

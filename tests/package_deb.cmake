@@ -1,5 +1,7 @@
 # ctest: cpack -G DEB in the build tree, dpkg -x the package into a root, run its command.
-#   cmake -DBUILD=... -DWORK=... -DVERSION=... -P package_deb.cmake
+#   cmake -DBUILD=... -DWORK=... -DVERSION=... -DTORCH_DEPENDS=... -P package_deb.cmake
+# TORCH_DEPENDS: the libtorch package it must depend on (libtorch1.13); empty where meshsim was
+# built against a torch wheel's libtorch, which no Debian package provides (cmake/torch.cmake).
 include(${CMAKE_CURRENT_LIST_DIR}/package_step.cmake)
 
 file(REMOVE_RECURSE ${WORK})
@@ -14,8 +16,10 @@ if(NOT EXISTS ${deb})
   message(FATAL_ERROR "no ${deb}")
 endif()
 step("the package's fields" dpkg-deb --field ${deb} Package Version Architecture Depends)
-if(NOT step_output MATCHES "libtorch1.13")
-  message(FATAL_ERROR "the package does not depend on libtorch1.13")
+if(TORCH_DEPENDS AND NOT step_output MATCHES "${TORCH_DEPENDS}")
+  message(FATAL_ERROR "the package does not depend on ${TORCH_DEPENDS}")
+elseif(NOT TORCH_DEPENDS AND step_output MATCHES "libtorch")
+  message(FATAL_ERROR "the package depends on a libtorch package, but meshsim was built against a torch wheel")
 endif()
 step("unpack" dpkg -x ${deb} ${WORK}/root)
 set(root ${WORK}/root/usr)
