@@ -214,10 +214,22 @@ DTensor Runtime::redistribute(const DTensor& x, const Spec& to_written, const st
       return rt->guarded(n_inputs, [&] {
         Locals grads = defined_grads(std::move(g), like);
         const std::string note = "backward of redistribute " + spec_str(from) + " -> " + spec_str(to);
-        if (rt->follows(Difference::RedistributeBackward))  // PyTorch: to the source's placements, Partial as R
+        if (rt->follows(Difference::RedistributeBackward)) {  // PyTorch: to the source's placements, Partial as R
+          // A P(max) / P(min) source came from an amax / amin over a sharded dim, whose backward
+          // compares each element with the result: PyTorch's formula sees the reduced (global)
+          // result, meshsim's per-rank autograd only each rank's own. Passing the gradient on
+          // would mark every rank's local extremum (a wrong gradient), so it is refused, as under
+          // meshsim's rules (docs/findings.md, section 10, extremum_partial_refused).
+          if (!has_cotangent(from))
+            throw SemanticError(ErrorKind::NotDifferentiable,
+                                spec_str(from) + " is not differentiable in meshsim: a gradient reached the " +
+                                    spec_str(from) + " result of an amax/amin over a sharded dim (PyTorch " +
+                                    "differentiates it through the reduced result; meshsim would mark each " +
+                                    "rank's local extremum); gather the reduced dim before the reduction");
           return rt->to_grad_layout(std::move(grads), rt->grad_spec(out_name, to),
                                     rt->accumulated_layout(in_name, {partial_as_replicate(from), 1}), in_name,
                                     out_name, note);
+        }
         return rt->to_cotangent(std::move(grads), rt->grad_spec(out_name, to), from, in_name, out_name, note);
       });
     });
