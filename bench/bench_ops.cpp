@@ -1,0 +1,47 @@
+// meshsim's time per op on small tensors, for the comparison with PyTorch's LocalTensorMode
+// (tools/crosscheck/perf runs this and the same scenarios under LocalTensorMode in one run, and
+// reports the ratio of medians; docs/performance.md). Each scenario under bench/ops/ is a chain of
+// 32 ops of one kind on 4 ranks, 8x8 float64 (forward only, as LocalTensorMode's op timings
+// are); the time per op is the whole run's (inputs laid out, every op propagated and run) divided
+// by the program's ops, so meshsim's set-up counts against it.
+#include <filesystem>
+#include <string>
+
+#include "bench/bench_common.h"
+#include "sim/interpreter.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using namespace meshsim;
+
+void BM_PerOp(benchmark::State& state, const std::string& file) {
+  meshsim::bench::set_threads_from_env();
+  const Scenario sc = load_scenario(file);
+  std::vector<double> times;
+  for (auto _ : state) {
+    const double t = meshsim::bench::time_once([&] { benchmark::DoNotOptimize(run_distributed(sc, sc.options)); });
+    state.SetIterationTime(t);
+    times.push_back(t);
+  }
+  const double ops = static_cast<double>(sc.program.size());
+  state.counters["ops"] = ops;
+  state.counters["per_op_us"] = meshsim::bench::median(times) / ops * 1e6;
+}
+
+const bool registered = [] {
+  std::vector<fs::path> files;
+  for (const auto& e : fs::directory_iterator(std::string(MESHSIM_SOURCE_DIR) + "/bench/ops"))
+    if (e.path().extension() == ".json") files.push_back(e.path());
+  std::sort(files.begin(), files.end());
+  for (const auto& f : files)
+    benchmark::RegisterBenchmark(("BM_PerOp/" + f.stem().string()).c_str(), BM_PerOp, f.string())
+        ->UseManualTime()
+        ->Unit(benchmark::kMicrosecond)
+        ->MinTime(0.5);
+  return true;
+}();
+
+}  // namespace
+
+BENCHMARK_MAIN();

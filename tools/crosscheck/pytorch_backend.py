@@ -1,0 +1,982 @@
+"""The PyTorch backend of crosscheck: runs a meshsim scenario on PyTorch's own DTensor, every rank in
+one process under LocalTensorMode, and compares placements, values and input gradients with
+meshsim's run under `--option semantics=pytorch` (DTensor's rules as released).
+
+    python pytorch_backend.py JOBS.json      (see common.py: one JSON report per job, per line)
+
+How a scenario becomes a PyTorch program:
+
+- The mesh is a DeviceMesh of the scenario's shape and axis names over a fake process group of
+  the mesh's world size, made afresh for each job (see `fresh_world`).
+- Every input is made from meshsim's own per-rank locals with `DTensor.from_local(..., shape=,
+  stride=)`, so uneven shards and meshsim's uneven splits of Partial inputs are reproduced bit for
+  bit. Placements map one to one (`S(d)` Shard, `SS(d,k)` _StridedShard, `R` Replicate, `P(op)`
+  Partial), but meshsim's Reduced `Rd`, which PyTorch cannot spell, becomes Replicate.
+- Each op becomes the DTensor call a user would write (`OPS` below); `to_local` and everything
+  computed from it is plain local code on LocalTensors, whose collectives are
+  torch.distributed._functional_collectives (with their registered autograd); a `local_map` is
+  torch.distributed.tensor.experimental.local_map with the body as plain local code.
+- `backward` calls `.backward()` on the loss and collects each input's `.grad`.
+
+Each difference names, where it is understood, its `cause` (a key of CAUSES) with an
+`explanation` citing the PyTorch source, and for values and gradients which side meshsim's
+single-device oracle agrees with (`oracle_agrees_with`).
+
+What cannot be compared raises common.NotComparable with the reason (a planted bug, Functions of
+the user's own, options with no PyTorch meaning, too many ranks). A PyTorch exception is reported
+as a difference of kind "error" at the op's JSON path; when meshsim refused the same op, both
+refuse, which is agreement (noted).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import sys
+import time
+import warnings
+from dataclasses import dataclass, field
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import torch.distributed._functional_collectives as funcol  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from torch.distributed._local_tensor import LocalTensor, LocalTensorMode  # noqa: E402
+from torch.distributed.tensor import DeviceMesh, DTensor, Partial, Replicate, Shard, distribute_tensor  # noqa: E402
+from torch.distributed.tensor.experimental import local_map  # noqa: E402
+from torch.distributed.tensor._ops._mask_buffer import MaskBuffer  # noqa: E402
+from torch.distributed.tensor.placement_types import _MaskPartial, _StridedShard  # noqa: E402
+from torch.testing._internal.distributed.fake_pg import FakeStore  # noqa: E402
+
+SYSTEM = "pytorch"
+# LocalTensorMode runs every op once per rank in Python; past this many ranks a scenario takes
+# minutes (examples/scale/fsdp_4096.json has 4096).
+MAX_RANKS = 64
+# The run's float type (options.dtype); int64 and bool inputs keep theirs.
+DTYPES = {"float64": torch.float64, "float32": torch.float32}
+
+# PyTorch logs a warning per multi-axis redistribution and per rank; they are noise here.
+logging.getLogger("torch.distributed").setLevel(logging.ERROR)
+warnings.filterwarnings("ignore")
+
+
+def version_fn() -> str:
+    return torch.__version__
+
+
+# --- placements ----------------------------------------------------------------------------------
+
+def to_torch_placement(text: str, ndim: int | None = None):
+    """meshsim's placement (any spelling) as PyTorch's; Reduced has none and becomes Replicate."""
+    p = common.parse_placement(text, ndim)
+    if p.kind == "S":
+        return Shard(p.dim)
+    if p.kind == "SS":
+        return _StridedShard(p.dim, split_factor=p.split)
+    if p.kind == "P":
+        return Partial(p.reduce)
+    return Replicate()
+
+
+def placement_text(p) -> str:
+    """PyTorch's placement in meshsim's spelling (a _MaskPartial, embedding's, is a P(sum))."""
+    if isinstance(p, _StridedShard):
+        return f"SS({p.dim},{p.split_factor})"
+    if isinstance(p, Shard):
+        return f"S({p.dim})"
+    if isinstance(p, Partial):
+        return f"P({p.reduce_op})"
+    if isinstance(p, Replicate):
+        return "R"
+    return type(p).__name__
+
+
+def meshsim_as_pytorch(spec: list[str] | None) -> list[str] | None:
+    """meshsim's placements as PyTorch can hold them: Rd read as R, shard dims as printed."""
+    if spec is None:
+        return None
+    return ["R" if s == "Rd" else str(common.parse_placement(s)) for s in spec]
+
+
+# --- the process group and the mesh ---------------------------------------------------------------
+
+def fresh_world(size: int) -> None:
+    """A new fake process group of `size` ranks for each job (LocalTensorMode simulates every
+    collective on it; making one takes well under a millisecond). A process group kept across jobs
+    keeps the sub-groups of earlier meshes' dims, and a later mesh of the same world size but another
+    shape can pick one up: after a [4, 1] mesh, a [2, 2] mesh's P(avg) axis reduced over a group of
+    one rank (full_tensor() gave rank 0's part)."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=size)
+
+
+def rank_coordinates(shape: list[int], rank: int) -> list[int]:
+    """A rank's coordinate on each mesh axis (ranks are row-major over the axes)."""
+    return [int(c) for c in np.unravel_index(rank, shape)]
+
+
+# --- what a run gives ------------------------------------------------------------------------------
+
+@dataclass
+class Run:
+    """What `execute` hands `check`: every DTensor value (its placements in meshsim's spelling and
+    its global data), every input gradient, and PyTorch's first refusal (JSON path, message)."""
+    values: dict[str, tuple[list[str], np.ndarray]] = field(default_factory=dict)
+    grads: dict[str, tuple[list[str] | None, np.ndarray | None]] = field(default_factory=dict)
+    error: tuple[str, str] | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+class OpFailed(Exception):
+    """PyTorch raised at the op at `path` (the innermost one, local_map bodies included)."""
+
+    def __init__(self, path: str, error: BaseException):
+        super().__init__(f"{path}: {error}")
+        self.path = path
+        self.error = error
+
+
+class Refusal(ValueError):
+    """What a real run of PyTorch refuses but LocalTensorMode would let through or fail on in its
+    own way (collectives of unequal pieces): raised by the translator itself, in PyTorch's stead."""
+
+
+def uneven_locals(args: list) -> bool:
+    """Whether some argument is a LocalTensor whose ranks hold locals of different shapes."""
+    return any(isinstance(a, LocalTensor) and len({tuple(t.shape) for t in a._local_tensors.values()}) > 1
+               for a in args)
+
+
+def first_line(e: BaseException) -> str:
+    """The exception's type and first line, and where in torch it was raised (file:function),
+    which is what names a PyTorch bug whose message says little (`KeyError: 0`)."""
+    text = str(e).strip()
+    line = text.splitlines()[0] if text else ""
+    root = e
+    while (root.__cause__ or root.__context__) is not None:  # DTensor re-raises a strategy's KeyError
+        root = root.__cause__ or root.__context__
+    tb, where = root.__traceback__, None
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        if os.sep + "torch" + os.sep in code.co_filename:
+            where = f"{code.co_filename.split(os.sep + 'torch' + os.sep, 1)[1]}:{code.co_name}"
+        tb = tb.tb_next
+    return f"{type(e).__name__}: {line}" + (f" (raised in torch/{where})" if where else "")
+
+
+def scalar(v) -> float:
+    """A scenario number: a JSON number, "inf" or "-inf"."""
+    return float(v)
+
+
+# --- local collectives (plain local code: to_local results and local_map bodies) -----------------
+
+class _LocalSquare(torch.autograd.Function):
+    """meshsim's built-in `local_square`: x * x on each rank's local, backward 2 x g."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x * x
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        return 2 * x * g
+
+
+class _OpaqueAllReduce(torch.autograd.Function):
+    """meshsim's built-in `opaque_all_reduce`: an all_reduce(sum) kernel autograd cannot see into,
+    whose backward is the identity (sim/builtin_functions.cpp, OpaqueAllReduce)."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        return funcol.all_reduce(x, "sum", group)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g, None
+
+
+FUNCTIONS = {
+    "local_square": lambda x, group: _LocalSquare.apply(x),
+    "opaque_all_reduce": lambda x, group: _OpaqueAllReduce.apply(x, group),
+    "opaque_all_reduce_unregistered": lambda x, group: _OpaqueAllReduce.apply(x, group),
+}
+
+
+# --- the translator ------------------------------------------------------------------------------
+
+class Program:
+    """One job's program on PyTorch: the mesh, the values by name, and one method per op."""
+
+    def __init__(self, job: common.Job, mode: LocalTensorMode, run: Run):
+        self.job = job
+        self.mode = mode
+        self.run = run
+        self.dtype = DTYPES[job.options.get("dtype", "float64")]
+        self.mesh = DeviceMesh("cpu", torch.arange(job.world).reshape(job.mesh_shape),
+                               mesh_dim_names=tuple(job.mesh_axes))
+        self.env: dict[str, torch.Tensor] = {}
+        self.inputs: dict[str, DTensor] = {}
+        # global data of values whose placements can be reduced only once (see `freeze`)
+        self.frozen: dict[str, np.ndarray] = {}
+        self._noted: set[str] = set()
+
+    def note(self, text: str) -> None:
+        if text not in self._noted:
+            self._noted.add(text)
+            self.run.notes.append(text)
+
+    # -- inputs --
+
+    def elem_type(self, name: str | None) -> torch.dtype:
+        return {"int64": torch.int64, "bool": torch.bool}.get(name or "float", self.dtype)
+
+    def placements(self, spec: list[str], ndim: int | None = None) -> list:
+        if "Rd" in spec or "Reduced()" in spec:
+            self.note("Rd has no PyTorch spelling: it runs as Replicate, and meshsim's Rd is compared as R")
+        return [to_torch_placement(s, ndim) for s in spec]
+
+    def make_inputs(self) -> None:
+        """Every input as meshsim laid it out: its locals, its placements, its global shape."""
+        for i, inp in enumerate(self.job.doc["inputs"]):
+            name = inp["name"]
+            dtype = self.elem_type(inp.get("dtype"))
+            meta = (self.job.result.get("values") or {}).get(name) or {}
+            shape = meta.get("shape")
+            try:
+                placements = self.placements(inp["placements"], len(shape) if shape is not None else len(inp["shape"]))
+                if self.job.local(name, 0) is not None and shape is not None:
+                    loc = self.mode.rank_map(
+                        lambda r: torch.from_numpy(np.array(self.job.local(name, r))).to(dtype))
+                    x = DTensor.from_local(loc, self.mesh, placements, run_check=False,
+                                           shape=torch.Size(shape), stride=contiguous_stride(shape))
+                else:
+                    x = self.generated_input(inp, dtype, placements)
+                if inp.get("requires_grad"):
+                    x.requires_grad_(True)
+            except Exception as e:  # noqa: BLE001 - PyTorch's refusal is a result
+                raise OpFailed(f"/inputs/{i}", e) from e
+            self.env[name] = x
+            self.inputs[name] = x
+
+    def generated_input(self, inp: dict, dtype: torch.dtype, placements: list) -> DTensor:
+        """An input meshsim wrote no locals of (its run refused the scenario): small integers of
+        the input's shape, distributed by PyTorch itself, only to see whether PyTorch refuses too."""
+        self.note("meshsim kept no tensors (it refused the scenario): inputs are PyTorch's own small "
+                  "integers, and only refusals are compared")
+        gen = torch.Generator().manual_seed(0)
+        shape = inp["shape"]
+        init = inp.get("init", "int")
+        with self.mode.disable():
+            if isinstance(init, dict):
+                t = torch.randint(0, int(init["ids"]), shape, generator=gen)
+            elif dtype == torch.bool:
+                t = torch.randint(0, 2, shape, generator=gen).bool()
+            else:
+                t = torch.randint(-4, 5, shape, generator=gen).to(dtype)
+        rep = DTensor.from_local(self.mode.rank_map(lambda r: t.clone()), self.mesh,
+                                 [Replicate()] * self.mesh.ndim, run_check=False)
+        if not inp.get("from_local"):  # shards cut by PyTorch; a Partial axis's parts are replicas
+            rep = rep.redistribute(self.mesh, [Replicate() if p.is_partial() else p for p in placements])
+        return DTensor.from_local(rep.to_local(), self.mesh, placements, run_check=False,
+                                  shape=rep.shape, stride=rep.stride())
+
+    # -- running --
+
+    def run_ops(self, ops: list[dict], env: dict, path: str, timings: list | None = None) -> None:
+        for i, op in enumerate(ops):
+            here = f"{path}/{i}"
+            args = [env[a] for a in op.get("args", [])]
+            start = time.perf_counter()
+            try:
+                out = self.op(op, args, here)
+            except (OpFailed, common.NotComparable):
+                raise
+            except NotImplementedError as e:
+                raise common.NotComparable(f"{here}: op {op['op']}: {e}") from e
+            except Refusal as e:
+                raise OpFailed(here, e) from e
+            except Exception as e:  # noqa: BLE001 - PyTorch's refusal is a result
+                if uneven_locals(args):
+                    raise common.NotComparable(
+                        f"{here}: op {op['op']} on local tensors of different shapes over the ranks: LocalTensorMode "
+                        f"cannot run it ({first_line(e)}), where each rank of a real run would run its own") from e
+                raise OpFailed(here, e) from e
+            if timings is not None:
+                timings.append((op["op"], time.perf_counter() - start))
+            names = op.get("outs", op.get("out"))
+            if isinstance(names, list):
+                if len(out) != len(names):
+                    raise OpFailed(here, ValueError(f"{op['op']} gives {len(out)} results, the scenario names {len(names)}"))
+            else:
+                names, out = [names], out if isinstance(out, (tuple, list)) else [out]
+            for name, value in zip(names, out):
+                env[name] = value
+                self.freeze(name, value)
+
+    def freeze(self, name: str, value) -> None:
+        """Reads the global data of a value with a _MaskPartial placement (embedding's
+        vocab-parallel output) now: its reduction consumes the placement's mask buffer, so after
+        a later op has reduced it, full_tensor() fails (placement_types.py, _MaskPartial._reduce_value)."""
+        if isinstance(value, DTensor) and any(isinstance(p, _MaskPartial) for p in value.placements):
+            self.frozen[name] = global_data(self, value)
+
+    def op(self, op: dict, args: list, path: str):
+        """One op on PyTorch: its value, or a list of values (split, chunk, a local_map's returns)."""
+        name = op["op"]
+        if name == "local_map":
+            return self.local_map(op, args, path)
+        if name == "call":
+            return self.call(op, args)
+        fn = OPS.get(name)
+        if fn is None:
+            raise NotImplementedError("no PyTorch translation")
+        return fn(self, op, *args)
+
+    def group(self, op: dict):
+        """The (mesh, axis index) group funcol takes for a collective over `op["axis"]`."""
+        return (self.mesh, self.job.mesh_axes.index(op["axis"]))
+
+    def call(self, op: dict, args: list):
+        fn = FUNCTIONS.get(op["function"])
+        if fn is None:
+            raise NotImplementedError(f"Function {op['function']!r} exists only in meshsim")
+        if len(args) != 1:
+            raise ValueError(f"call {op['function']} takes 1 argument, got {len(args)}")
+        group = self.group(op) if "axis" in op else None
+        return fn(args[0], group)
+
+    def local_map(self, op: dict, args: list, path: str):
+        """torch.distributed.tensor.experimental.local_map with the body as plain local code:
+        PyTorch's local_map keeps no variance (varying/reduced) sets."""
+        if op.get("check_variance"):
+            self.note("local_map check_variance: true: meshsim tracks variance (inserting mark_varying and casts); "
+                      "PyTorch's local_map runs the body untracked (spmd_types=True needs the spmd_types package)")
+        names = op["args"]
+        in_spec = op.get("in_placements")
+        in_pl = None
+        if in_spec is not None:
+            in_pl = tuple(tuple(self.placements(s, a.ndim)) for s, a in zip(in_spec, args))
+        out_pl = tuple(tuple(self.placements(s)) for s in op["out_placements"])
+
+        def body(*locals_):
+            scope = dict(zip(names, locals_))
+            self.run_ops(op["body"], scope, f"{path}/body")
+            outs = tuple(scope[r] for r in op["returns"])
+            for r, v in zip(op["returns"], outs):
+                if uneven_locals([v]):
+                    raise OpFailed(path, Refusal(
+                        f"local_map returns locals of {r} in different shapes over the ranks; "
+                        "its DTensor.from_local infers each rank's global shape from its own local"))
+            return outs
+
+        fn = local_map(body, out_placements=out_pl, in_placements=in_pl, device_mesh=self.mesh,
+                       redistribute_inputs=True)
+        return tuple(fn(*args))
+
+    # -- creation --
+
+    def create(self, op: dict, make) -> DTensor:
+        """A creation op: the global tensor made by `make(dtype)` on every rank, laid out by
+        distribute_tensor (as torch.distributed.tensor.zeros/ones/full do)."""
+        dtype = self.elem_type(op.get("dtype"))
+        t = make(dtype).reshape(op["shape"])
+        return distribute_tensor(t, self.mesh, self.placements(op["placements"], len(op["shape"])))
+
+
+def contiguous_stride(shape: list[int]) -> tuple[int, ...]:
+    stride, acc = [], 1
+    for s in reversed(shape):
+        stride.append(acc)
+        acc *= max(int(s), 1)
+    return tuple(reversed(stride))
+
+
+def reduction(fn):
+    """sum/mean/amax/amin over `dim`: one dim, a list, or every dim (absent or []), `keepdim`."""
+    def run(p, op, x):
+        d = op.get("dim")
+        dims = list(range(x.ndim)) if d is None or d == [] else [d] if isinstance(d, int) else list(d)
+        return fn(x, dim=dims, keepdim=bool(op.get("keepdim", False)))
+    return run
+
+
+def binary(fn):
+    """add/sub/mul/div of two operands, or of one and the scalar `value`."""
+    def run(p, op, a, b=None):
+        if "value" in op:
+            if b is not None:
+                raise ValueError(f"{op['op']} takes 1 argument (with a scalar \"value\"), got 2")
+            return fn(a, scalar(op["value"]))
+        return fn(a, b)
+    return run
+
+
+def all_to_all(p: Program, op: dict, x: torch.Tensor) -> torch.Tensor:
+    """all_to_all {split_dim, concat_dim}: piece j of split_dim goes to member j, and the pieces a
+    member receives are joined along concat_dim in member order. funcol's all_to_all_single moves
+    pieces of dim 0, so split_dim is moved to the front around it."""
+    group = p.group(op)
+    n = p.job.mesh_shape[group[1]]
+    split, concat = op["split_dim"] % x.ndim, op["concat_dim"] % x.ndim
+    equal_pieces(p, op, x, split, "all_to_all")
+    front = x.movedim(split, 0).contiguous()
+    got = funcol.all_to_all_single_autograd(front, None, None, group).movedim(0, split)
+    return torch.cat(torch.chunk(got, n, dim=split), dim=concat)
+
+
+def local_offsets(p: Program, op: dict, extent: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each rank's [start, end) of a dim of `extent` chunked over `op["axis"]` (torch.chunk)."""
+    axis = p.job.mesh_axes.index(op["axis"])
+    n = p.job.mesh_shape[axis]
+    c = -(-extent // n)
+
+    def bound(r: int, k: int) -> torch.Tensor:
+        return torch.tensor(min(extent, (rank_coordinates(p.job.mesh_shape, r)[axis] + k) * c))
+    return p.mode.rank_map(lambda r: bound(r, 0)), p.mode.rank_map(lambda r: bound(r, 1))
+
+
+def embedding(p: Program, op: dict, ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """F.embedding; in a body with {axis, vocab}, the vocab-parallel lookup of the rank's rows
+    (ids outside its range give zeros), as PyTorch's _MaskPartial does it in local code."""
+    if "axis" not in op:
+        return F.embedding(ids, weight)
+    start, end = local_offsets(p, op, int(op["vocab"]))
+    outside = (ids < start) | (ids >= end)
+    local_ids = torch.where(outside, torch.zeros_like(ids), ids - start)
+    return F.embedding(local_ids, weight) * (~outside).unsqueeze(-1).to(weight.dtype)
+
+
+def nll_loss(p: Program, op: dict, logp: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """F.nll_loss; in a body with {axis, classes}, the class-parallel pick of the targets in the
+    rank's class range (0 elsewhere), summed or averaged over the kept targets."""
+    reduction_ = op.get("reduction", "mean")
+    ignore = op.get("ignore_index")
+    if "axis" not in op:
+        return F.nll_loss(logp, target, reduction=reduction_, ignore_index=-100 if ignore is None else int(ignore))
+    start, end = local_offsets(p, op, int(op["classes"]))
+    kept = torch.ones_like(target, dtype=torch.bool) if ignore is None else target != int(ignore)
+    mine = kept & (target >= start) & (target < end)
+    col = torch.where(mine, target - start, torch.zeros_like(target)).unsqueeze(1)
+    picked = -logp.gather(1, col).squeeze(1) * mine.to(logp.dtype)
+    total = picked.sum()
+    return total if reduction_ == "sum" else total / kept.sum().to(logp.dtype)
+
+
+def redistribute(p: Program, op: dict, x: torch.Tensor) -> torch.Tensor:
+    if not isinstance(x, DTensor):
+        raise TypeError("redistribute of a local tensor")
+    return x.redistribute(p.mesh, p.placements(op["placements"], x.ndim))
+
+
+def from_local(p: Program, op: dict, x: torch.Tensor) -> DTensor:
+    """DTensor.from_local with the global shape meshsim gives the value (shape= and stride= as a
+    user passes them for uneven locals; without them PyTorch assumes even shards)."""
+    meta = (p.job.result.get("values") or {}).get(op["out"]) or {}
+    shape = meta.get("shape")
+    kw = {} if shape is None else {"shape": torch.Size(shape), "stride": contiguous_stride(shape)}
+    if op.get("run_check"):
+        p.note("from_local run_check: PyTorch broadcasts the coordinate-0 replica of each Replicate axis; "
+               "meshsim checks that the replicas agree (docs/semantics.md, Semantics profiles)")
+    return DTensor.from_local(x, p.mesh, p.placements(op["placements"], x.ndim),
+                              run_check=bool(op.get("run_check", False)), **kw)
+
+
+def mark_varying(p: Program, op: dict, x: torch.Tensor) -> torch.Tensor:
+    p.note("mark_varying is the identity in PyTorch, forward and backward (meshsim's backward is an all_reduce)")
+    return x.view_as(x)
+
+
+def equal_pieces(p: Program, op: dict, x: torch.Tensor, dim: int, what: str) -> None:
+    """c10d's all_gather_into_tensor and all_to_all_single move equal pieces: locals of different
+    shapes over the group (uneven shards), or a dim the group does not divide, are refused, as on a
+    real backend (LocalTensorMode would fail later, in the backward, with an internal error)."""
+    if isinstance(x, LocalTensor):
+        shapes = {r: tuple(t.shape) for r, t in x._local_tensors.items()}
+        if len(set(shapes.values())) > 1:
+            raise Refusal(f"{what}: funcol needs one local shape on every rank, the ranks hold "
+                             + ", ".join(f"{r}: {list(s)}" for r, s in sorted(shapes.items())))
+    if dim is not None:
+        n = p.job.mesh_shape[p.group(op)[1]]
+        if x.shape[dim] % n:
+            raise Refusal(f"{what}: dim {dim} of extent {x.shape[dim]} does not split into {n} equal pieces")
+
+
+def all_gather(p: Program, op: dict, x: torch.Tensor) -> torch.Tensor:
+    equal_pieces(p, op, x, None, "all_gather")
+    if "to" in op:
+        p.note("all_gather's `to` (varying or reduced) is a variance label PyTorch does not keep")
+    return funcol.all_gather_tensor_autograd(x, gather_dim=op["dim"] % x.ndim, group=p.group(op))
+
+
+def all_reduce(p: Program, op: dict, x: torch.Tensor) -> torch.Tensor:
+    p.note("all_reduce runs as funcol.all_reduce, whose registered backward all_reduces the gradient "
+           "(torch/distributed/_functional_collectives.py, all_reduce_backward); meshsim's is the identity "
+           "for sum, a division by n for avg")
+    return funcol.all_reduce(x, op.get("reduce", "sum"), p.group(op))
+
+
+def reduce_scatter(p: Program, op: dict, x: torch.Tensor) -> torch.Tensor:
+    equal_pieces(p, op, x, op["dim"] % x.ndim, "reduce_scatter")
+    return funcol.reduce_scatter_tensor_autograd(x, "sum", scatter_dim=op["dim"] % x.ndim, group=p.group(op))
+
+
+def squeeze(p: Program, op: dict, x):
+    return x.squeeze() if op.get("dim") is None else x.squeeze(op["dim"])
+
+
+def split(p: Program, op: dict, x):
+    size = op["sizes"] if "sizes" in op else op["size"]
+    return list(torch.split(x, size, dim=op.get("dim", 0)))
+
+
+OPS = {
+    "redistribute": redistribute,
+    "add": binary(torch.add), "sub": binary(torch.sub), "mul": binary(torch.mul), "div": binary(torch.div),
+    "neg": lambda p, op, x: torch.neg(x),
+    "exp": lambda p, op, x: torch.exp(x),
+    "tanh": lambda p, op, x: torch.tanh(x),
+    "relu": lambda p, op, x: torch.relu(x),
+    "sin": lambda p, op, x: torch.sin(x),
+    "abs": lambda p, op, x: torch.abs(x),
+    "log": lambda p, op, x: torch.log(x),
+    "sigmoid": lambda p, op, x: torch.sigmoid(x),
+    "silu": lambda p, op, x: F.silu(x),
+    "sqrt": lambda p, op, x: torch.sqrt(x),
+    "rsqrt": lambda p, op, x: torch.rsqrt(x),
+    "gelu": lambda p, op, x: F.gelu(x, approximate=op.get("approximate", "none")),
+    "pow": lambda p, op, x: torch.pow(x, scalar(op["exponent"])),
+    "scale": lambda p, op, x: torch.mul(x, scalar(op["value"])),
+    "where": lambda p, op, c, x, y: torch.where(c, x, y),
+    "masked_fill": lambda p, op, x, m: x.masked_fill(m, scalar(op["value"])),
+    "tril": lambda p, op, x: torch.tril(x, op.get("diagonal", 0)),
+    "triu": lambda p, op, x: torch.triu(x, op.get("diagonal", 0)),
+    "zeros": lambda p, op: p.create(op, lambda dt: torch.zeros(math.prod(op["shape"]), dtype=dt)),
+    "ones": lambda p, op: p.create(op, lambda dt: torch.ones(math.prod(op["shape"]), dtype=dt)),
+    "full": lambda p, op: p.create(op, lambda dt: torch.full((math.prod(op["shape"]),), scalar(op["value"]), dtype=dt)),
+    "arange": lambda p, op: p.create(op, lambda dt: torch.arange(math.prod(op["shape"])).to(dt)),
+    "layer_norm": lambda p, op, x, w=None, b=None: F.layer_norm(x, op["normalized_shape"], w, b, op.get("eps", 1e-5)),
+    "rms_norm": lambda p, op, x, w=None: F.rms_norm(x, op["normalized_shape"], w, op.get("eps")),
+    "embedding": embedding,
+    "log_softmax": lambda p, op, x: F.log_softmax(x, dim=op["dim"]),
+    "softmax": lambda p, op, x: F.softmax(x, dim=op["dim"]),
+    "cross_entropy": lambda p, op, s, t: F.cross_entropy(
+        s, t, reduction=op.get("reduction", "mean"),
+        ignore_index=-100 if op.get("ignore_index") is None else int(op["ignore_index"])),
+    "nll_loss": nll_loss,
+    "mm": lambda p, op, a, b: torch.mm(a, b),
+    "bmm": lambda p, op, a, b: torch.bmm(a, b),
+    "matmul": lambda p, op, a, b: torch.matmul(a, b),
+    "linear": lambda p, op, x, w, b=None: F.linear(x, w, b),
+    "transpose": lambda p, op, x: torch.transpose(x, op["dim0"], op["dim1"]),
+    "permute": lambda p, op, x: torch.permute(x, op["dims"]),
+    # meshsim's view is reshape (every layout is contiguous there): after a permute, PyTorch's view
+    # would refuse a non-contiguous operand that meshsim accepts.
+    "view": lambda p, op, x: torch.reshape(x, op["shape"]),
+    "reshape": lambda p, op, x: torch.reshape(x, op["shape"]),
+    "flatten": lambda p, op, x: torch.flatten(x, op.get("start_dim", 0), op.get("end_dim", -1)),
+    "unflatten": lambda p, op, x: torch.unflatten(x, op["dim"], op["sizes"]),
+    "squeeze": squeeze,
+    "unsqueeze": lambda p, op, x: torch.unsqueeze(x, op["dim"]),
+    "expand": lambda p, op, x: x.expand(op["shape"]),
+    "cat": lambda p, op, *xs: torch.cat(xs, dim=op["dim"]),
+    "stack": lambda p, op, *xs: torch.stack(xs, dim=op["dim"]),
+    "narrow": lambda p, op, x: torch.narrow(x, op["dim"], op["start"], op["length"]),
+    "split": split,
+    "chunk": lambda p, op, x: list(torch.chunk(x, op["chunks"], dim=op.get("dim", 0))),
+    "sum": reduction(torch.sum),
+    "mean": reduction(torch.mean),
+    "amax": reduction(torch.amax),
+    "amin": reduction(torch.amin),
+    "to_local": lambda p, op, x: x.to_local(),
+    "from_local": from_local,
+    "all_reduce": all_reduce,
+    "all_gather": all_gather,
+    "reduce_scatter": reduce_scatter,
+    "all_to_all": all_to_all,
+    "mark_varying": mark_varying,
+}
+
+
+# --- execute and check -----------------------------------------------------------------------------
+
+def not_comparable_reason(job: common.Job) -> str | None:
+    """Why the job cannot be compared at all, before anything runs."""
+    opts = job.options
+    if opts.get("mutant"):
+        return f"a planted bug (mutant {opts['mutant']}) lives only in meshsim"
+    if (job.doc.get("requires") or {}).get("functions"):
+        return "calls Functions of the user's own (requires.functions), which only meshsim can load"
+    if "options" in job.result and opts.get("semantics", "meshsim") != "pytorch":
+        return "meshsim ran with semantics=meshsim: compare runs made with --option semantics=pytorch"
+    if job.world > MAX_RANKS:
+        return f"too many ranks for LocalTensorMode here ({job.world} > {MAX_RANKS})"
+    err = (job.result.get("error") or {}) if job.result.get("status") == "error" else {}
+    kind, msg = err.get("kind"), err.get("message", "")
+    if err and (err.get("path") == "/options" or msg.startswith("/options")):
+        return f"meshsim refuses the options under semantics=pytorch ({msg.splitlines()[0] if msg else kind})"
+    if kind in ("unsupported_op", "resource_limit", "out_of_memory", "no_result"):
+        return f"meshsim could not run it ({kind}: {msg.splitlines()[0] if msg else ''})"
+    if kind in ("reduced_mismatch",):
+        return ("meshsim refuses a mix of Rd and R under reduced_propagation=strict; PyTorch has no Reduced "
+                "placement (Rd is R there), so it cannot refuse it")
+    if kind in ("exclusivity_violation", "out_spec_mismatch"):
+        return f"meshsim's variance tracking refuses it ({kind}); PyTorch's local_map tracks no variance"
+    if err and job.doc.get("inputs") is None:
+        return f"meshsim could not read the scenario ({kind})"
+    return None
+
+
+def execute(job: common.Job, timings: list | None = None) -> Run:
+    """Runs the job's program on DTensor under LocalTensorMode, forward and backward, and returns
+    what `check` compares. With `timings` a list, appends (op name, seconds) per program op."""
+    reason = not_comparable_reason(job)
+    if reason:
+        raise common.NotComparable(reason)
+    run = Run()
+    if job.options.get("redistribute") == "below_autograd":
+        run.notes.append("redistribute=below_autograd has no PyTorch counterpart: DTensor.redistribute is always "
+                         "an autograd Function (tensor/_redistribute.py, Redistribute), so PyTorch runs it as "
+                         "above_autograd; the values must agree, gradient placements may differ")
+    fresh_world(job.world)
+    torch.manual_seed(int(job.options.get("seed", 0)))
+    with LocalTensorMode(job.world) as mode:
+        prog = Program(job, mode, run)
+        try:
+            prog.make_inputs()
+            prog.run_ops(job.doc["program"], prog.env, "/program", timings)
+            loss_name = job.doc.get("backward")
+            if loss_name is not None:
+                loss = prog.env[loss_name]
+                if not loss.requires_grad:
+                    prog.note(f"{loss_name} depends on no input that requires grad: PyTorch has no backward to run "
+                              "(meshsim's gradients are zeros)")
+                else:
+                    try:
+                        loss.backward() if loss.ndim == 0 else loss.backward(torch.ones_like(loss))
+                    except Exception as e:  # noqa: BLE001
+                        raise OpFailed("/backward", e) from e
+        except OpFailed as f:
+            if simulation_artifact(f.error):
+                raise common.NotComparable(f"{f.path}: LocalTensorMode cannot simulate it ({first_line(f.error)}), "
+                                           "an artifact of running every rank in one process") from f
+            run.error = (f.path, first_line(f.error))
+        collect(prog, run)
+    return run
+
+
+def simulation_artifact(e: BaseException) -> bool:
+    """Whether PyTorch failed inside LocalTensorMode's own machinery (per-rank sizes it cannot
+    reconcile), not in DTensor's rules: a real one-process-per-rank run would not fail there."""
+    chain = [e]
+    while (chain[-1].__cause__ or chain[-1].__context__) is not None:
+        chain.append(chain[-1].__cause__ or chain[-1].__context__)
+    if any(word in str(x) for x in chain for word in ("SymInt", "SymNode", "LocalIntNode")):
+        return True
+    tb, last = chain[-1].__traceback__, None
+    while tb is not None:
+        last = tb.tb_frame.f_code.co_filename
+        tb = tb.tb_next
+    return last is not None and os.sep + "_local_tensor" + os.sep in last
+
+
+def collect(prog: Program, run: Run) -> None:
+    """Every DTensor value's placements and global data, and every input gradient (rank 0's copy
+    of full_tensor(): every rank holds the same after it)."""
+    for name, v in prog.env.items():
+        if not isinstance(v, DTensor):  # local code's values are not compared: meshsim writes none
+            continue
+        try:
+            data = prog.frozen[name] if name in prog.frozen else global_data(prog, v)
+        except Exception as e:  # noqa: BLE001
+            if not simulation_artifact(e):
+                raise
+            run.notes.append(f"{name}: not compared, LocalTensorMode cannot assemble it ({first_line(e)})")
+            continue
+        run.values[name] = ([placement_text(p) for p in v.placements], data)
+    if run.error is None and prog.job.doc.get("backward") is not None:
+        for name, x in prog.inputs.items():
+            if x.requires_grad:
+                g = x.grad
+                run.grads[name] = (None, None) if g is None else (
+                    [placement_text(p) for p in g.placements], global_data(prog, g))
+
+
+def global_data(prog: Program, v: DTensor) -> np.ndarray:
+    """v's global value (rank 0's copy of full_tensor(); every rank holds the same after it). A
+    _MaskPartial is reduced through a copy of its mask, leaving v's own for the program."""
+    with torch.no_grad():
+        if any(isinstance(p, _MaskPartial) for p in v.placements):
+            placements = [_MaskPartial(p.reduce_op, MaskBuffer(p.mask_buffer.data, 1), p.offset_shape, p.offset_dim)
+                          if isinstance(p, _MaskPartial) else p for p in v.placements]
+            v = DTensor.from_local(v.to_local().detach().clone(), prog.mesh, placements, run_check=False,
+                                   shape=v.shape, stride=v.stride())
+        full = v.full_tensor()
+    with prog.mode.disable():
+        t = full._local_tensors[min(full._local_tensors)] if isinstance(full, LocalTensor) else full
+        return t.detach().clone().numpy()
+
+
+# Known reasons a PyTorch 2.15 run differs from meshsim's semantics=pytorch run, each with the
+# PyTorch source that explains it (paths under torch/distributed/). A difference that matches one
+# carries it as `cause` and `explanation`.
+CAUSES = {
+    "grad_keeps_backward_placement":
+        "PyTorch stores an input's .grad as the op's backward made it: DTensor redistributes operands "
+        "below autograd (tensor/_dispatch.py, OpDispatcher.dispatch -> redistribute_local_args), so "
+        "nothing moves the gradient back to the input's own sharding; meshsim's pytorch profile moves a "
+        "gradient sharded otherwise than its input to the input's cotangent (docs/semantics.md, "
+        "no_gradient_hook). The values agree.",
+    "local_all_reduce_backward":
+        "funcol.all_reduce's registered backward all_reduces the gradient (_functional_collectives.py, "
+        "all_reduce_backward), and mark_varying has no PyTorch op (the identity both ways); meshsim's "
+        "plain local code gives all_reduce(sum) the identity backward and mark_varying an all_reduce "
+        "(Megatron's g and f). A body that uses one with the other's convention gets n-fold gradients.",
+    "redistribute_to_partial_refused":
+        "DTensor.redistribute (tensor/_api.py) accepts a Partial target only where the source already "
+        "has it (same type: a _MaskPartial is not Partial(sum)) or from a Shard to Partial(sum); "
+        "meshsim's pytorch profile runs R -> P(sum) (divided) and treats embedding's masked partial as P(sum).",
+    "funcol_equal_pieces":
+        "c10d's all_gather_into_tensor / reduce_scatter_tensor / all_to_all_single move equal pieces "
+        "(_functional_collectives.py); meshsim's local collectives gather and split uneven torch.chunk pieces.",
+    "mean_uneven_replicated":
+        "PyTorch 2.15 fixed pytorch/pytorch#162692: mean's P(avg) strategy is rejected for unevenly "
+        "sharded reduced dims (tensor/_ops/_math_ops.py, _mean_full_mesh_strategy_filter), so the "
+        "operand is gathered and the mean is R and right; meshsim's profile (DTensor 2.9 to 2.11) keeps P(avg).",
+    "nll_loss_mean_replicated":
+        "nll_loss with reduction mean has no sharded strategy in PyTorch 2.15 (tensor/_ops/_math_ops.py, "
+        "nll_loss_forward_single_dim_strategy lists rows for none and sum only), so the batch is gathered "
+        "and the loss is R; meshsim's pytorch profile keeps the batch shard and gives P(sum).",
+    "reduced_has_no_pytorch_spelling":
+        "meshsim's Rd (an Rd input, a redistribute to Rd, or an op's output labelled Rd by the "
+        "reduced_propagation policy) has P(sum) as cotangent; PyTorch holds it as Replicate, whose "
+        "gradient stays R: the same gradient under other labels, but in local code an R cotangent "
+        "reaching a local collective's backward (all_gather's reduce_scatter) is summed n times where "
+        "meshsim's P(sum) parts are not.",
+    "mixed_partial_refused":
+        "PyTorch 2.15 refuses placements mixing Partial reduce ops other than sum with avg "
+        "(tensor/_utils.py, assert_no_mixed_partial_types, called by DTensor.from_local and "
+        "distribute_tensor); meshsim reduces mixed Partial axes outermost first.",
+    "local_map_uneven_outputs":
+        "local_map wraps each output with DTensor.from_local without shape= (tensor/experimental/_func_map.py), "
+        "so every rank infers the global shape from its own local, assuming even shards: locals of different "
+        "shapes (uneven shards) give no consistent DTensor; meshsim takes the global shape from the layout.",
+    "strategy_choice":
+        "The values agree, the placements differ: PyTorch's sharding propagation picks another strategy "
+        "(tensor/_sharding_prop.py, the cheapest over all mesh axes by its cost model, or an op's "
+        "decomposition: matmul into view+mm, linear into addmm), where meshsim's profile keeps meshsim's "
+        "rows that differ from PyTorch's only in collectives (docs/semantics.md, Semantics profiles).",
+    "grad_strategy_choice":
+        "The gradients' values agree, their placements differ: PyTorch's .grad keeps what the backward "
+        "ops' strategies give (tensor/_sharding_prop.py; no hook moves it), where meshsim's profile "
+        "runs its own backward rows and moves a gradient sharded otherwise than its input to the input's "
+        "cotangent (docs/semantics.md, no_gradient_hook).",
+    "expand_sharded_unit_dim_crashes":
+        "A PyTorch 2.15 bug: expand of an extent-1 dim that a mesh axis shards (unevenly: one rank "
+        "holds the row, the others none) raises KeyError in the view strategy "
+        "(tensor/_ops/_view_ops.py, _rewrite_plain_shard) instead of gathering it; meshsim gathers it.",
+    "strict_view_refuses_redistribution":
+        "aten.view (as opposed to reshape) refuses to redistribute a shard it would reshape or remove "
+        "(tensor/_ops/_view_ops.py, strict_view: 'This operation would remove or reshape sharded "
+        "dimension'); autograd's own views (matmul's backward) hit it; meshsim gathers first.",
+    "shard_to_partial_allowed":
+        "DTensor.redistribute in PyTorch 2.15 accepts Shard -> Partial(sum) (tensor/_api.py, redistribute: "
+        "'only Shard to Partial(sum) redistribution is supported'; each rank's shard padded with zeros), "
+        "where meshsim refuses a forward S -> P as illegal_redistribute.",
+    "extremum_partial_refused":
+        "amax/amin over a sharded dim gives P(max)/P(min); PyTorch differentiates it (amax's derivative "
+        "formula compares the input with the result, which DTensor reduces first: "
+        "tools/autograd/derivatives.yaml, amax), where meshsim refuses: its per-rank autograd would compare "
+        "each rank's local extremum (docs/findings.md, section 10).",
+}
+
+
+def with_cause(d: dict, cause: str) -> dict:
+    d["cause"] = cause
+    d["explanation"] = CAUSES[cause]
+    return d
+
+
+def program_ops(job: common.Job) -> set[str]:
+    return {op["op"] for op in job.ops()}
+
+
+def explain_error(job: common.Job, d: dict, msg: str) -> dict:
+    if "only Shard to Partial(sum) redistribution is supported" in msg:
+        return with_cause(d, "redistribute_to_partial_refused")
+    if "_rewrite_plain_shard" in msg:
+        return with_cause(d, "expand_sharded_unit_dim_crashes")
+    if "would remove or reshape sharded" in msg:
+        return with_cause(d, "strict_view_refuses_redistribution")
+    if "Mixed Partial reduce types" in msg:
+        return with_cause(d, "mixed_partial_refused")
+    if "local_map returns locals" in msg:
+        return with_cause(d, "local_map_uneven_outputs")
+    if "funcol needs one local shape" in msg or "does not split into" in msg:
+        return with_cause(d, "funcol_equal_pieces")
+    return d
+
+
+def input_placements(job: common.Job, name: str) -> list[str]:
+    spec = next(i["placements"] for i in job.doc["inputs"] if i["name"] == name)
+    return [str(common.parse_placement(p)) for p in spec]
+
+
+def uses_reduced(job: common.Job) -> bool:
+    """Whether meshsim's run has an Rd anywhere (an input, a redistribute, a local_map spec)."""
+    return any(p == "Rd" for meta in (job.result.get("values") or {}).values() for p in meta.get("placements") or [])
+
+
+def grad_placement_verdict(job: common.Job, name: str, meshsim: list[str] | None, ours: list[str] | None):
+    """None when the gradients' placements agree; "reduced" when they differ only on axes where
+    the input is Rd (meshsim's P(sum), its cotangent, against PyTorch's R or P(sum): the same
+    gradient, as Rd is R in PyTorch); otherwise the difference, with its cause where known."""
+    if meshsim is None or ours is None:
+        return None if meshsim == ours else {}
+    mine = input_placements(job, name)
+    axes = [a for a, (m, o) in enumerate(zip(meshsim, ours)) if m != "Rd" and str(common.parse_placement(m)) != o
+            or m == "Rd" and o != "R"]
+    if not axes:
+        return None
+    if all(mine[a] == "Rd" and meshsim[a] == "P(sum)" and ours[a] in ("R", "P(sum)") for a in axes):
+        return "reduced"
+    d: dict = {}
+    if all(mine[a] == meshsim[a] and mine[a].startswith("S") for a in axes):
+        with_cause(d, "grad_keeps_backward_placement")
+    elif uses_reduced(job) and all(meshsim[a] == "P(sum)" and ours[a] == "R" for a in axes):
+        with_cause(d, "reduced_has_no_pytorch_spelling")
+    return d
+
+
+def oracle_side(job: common.Job, kind: str, name: str, data, exact: bool, dtype: str) -> str | None:
+    """Which side agrees with meshsim's single-device oracle, when they differ."""
+    oracle = job._file("oracle_grad" if kind == "grad" else "oracle", name)
+    if oracle is None or data is None:
+        return None
+    ours = common.compare(name, oracle, data, exact, dtype) is None
+    theirs = common.compare(name, oracle, job.grad(name) if kind == "grad" else job.value(name), exact, dtype) is None
+    return {(True, False): "pytorch", (False, True): "meshsim", (True, True): "both", (False, False): "neither"}[(ours, theirs)]
+
+
+def check(job: common.Job) -> dict:
+    """Runs the job on PyTorch and compares it with meshsim's run (see the module's docstring)."""
+    run = execute(job)
+    notes = list(run.notes)
+    meshsim_error = job.result.get("error") if job.result.get("status") == "error" else None
+    if meshsim_error is not None:
+        return refusal_report(job, run, meshsim_error, notes)
+    diffs: list[dict] = []
+    compared = {"values": 0, "placements": 0, "grads": 0, "grad_placements": 0}
+    if run.error is not None:
+        path, msg = run.error
+        diffs.append(explain_error(job, {"kind": "error", "what": path,
+                                         "detail": f"{path}: PyTorch raises {msg}; meshsim runs it"}, msg))
+    exact = job.exact()
+    dtype = job.options.get("dtype", "float64")
+    ops = program_ops(job)
+    values = job.result.get("values") or {}
+    for name, meta in values.items():
+        if "placements" not in meta or name not in run.values:
+            continue  # meshsim's internal values (dotted names), plain local code, or after a refusal
+        ours, data = run.values[name]
+        compared["placements"] += 1
+        if ours != meshsim_as_pytorch(meta["placements"]):
+            d = {"kind": "placement", "what": name, "meshsim": meta["placements"], "other": ours,
+                 "detail": f"{name}: placements {common.spec_str(ours)}, meshsim {common.spec_str(meta['placements'])}"}
+            producer = next((op["op"] for op in job.doc["program"] if op.get("out") == name), None)
+            if "P(avg)" in meta["placements"] and "mean" in ops:
+                with_cause(d, "mean_uneven_replicated")
+            elif producer in ("cross_entropy", "nll_loss") and "P(sum)" in meta["placements"]:
+                with_cause(d, "nll_loss_mean_replicated")
+            placement_diff = d
+            diffs.append(d)
+        else:
+            placement_diff = None
+        if job.value(name) is None:
+            continue
+        compared["values"] += 1
+        d = common.compare(name, job.value(name), data, exact, dtype)
+        if placement_diff is not None and d is None and "cause" not in placement_diff:
+            with_cause(placement_diff, "strategy_choice")
+        if d:
+            d["oracle_agrees_with"] = oracle_side(job, "value", name, data, exact, dtype)
+            if "mean" in ops and d["oracle_agrees_with"] == "pytorch":
+                with_cause(d, "mean_uneven_replicated")
+            diffs.append(d)
+    local_collectives = bool(ops & {"all_reduce", "mark_varying"})
+    for name, meta in (job.result.get("grads") or {}).items():
+        if name not in run.grads:
+            continue
+        ours, data = run.grads[name]
+        expected = job.grad(name)
+        if data is None and (expected is None or not np.any(expected)):
+            notes.append(f"grad {name}: no gradient reaches it in PyTorch (.grad is None); meshsim's is "
+                         f"{'absent' if expected is None else 'zeros'}")
+            continue
+        compared["grad_placements"] += 1
+        verdict = grad_placement_verdict(job, name, meta.get("placements"), ours)
+        if verdict == "reduced":
+            notes.append(f"grad {name}: meshsim {common.spec_str(meta['placements'])} (P(sum) is the cotangent of its "
+                         f"Rd axes), PyTorch {common.spec_str(ours)}: the same gradient, as Rd runs as R")
+        placement_diff = None
+        if verdict not in (None, "reduced"):
+            placement_diff = {"kind": "grad_placement", "what": name, "meshsim": meta.get("placements"), "other": ours,
+                              "detail": f"grad {name}: placements {common.spec_str(ours or [])}, meshsim "
+                                        f"{common.spec_str(meta.get('placements') or [])}", **verdict}
+            diffs.append(placement_diff)
+        compared["grads"] += 1
+        if expected is None and data is not None and not np.any(data):
+            continue  # no gradient reached it in meshsim; PyTorch's is zeros
+        d = common.compare(f"grad {name}", expected, data, exact, dtype)
+        if placement_diff is not None and d is None and "cause" not in placement_diff:
+            with_cause(placement_diff, "grad_strategy_choice")
+        if d:
+            d["kind"] = "grad"
+            d["oracle_agrees_with"] = oracle_side(job, "grad", name, data, exact, dtype)
+            if local_collectives:
+                with_cause(d, "local_all_reduce_backward")
+            elif uses_reduced(job) and ops & {"to_local", "local_map"}:
+                with_cause(d, "reduced_has_no_pytorch_spelling")
+            elif "mean" in ops and d["oracle_agrees_with"] == "pytorch":
+                with_cause(d, "mean_uneven_replicated")
+            diffs.append(d)
+    return common.report(job, SYSTEM, torch.__version__, diffs, compared, notes)
+
+
+def refusal_report(job: common.Job, run: Run, err: dict, notes: list[str]) -> dict:
+    """meshsim refused the scenario: agreement if PyTorch refuses the same op (noted), else a
+    difference of kind "error" saying who refuses what."""
+    msg = (err.get("message") or "").splitlines()
+    msg = msg[0] if msg else ""
+    where, kind = err.get("path") or msg.split(":", 1)[0], err.get("kind")
+    diffs = []
+    if run.error is not None:
+        path, theirs = run.error
+        if path == where or where.startswith(path + "/") or path.startswith(where + "/"):
+            notes.append(f"both refuse at {path}: meshsim {kind} ({msg}); PyTorch {theirs}")
+        else:
+            diffs.append(explain_error(job, {"kind": "error", "what": path,
+                                             "detail": f"PyTorch refuses at {path} ({theirs}); meshsim refuses at "
+                                                       f"{where} ({kind}: {msg})"}, theirs))
+    else:
+        d = {"kind": "error", "what": where,
+             "detail": f"meshsim refuses at {where} ({kind}: {msg}); PyTorch runs the whole program"}
+        if "a shard cannot become a partial" in msg:
+            with_cause(d, "shard_to_partial_allowed")
+        elif kind == "not_differentiable" and "amax/amin" in msg:
+            with_cause(d, "extremum_partial_refused")
+        diffs.append(d)
+    return common.report(job, SYSTEM, torch.__version__, diffs, {}, notes)
+
+
+if __name__ == "__main__":
+    sys.exit(common.main(SYSTEM, version_fn, check))
