@@ -158,6 +158,12 @@ int main(int argc, char** argv) {
       ->excludes(check_cmd->get_option("--jobs"))
       ->excludes(check_cmd->get_option("--coverage"))
       ->excludes(check_cmd->get_option("--list"));
+  check_cmd
+      ->add_option("--generators", emit.generators,
+                   "With --emit: only these generators, in turn (dtensor, dtensor_even, single_op, local_map, "
+                   "local_code; comma-separated)")
+      ->delimiter(',')
+      ->needs(check_cmd->get_option("--emit"));
 
   cli::ReplayArgs replay;
   auto* replay_cmd = app.add_subcommand("replay", "Re-run a trace and compare it event by event");

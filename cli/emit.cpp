@@ -1,5 +1,6 @@
 #include "cli/emit.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <iomanip>
 #include <sstream>
@@ -58,8 +59,21 @@ int cmd_emit(const EmitArgs& args, std::ostream& out) {
   std::error_code ec;
   fs::create_directories(args.dir, ec);
   if (ec || !fs::is_directory(args.dir)) throw UsageError("--emit: cannot create the directory " + args.dir + ": " + ec.message());
-  const auto& gens = generators();
-  nlohmann::json manifest = {{"format", "meshsim.emit/1"}, {"seed", args.seed}, {"cases", nlohmann::json::array()}};
+  std::vector<Generator> gens;
+  for (const auto& name : args.generators) {
+    auto it = std::find_if(generators().begin(), generators().end(), [&](const Generator& g) { return name == g.name; });
+    if (it == generators().end()) {
+      std::string known;
+      for (const auto& g : generators()) known += std::string(known.empty() ? "" : ", ") + g.name;
+      throw UsageError("--generators: no generator " + name + " (known: " + known + ")");
+    }
+    gens.push_back(*it);
+  }
+  if (gens.empty()) gens = generators();
+  nlohmann::json names = nlohmann::json::array();
+  for (const auto& g : gens) names.push_back(g.name);
+  nlohmann::json manifest = {{"format", "meshsim.emit/1"}, {"seed", args.seed}, {"generators", names},
+                             {"cases", nlohmann::json::array()}};
   const int width = std::max<int>(4, static_cast<int>(std::to_string(args.cases).size()));
   for (int i = 0; i < args.cases; ++i) {
     const Generator& g = gens[static_cast<size_t>(i) % gens.size()];
@@ -86,8 +100,10 @@ int cmd_emit(const EmitArgs& args, std::ostream& out) {
     manifest["cases"].push_back({{"file", file}, {"generator", g.name}, {"size", size}, {"key", key}});
   }
   write_file_atomically((fs::path(args.dir) / "emitted.json").string(), manifest.dump(1) + "\n");
+  std::string only;
+  for (const auto& g : args.generators) only += (only.empty() ? " --generators " : ",") + g;
   out << "wrote " << args.cases << " scenarios to " << args.dir << " (seed " << args.seed << ": meshsim check --emit "
-      << args.dir << " --cases " << args.cases << " --seed " << args.seed << ")\n";
+      << args.dir << " --cases " << args.cases << " --seed " << args.seed << only << ")\n";
   return 0;
 }
 

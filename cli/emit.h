@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <ostream>
 #include <string>
+#include <vector>
 
 namespace meshsim::cli {
 
@@ -13,11 +14,12 @@ struct EmitArgs {
   std::string dir;
   int cases = 100;
   uint64_t seed = 0;
+  std::vector<std::string> generators;  // empty: all of them, in turn
 };
 
 // Writes DIR/NNNN-GENERATOR.json for each case (generators in turn: dtensor, dtensor_even,
-// single_op, local_map, local_code; sizes spread over 10..100) and DIR/emitted.json, the manifest
-// (meshsim.emit/1: the seed, and per case its file, generator, size and key). Returns 0.
+// single_op, local_map, local_code, or those named in `generators`; sizes spread over 10..100) and DIR/emitted.json, the manifest
+// (meshsim.emit/1: the seed, and per case its file, generator, size and key). Returns 0; an unknown generator is a UsageError naming the known ones.
 int cmd_emit(const EmitArgs& args, std::ostream& out);
 
 }  // namespace meshsim::cli

@@ -247,4 +247,14 @@ TEST_F(Check, EmitWritesTheGeneratorsProgramsReproducibly) {
   EXPECT_TRUE(contains(run.err + run.out, "25 scenarios: 25 passed")) << run;
   Outcome clash = meshsim("check --emit " + (dir / "d").string() + " --property dtensor_duality");
   EXPECT_EQ(clash.code, 2) << clash;
+  // --generators keeps to the named ones, in turn; an unknown one is a usage error naming the known.
+  Outcome only = meshsim("check --emit " + (dir / "e").string() + " --cases 4 --seed 3 --generators local_map,single_op");
+  ASSERT_EQ(only.code, 0) << only;
+  const json m = json::parse(std::ifstream(dir / "e" / "emitted.json"));
+  EXPECT_EQ(m["generators"], json({"local_map", "single_op"}));
+  EXPECT_EQ(m["cases"][2]["file"], "0002-local_map.json");
+  EXPECT_EQ(m["cases"][3]["generator"], "single_op");
+  Outcome unknown = meshsim("check --emit " + (dir / "f").string() + " --generators local_mapp");
+  EXPECT_EQ(unknown.code, 2) << unknown;
+  EXPECT_TRUE(contains(unknown.err, "no generator local_mapp (known: dtensor,")) << unknown;
 }
