@@ -360,6 +360,13 @@ CAUSES = {
         "(jax/_src/lax/lax.py, _dot_general_ur_rule) where meshsim's intersection keeps it, and JAX's where "
         "(select_n) takes its first case's reduced axes (_select_ur_rule) where meshsim intersects all inputs; "
         "the types differ, or the out_specs check that follows from them does",
+    "jax_tril_typed_by_zeros":
+        "jnp.tril / jnp.triu are lax.select(mask, x, zeros_like(x)), and select_n takes its result's "
+        "unreduced and reduced axes from its first case (jax/_src/lax/lax.py, _select_ur_rule), which here is "
+        "the zeros (jax/_src/numpy/tensor_creation.py, tril): a tril of an unreduced (P(sum)) or reduced input "
+        "is typed invariant, though each device holds its own part; returning it as unreduced then needs a "
+        "cast that refuses it (vary_unreduced_cast accepts only varying inputs). meshsim keeps P(sum) "
+        "variant and Rd reduced through tril",
     "jax_all_gather_reduced_of_invariant":
         "meshsim makes an invariant input varying before every collective; JAX's all_gather(to='reduced') does "
         "not (jax/_src/lax/parallel.py, all_gather_reduced has no insert_collective_pvary)",
@@ -385,7 +392,8 @@ CAUSES = {
 REFUSALS = [
     (("cannot be replicated on the same axes that another input is reduced on",
       "should be reduced across the same mesh axes"), "jax_reduced_meets_invariant"),
-    (("unreduced rule for", "should be reduced along the same axes", "dot_general cannot be unreduced"),
+    (("unreduced rule for", "should be reduced along the same axes", "dot_general cannot be unreduced",
+      "vary_unreduced_cast only accepts inputs that are varying"),
      "jax_unreduced_ops_restricted"),
     (("should be equal to the reduced present on the out_aval", "out_specs which require replication"),
      "jax_reduced_rule_differs"),
@@ -401,10 +409,12 @@ def with_cause(d: dict, cause: str) -> dict:
     return d
 
 
-def _cause(message: str, unchecked: bool) -> str | None:
-    """The known cause of a JAX refusal with this message, or None."""
+def _cause(message: str, unchecked: bool, ops: set[str]) -> str | None:
+    """The known cause of a JAX refusal with this message, or None (`ops`: the program's ops)."""
     if unchecked and "unreduced rule for div" in message:
         return "jax_unchecked_reduced_result"
+    if "vary_unreduced_cast only accepts inputs that are varying" in message and ops & {"tril", "triu"}:
+        return "jax_tril_typed_by_zeros"
     return next((cause for phrases, cause in REFUSALS if any(p in message for p in phrases)), None)
 
 
@@ -665,13 +675,17 @@ def _vma_differences(job: common.Job, types: dict, ops: dict) -> tuple[list[dict
                                     "reduced": jx_r},
                           "detail": f"{name}: JAX varying {sorted(mat.varying)} unreduced {sorted(mat.unreduced)} "
                                     f"reduced {jx_r}; meshsim variant {ms_v} reduced {ms_r} ({ops[name]})"})
-            apart = set(ms_r) ^ set(jx_r)
+            apart = (set(ms_v) ^ set(jx_v)) | (set(ms_r) ^ set(jx_r))
             if ms_v == jx_v and ops[name] in REDUCED_RULE_OPS:
                 with_cause(diffs[-1], "jax_reduced_rule_differs")
-                first_apart = first_apart or (name, apart)
-            elif ms_v == jx_v and first_apart and apart <= first_apart[1]:
-                # a value computed after one whose reduced axes already differ, on no other axes
-                with_cause(diffs[-1], "jax_reduced_rule_differs")
+                first_apart = first_apart or (name, apart, "jax_reduced_rule_differs")
+            elif (ops[name] in ("tril", "triu") and set(jx_v) <= set(ms_v) and set(jx_r) <= set(ms_r)
+                  and not mat.reduced and not mat.unreduced):
+                with_cause(diffs[-1], "jax_tril_typed_by_zeros")
+                first_apart = first_apart or (name, apart, "jax_tril_typed_by_zeros")
+            elif first_apart and apart <= first_apart[1]:
+                # a value computed after one whose types already differ, on no other axes
+                with_cause(diffs[-1], first_apart[2])
                 diffs[-1]["detail"] += f"; follows from {first_apart[0]}"
     return diffs, n
 
@@ -720,7 +734,7 @@ def check(job: common.Job) -> dict:
         refusal = {"kind": "refusal", "what": "program", "meshsim": f"ran (status {job.result.get('status')})",
                    "other": _first_line(e),
                    "detail": f"JAX refuses what meshsim runs: {type(e).__name__}: {_first_line(e)}"}
-        cause = _cause(str(e), tr.unchecked_regions > 0)
+        cause = _cause(str(e), tr.unchecked_regions > 0, {op["op"] for op in job.ops()})
         if cause:
             with_cause(refusal, cause)
         return common.report(job, "jax", jax.__version__, [refusal], {"refusal": 1}, notes)

@@ -321,7 +321,14 @@ class Program:
                 names, out = [names], out if isinstance(out, (tuple, list)) else [out]
             for name, value in zip(names, out):
                 env[name] = value
-                self.freeze(name, value)
+                try:
+                    self.freeze(name, value)
+                except Exception as e:  # noqa: BLE001 - PyTorch cannot reduce the op's result
+                    if simulation_artifact(e):
+                        raise common.NotComparable(
+                            f"{here}: LocalTensorMode cannot reduce {name} ({first_line(e)}), an artifact of "
+                            "running every rank in one process") from e
+                    raise OpFailed(here, RuntimeError(f"full_tensor() of {name} fails: {first_line(e)}")) from e
 
     def freeze(self, name: str, value) -> None:
         """Reads the global data of a value with a _MaskPartial placement (embedding's
@@ -698,6 +705,9 @@ def collect(prog: Program, run: Run) -> None:
         try:
             data = prog.frozen[name] if name in prog.frozen else global_data(prog, v)
         except Exception as e:  # noqa: BLE001
+            if run.error is not None:  # the program failed already, at the value that cannot be read
+                run.notes.append(f"{name}: not compared, PyTorch cannot assemble it ({first_line(e)})")
+                continue
             if not simulation_artifact(e):
                 raise
             run.notes.append(f"{name}: not compared, LocalTensorMode cannot assemble it ({first_line(e)})")
@@ -792,6 +802,28 @@ CAUSES = {
         "DTensor.redistribute in PyTorch 2.15 accepts Shard -> Partial(sum) (tensor/_api.py, redistribute: "
         "'only Shard to Partial(sum) redistribution is supported'; each rank's shard padded with zeros), "
         "where meshsim refuses a forward S -> P as illegal_redistribute.",
+    "mask_partial_buffer":
+        "PyTorch bugs of embedding's vocab-parallel output: its _MaskPartial placement carries one mask buffer "
+        "(tensor/_ops/_mask_buffer.py), laid out for the embedding's own output and consumed by the first "
+        "reduction (placement_types.py, _MaskPartial._reduce_value releases it). A view or transpose of the "
+        "output keeps the placement with the old mask ('The shape of the mask ... does not match'); a weight "
+        "whose rows end up sharded over two mesh axes materializes the one buffer twice ('materialized with "
+        "conflicting data') or reduces it twice (AssertionError: the buffer is gone). meshsim's masked partial "
+        "is a P(sum) of zeroed locals per mesh axis, with no buffer.",
+    "extremum_empty_shard":
+        "aten.amax/amin refuse an empty reduction ('Expected reduction dim ... to have non-zero size'): a rank "
+        "holding an empty shard of the reduced dim (uneven sharding) fails in DTensor's local amax, which gives "
+        "such a rank no identity; meshsim reduces an empty local to -inf / +inf, so the P(max) parts combine "
+        "to the right value.",
+    "uneven_view_refused":
+        "PyTorch 2.15's view strategy refuses to unflatten (or view) an unevenly sharded dim "
+        "(tensor/_ops/_view_ops.py, _analyze_split: 'Cannot unflatten unevenly sharded tensor ... Please "
+        "redistribute'); meshsim gathers what it cannot keep sharded (semantics.md, uneven views).",
+    "split_unused_outputs_backward":
+        "autograd fills the gradients of split's unused outputs with plain zero tensors and cats them with "
+        "the DTensor gradients of the used ones (split's backward), which DTensor refuses ('got mixed "
+        "torch.Tensor and DTensor'): in PyTorch a DTensor split of which only some pieces reach the loss "
+        "cannot be differentiated; meshsim's gradient of an unused piece is zeros in its placements.",
     "extremum_partial_refused":
         "amax/amin over a sharded dim gives P(max)/P(min); PyTorch differentiates it (amax's derivative "
         "formula compares the input with the result, which DTensor reduces first: "
@@ -811,6 +843,16 @@ def program_ops(job: common.Job) -> set[str]:
 
 
 def explain_error(job: common.Job, d: dict, msg: str) -> dict:
+    if ("The shape of the mask" in msg or "MaskBuffer has been materialized with conflicting data" in msg
+            or "MaskBuffer has not been materialized" in msg
+            or "_reduce_value" in msg and program_ops(job) & {"embedding"}):
+        return with_cause(d, "mask_partial_buffer")
+    if "Expected reduction dim" in msg and "non-zero size" in msg:
+        return with_cause(d, "extremum_empty_shard")
+    if "Cannot unflatten unevenly sharded tensor" in msg:
+        return with_cause(d, "uneven_view_refused")
+    if "got mixed torch.Tensor and DTensor" in msg and program_ops(job) & {"split", "chunk"}:
+        return with_cause(d, "split_unused_outputs_backward")
     if "only Shard to Partial(sum) redistribution is supported" in msg:
         return with_cause(d, "redistribute_to_partial_refused")
     if "_rewrite_plain_shard" in msg:
@@ -824,6 +866,39 @@ def explain_error(job: common.Job, d: dict, msg: str) -> dict:
     if "funcol needs one local shape" in msg or "does not split into" in msg:
         return with_cause(d, "funcol_equal_pieces")
     return d
+
+
+def axes_factor(expected, actual, mesh_shape: list[int]) -> str | None:
+    """"n" or "1/n" when `actual` is `expected` times n or over n everywhere, n a product of some
+    mesh axes' sizes (an n-fold gradient of a local collective's backward convention); else None."""
+    if expected is None or actual is None or np.shape(expected) != np.shape(actual):
+        return None
+    sizes = {1}
+    for k in mesh_shape:
+        sizes |= {s * k for s in sizes}
+    e, a = np.asarray(expected, dtype=np.float64), np.asarray(actual, dtype=np.float64)
+    for n in sorted(sizes - {1}):
+        for f, text in ((n, f"{n}"), (1.0 / n, f"1/{n}")):
+            if np.allclose(a, e * f, rtol=1e-9, atol=1e-12 * max(1.0, float(np.abs(e).max(initial=0.0)))):
+                return text
+    return None
+
+
+def uneven_mean_and_after(job: common.Job) -> set[str]:
+    """The results of `mean` ops whose operand meshsim holds unevenly (its ranks' local shapes
+    differ), and every value computed from them: where 2.15's fix of #162692 applies."""
+    values = job.result.get("values") or {}
+    found: set[str] = set()
+    for op in job.doc.get("program", []):
+        outs = op.get("outs") or ([op["out"]] if op.get("out") else [])
+        args = op.get("args", [])
+        if op.get("op") == "mean" and args:
+            shapes = (values.get(args[0]) or {}).get("local_shapes") or []
+            if len({tuple(s) for s in shapes}) > 1:
+                found.update(outs)
+        elif found & set(args):
+            found.update(outs)
+    return found
 
 
 def input_placements(job: common.Job, name: str) -> list[str]:
@@ -884,6 +959,7 @@ def check(job: common.Job) -> dict:
     dtype = job.options.get("dtype", "float64")
     ops = program_ops(job)
     values = job.result.get("values") or {}
+    after_uneven_mean = uneven_mean_and_after(job)
     for name, meta in values.items():
         if "placements" not in meta or name not in run.values:
             continue  # meshsim's internal values (dotted names), plain local code, or after a refusal
@@ -892,10 +968,12 @@ def check(job: common.Job) -> dict:
         if ours != meshsim_as_pytorch(meta["placements"]):
             d = {"kind": "placement", "what": name, "meshsim": meta["placements"], "other": ours,
                  "detail": f"{name}: placements {common.spec_str(ours)}, meshsim {common.spec_str(meta['placements'])}"}
-            producer = next((op["op"] for op in job.doc["program"] if op.get("out") == name), None)
-            if "P(avg)" in meta["placements"] and "mean" in ops:
+            made_by = next((op for op in job.doc["program"] if op.get("out") == name), {})
+            producer = made_by.get("op")
+            if "P(avg)" in meta["placements"] and name in after_uneven_mean:
                 with_cause(d, "mean_uneven_replicated")
-            elif producer in ("cross_entropy", "nll_loss") and "P(sum)" in meta["placements"]:
+            elif (producer in ("cross_entropy", "nll_loss") and made_by.get("reduction", "mean") == "mean"
+                  and "P(sum)" in meta["placements"]):
                 with_cause(d, "nll_loss_mean_replicated")
             placement_diff = d
             diffs.append(d)
@@ -909,10 +987,12 @@ def check(job: common.Job) -> dict:
             with_cause(placement_diff, "strategy_choice")
         if d:
             d["oracle_agrees_with"] = oracle_side(job, "value", name, data, exact, dtype)
-            if "mean" in ops and d["oracle_agrees_with"] == "pytorch":
+            if name in after_uneven_mean and d["oracle_agrees_with"] == "pytorch":
                 with_cause(d, "mean_uneven_replicated")
             diffs.append(d)
     local_collectives = bool(ops & {"all_reduce", "mark_varying"})
+    scaled: list[str] = []  # gradients that are meshsim's times a product of axis sizes
+    mixed: list[dict] = []  # other gradient differences in a program with local collectives
     for name, meta in (job.result.get("grads") or {}).items():
         if name not in run.grads:
             continue
@@ -942,13 +1022,26 @@ def check(job: common.Job) -> dict:
         if d:
             d["kind"] = "grad"
             d["oracle_agrees_with"] = oracle_side(job, "grad", name, data, exact, dtype)
-            if local_collectives:
+            factor = axes_factor(expected, data, job.mesh_shape)
+            if local_collectives and factor:
+                d["detail"] += f"; PyTorch's = meshsim's x {factor}"
                 with_cause(d, "local_all_reduce_backward")
-            elif uses_reduced(job) and ops & {"to_local", "local_map"}:
+                scaled.append(name)
+            elif local_collectives:
+                mixed.append(d)  # explained below if another gradient shows the n-fold convention
+            elif uses_reduced(job) and ops & {"to_local", "local_map"} and factor:
+                d["detail"] += f"; PyTorch's = meshsim's x {factor}"
                 with_cause(d, "reduced_has_no_pytorch_spelling")
-            elif "mean" in ops and d["oracle_agrees_with"] == "pytorch":
+            elif after_uneven_mean and d["oracle_agrees_with"] == "pytorch":
                 with_cause(d, "mean_uneven_replicated")
             diffs.append(d)
+    if scaled:
+        # A gradient reached through both conventions (an all_reduce's n-fold backward on one path,
+        # mark_varying's missing all_reduce on another) is no single multiple of meshsim's.
+        for d in mixed:
+            if "cause" not in d:
+                d["detail"] += f"; the same convention as grad {scaled[0]}, on paths of both kinds"
+                with_cause(d, "local_all_reduce_backward")
     return common.report(job, SYSTEM, torch.__version__, diffs, compared, notes)
 
 
