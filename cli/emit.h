@@ -18,7 +18,8 @@ struct EmitArgs {
 };
 
 // Writes DIR/NNNN-GENERATOR.json for each case (generators in turn: dtensor, dtensor_even,
-// single_op, local_map, local_code, or those named in `generators`; sizes spread over 10..100) and DIR/emitted.json, the manifest
+// single_op, local_map, local_code, or those named in `generators`, local_map_even among them;
+// sizes spread over 10..100) and DIR/emitted.json, the manifest
 // (meshsim.emit/1: the seed, and per case its file, generator, size and key). Returns 0; an unknown generator is a UsageError naming the known ones.
 int cmd_emit(const EmitArgs& args, std::ostream& out);
 

@@ -808,8 +808,13 @@ json local_map_program(const ProgramOptions& o, json* twin, std::map<std::string
   LocalMapBuilder b{small_mesh(), {}, json::array(), json::array(), json::array(), 0, 0, json::array(), {}};
   json options = draw_options({});
   b.seed = options["seed"].get<uint64_t>();
-  const int64_t m = *rc::gen::inRange<int64_t>(1, 7), k = *rc::gen::inRange<int64_t>(1, 7),
-                n = *rc::gen::inRange<int64_t>(1, 7);
+  // With `even`, every extent is a multiple of the mesh's size, so that any shard of it, over one
+  // axis or several, is even (JAX's shard_map needs even blocks: tools/crosscheck).
+  int64_t unit = 1;
+  if (o.even)
+    for (auto size : b.mesh.shape()) unit *= size;
+  auto extent = [&] { return o.even ? unit * *rc::gen::inRange<int64_t>(1, 3) : *rc::gen::inRange<int64_t>(1, 7); };
+  const int64_t m = extent(), k = extent(), n = extent();
   auto placement = rc::gen::elementOf(std::vector<Placement>{
       Placement::shard(0), Placement::shard(1), Placement::replicate(), Placement::partial(), Placement::reduced()});
   const Spec sx = *gen::spec(b.mesh, placement), sw = *gen::spec(b.mesh, placement), sz = *gen::spec(b.mesh, placement);

@@ -14,7 +14,8 @@ namespace meshsim::gen {
 struct ProgramOptions {
   int max_ops = 8;
   bool float32_randn = false;  // float32 with randn inputs (for the determinism property)
-  bool even = false;           // DTensor programs: every extent a multiple of every axis size
+  bool even = false;           // DTensor programs: every extent a multiple of every axis size;
+                               // local_map programs: the inputs' extents multiples of the mesh's size
   bool reduced = false;        // DTensor programs: input a is Rd over one axis at least
 };
 

@@ -362,6 +362,15 @@ class Program:
         group = self.group(op) if "axis" in op else None
         return fn(args[0], group)
 
+    def reduced_grad(self, name: str, placements):
+        """With REDUCED_GRAD_AS_PARTIAL, the gradient placements that spell the cotangent of
+        `name`'s Rd axes, Partial(sum), the rest as `placements`; otherwise None (PyTorch's
+        default)."""
+        spec = self.job.placements(name)
+        if not REDUCED_GRAD_AS_PARTIAL or placements is None or not spec or "Rd" not in spec:
+            return None
+        return tuple(Partial() if m == "Rd" else p for m, p in zip(spec, placements))
+
     def local_map(self, op: dict, args: list, path: str):
         """torch.distributed.tensor.experimental.local_map with the body as plain local code:
         PyTorch's local_map keeps no variance (varying/reduced) sets."""
@@ -386,8 +395,12 @@ class Program:
                         "its DTensor.from_local infers each rank's global shape from its own local"))
             return outs
 
-        fn = local_map(body, out_placements=out_pl, in_placements=in_pl, device_mesh=self.mesh,
-                       redistribute_inputs=True)
+        in_grad = None
+        if REDUCED_GRAD_AS_PARTIAL:
+            given = in_pl or tuple(tuple(a.placements) if isinstance(a, DTensor) else None for a in args)
+            in_grad = tuple(self.reduced_grad(n, g) or g for n, g in zip(names, given))
+        fn = local_map(body, out_placements=out_pl, in_placements=in_pl, in_grad_placements=in_grad,
+                       device_mesh=self.mesh, redistribute_inputs=True)
         return tuple(fn(*args))
 
     # -- creation --
@@ -494,11 +507,52 @@ def from_local(p: Program, op: dict, x: torch.Tensor) -> DTensor:
     if op.get("run_check"):
         p.note("from_local run_check: PyTorch broadcasts the coordinate-0 replica of each Replicate axis; "
                "meshsim checks that the replicas agree (docs/semantics.md, Semantics profiles)")
-    return DTensor.from_local(x, p.mesh, p.placements(op["placements"], x.ndim),
-                              run_check=bool(op.get("run_check", False)), **kw)
+    placements = p.placements(op["placements"], x.ndim)
+    if REDUCED_GRAD_AS_PARTIAL and "Rd" in op["placements"]:
+        kw["grad_placements"] = tuple(Partial() if m == "Rd" else q for m, q in zip(op["placements"], placements))
+    return DTensor.from_local(x, p.mesh, placements, run_check=bool(op.get("run_check", False)), **kw)
+
+
+# When True, the local collectives run with meshsim's backward convention instead of PyTorch's
+# (all_reduce: the identity for sum, a division by n for avg; mark_varying: an all_reduce). `check`
+# reruns a program so when its gradients differ, to tell whether the convention is all that differs.
+MESHSIM_CONVENTION = False
+# When True, a local_map, to_local or from_local of a value meshsim holds as Rd gets Partial(sum) as
+# the gradient placement of those axes (in_grad_placements / grad_placements): the spelling of Rd's
+# cotangent that PyTorch has. `check` reruns a program so when its gradients differ and it uses Rd in local code.
+REDUCED_GRAD_AS_PARTIAL = False
+
+
+class _AllReduceMeshsimBackward(torch.autograd.Function):
+    """all_reduce(sum | avg) with meshsim's backward for plain local code: g, or g / n for avg."""
+
+    @staticmethod
+    def forward(ctx, x, reduce, group, n):
+        ctx.scale = 1.0 / n if reduce == "avg" else 1.0
+        return funcol.all_reduce(x, reduce, group)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * ctx.scale if ctx.scale != 1.0 else g, None, None, None
+
+
+class _MarkVaryingMeshsimBackward(torch.autograd.Function):
+    """mark_varying with meshsim's backward for plain local code: the identity forward, an all_reduce(sum) of
+    the gradient backward (Megatron's f)."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        return funcol.all_reduce(g, "sum", ctx.group), None
 
 
 def mark_varying(p: Program, op: dict, x: torch.Tensor) -> torch.Tensor:
+    if MESHSIM_CONVENTION:
+        return _MarkVaryingMeshsimBackward.apply(x, p.group(op))
     p.note("mark_varying is the identity in PyTorch, forward and backward (meshsim's backward is an all_reduce)")
     return x.view_as(x)
 
@@ -529,7 +583,10 @@ def all_reduce(p: Program, op: dict, x: torch.Tensor) -> torch.Tensor:
     p.note("all_reduce runs as funcol.all_reduce, whose registered backward all_reduces the gradient "
            "(torch/distributed/_functional_collectives.py, all_reduce_backward); meshsim's is the identity "
            "for sum, a division by n for avg")
-    return funcol.all_reduce(x, op.get("reduce", "sum"), p.group(op))
+    reduce = op.get("reduce", "sum")
+    if MESHSIM_CONVENTION and reduce in ("sum", "avg"):
+        return _AllReduceMeshsimBackward.apply(x, reduce, p.group(op), p.job.mesh_shape[p.group(op)[1]])
+    return funcol.all_reduce(x, reduce, p.group(op))
 
 
 def reduce_scatter(p: Program, op: dict, x: torch.Tensor) -> torch.Tensor:
@@ -604,7 +661,7 @@ OPS = {
     "mean": reduction(torch.mean),
     "amax": reduction(torch.amax),
     "amin": reduction(torch.amin),
-    "to_local": lambda p, op, x: x.to_local(),
+    "to_local": lambda p, op, x: x.to_local(grad_placements=p.reduced_grad(op["args"][0], x.placements)),
     "from_local": from_local,
     "all_reduce": all_reduce,
     "all_gather": all_gather,
@@ -817,7 +874,7 @@ CAUSES = {
         "to the right value.",
     "uneven_view_refused":
         "PyTorch 2.15's view strategy refuses to unflatten (or view) an unevenly sharded dim "
-        "(tensor/_ops/_view_ops.py, _analyze_split: 'Cannot unflatten unevenly sharded tensor ... Please "
+        "(tensor/_ops/_view_ops.py, _analyze_split / _analyze_flatten: 'Cannot (un)flatten unevenly sharded tensor ... Please "
         "redistribute'); meshsim gathers what it cannot keep sharded (semantics.md, uneven views).",
     "split_unused_outputs_backward":
         "autograd fills the gradients of split's unused outputs with plain zero tensors and cats them with "
@@ -849,7 +906,7 @@ def explain_error(job: common.Job, d: dict, msg: str) -> dict:
         return with_cause(d, "mask_partial_buffer")
     if "Expected reduction dim" in msg and "non-zero size" in msg:
         return with_cause(d, "extremum_empty_shard")
-    if "Cannot unflatten unevenly sharded tensor" in msg:
+    if ("Cannot unflatten unevenly sharded tensor" in msg or "Cannot flatten unevenly sharded tensor" in msg):
         return with_cause(d, "uneven_view_refused")
     if "got mixed torch.Tensor and DTensor" in msg and program_ops(job) & {"split", "chunk"}:
         return with_cause(d, "split_unused_outputs_backward")
@@ -991,8 +1048,8 @@ def check(job: common.Job) -> dict:
                 with_cause(d, "mean_uneven_replicated")
             diffs.append(d)
     local_collectives = bool(ops & {"all_reduce", "mark_varying"})
-    scaled: list[str] = []  # gradients that are meshsim's times a product of axis sizes
-    mixed: list[dict] = []  # other gradient differences in a program with local collectives
+    convention: list[tuple[str, dict]] = []  # gradient differences in a program with local collectives
+    reduced_local: list[tuple[str, dict]] = []  # ... in a program with Rd values in local code
     for name, meta in (job.result.get("grads") or {}).items():
         if name not in run.grads:
             continue
@@ -1023,26 +1080,68 @@ def check(job: common.Job) -> dict:
             d["kind"] = "grad"
             d["oracle_agrees_with"] = oracle_side(job, "grad", name, data, exact, dtype)
             factor = axes_factor(expected, data, job.mesh_shape)
-            if local_collectives and factor:
-                d["detail"] += f"; PyTorch's = meshsim's x {factor}"
-                with_cause(d, "local_all_reduce_backward")
-                scaled.append(name)
-            elif local_collectives:
-                mixed.append(d)  # explained below if another gradient shows the n-fold convention
-            elif uses_reduced(job) and ops & {"to_local", "local_map"} and factor:
-                d["detail"] += f"; PyTorch's = meshsim's x {factor}"
-                with_cause(d, "reduced_has_no_pytorch_spelling")
+            if local_collectives:
+                if factor:
+                    d["detail"] += f"; PyTorch's = meshsim's x {factor}"
+                convention.append((name, d))  # explained below if the convention is all that differs
+            elif uses_reduced(job) and ops & {"to_local", "local_map", "from_local"}:
+                if factor:
+                    d["detail"] += f"; PyTorch's = meshsim's x {factor}"
+                reduced_local.append((name, d))  # explained below if Rd's spelling is all that differs
             elif after_uneven_mean and d["oracle_agrees_with"] == "pytorch":
                 with_cause(d, "mean_uneven_replicated")
             diffs.append(d)
-    if scaled:
-        # A gradient reached through both conventions (an all_reduce's n-fold backward on one path,
-        # mark_varying's missing all_reduce on another) is no single multiple of meshsim's.
-        for d in mixed:
-            if "cause" not in d:
-                d["detail"] += f"; the same convention as grad {scaled[0]}, on paths of both kinds"
-                with_cause(d, "local_all_reduce_backward")
+    # The same program once more with one thing spelled as meshsim means it: a gradient that then
+    # agrees differed by that alone. First the local collectives' backward convention, then the
+    # cotangent spelling of Rd and P(sum) values entering local code, then both together.
+    pending = convention + reduced_local
+    for flags, cause, said in (
+            ((True, False), "local_all_reduce_backward",
+             "PyTorch agrees with meshsim under meshsim's backward convention for the local collectives"),
+            ((False, True), "reduced_has_no_pytorch_spelling",
+             "PyTorch agrees with meshsim when the gradient of Rd values entering or leaving local code is "
+             "spelled as their cotangent, Partial(sum) (in_grad_placements, grad_placements)"),
+            ((True, True), "local_all_reduce_backward",
+             "PyTorch agrees with meshsim under meshsim's backward convention for the local collectives and "
+             "with the gradient of Rd values spelled as their cotangent, Partial(sum)")):
+        if not flags[1] and not convention or flags[1] and not uses_reduced(job):
+            continue
+        todo = [(name, d) for name, d in pending if "cause" not in d]
+        if not todo:
+            break
+        again = rerun(job, *flags)
+        for name, d in todo:
+            theirs = again.grads.get(name, (None, None))[1] if again.error is None else None
+            if theirs is not None and common.compare(name, job.grad(name), theirs, exact, dtype) is None:
+                d["detail"] += "; " + said
+                with_cause(d, cause)
+    for name, d in pending:
+        if "cause" not in d and "PyTorch's = meshsim's x" in d["detail"] and rd_output(job):
+            # An Rd result of local code: PyTorch has no way to give it Rd's cotangent (an R gradient
+            # reaches the body), so the n-fold factor and the Rd result are the evidence.
+            d["detail"] += "; an Rd result of local code, whose R gradient PyTorch cannot spell as P(sum)"
+            with_cause(d, "reduced_has_no_pytorch_spelling")
     return common.report(job, SYSTEM, torch.__version__, diffs, compared, notes)
+
+
+def rd_output(job: common.Job) -> bool:
+    """Whether local code gives a value meshsim holds as Rd (a local_map's out placement, from_local)."""
+    for op in job.ops():
+        specs = op.get("out_placements") or ([op["placements"]] if op.get("op") == "from_local" else [])
+        if any("Rd" in spec for spec in specs):
+            return True
+    return False
+
+
+def rerun(job: common.Job, meshsim_convention: bool, reduced_grad_as_partial: bool) -> Run:
+    """The job once more with the local collectives' backward as meshsim's and/or Rd's gradient
+    spelled Partial(sum) (see MESHSIM_CONVENTION, REDUCED_GRAD_AS_PARTIAL)."""
+    global MESHSIM_CONVENTION, REDUCED_GRAD_AS_PARTIAL
+    MESHSIM_CONVENTION, REDUCED_GRAD_AS_PARTIAL = meshsim_convention, reduced_grad_as_partial
+    try:
+        return execute(job)
+    finally:
+        MESHSIM_CONVENTION = REDUCED_GRAD_AS_PARTIAL = False
 
 
 def refusal_report(job: common.Job, run: Run, err: dict, notes: list[str]) -> dict:
