@@ -68,9 +68,6 @@ uint64_t mix(uint64_t z) {
 
 int cmd_emit(const EmitArgs& args, std::ostream& out) {
   namespace fs = std::filesystem;
-  std::error_code ec;
-  fs::create_directories(args.dir, ec);
-  if (ec || !fs::is_directory(args.dir)) throw UsageError("--emit: cannot create the directory " + args.dir + ": " + ec.message());
   std::vector<Generator> gens;
   std::vector<Generator> known = generators();
   known.insert(known.end(), extra_generators().begin(), extra_generators().end());
@@ -84,6 +81,9 @@ int cmd_emit(const EmitArgs& args, std::ostream& out) {
     gens.push_back(*it);
   }
   if (gens.empty()) gens = generators();
+  std::error_code ec;
+  fs::create_directories(args.dir, ec);
+  if (ec || !fs::is_directory(args.dir)) throw UsageError("--emit: cannot create the directory " + args.dir + ": " + ec.message());
   nlohmann::json names = nlohmann::json::array();
   for (const auto& g : gens) names.push_back(g.name);
   nlohmann::json manifest = {{"format", "meshsim.emit/1"}, {"seed", args.seed}, {"generators", names},

@@ -257,4 +257,5 @@ TEST_F(Check, EmitWritesTheGeneratorsProgramsReproducibly) {
   Outcome unknown = meshsim("check --emit " + (dir / "f").string() + " --generators local_mapp");
   EXPECT_EQ(unknown.code, 2) << unknown;
   EXPECT_TRUE(contains(unknown.err, "no generator local_mapp (known: dtensor,")) << unknown;
+  EXPECT_FALSE(fs::exists(dir / "f")) << "a usage error wrote nothing";
 }
