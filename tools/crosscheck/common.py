@@ -16,7 +16,7 @@ import re
 import sys
 import traceback
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Callable
 
 import numpy as np
 
