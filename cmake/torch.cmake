@@ -94,3 +94,9 @@ endforeach()
 set(MESHSIM_TORCH_PC_CFLAGS " -std=c++${MESHSIM_TORCH_CXX_STANDARD}${_includes}")
 set(MESHSIM_TORCH_PC_LIBS "-L${MESHSIM_TORCH_PREFIX}/lib -Wl,-rpath,${MESHSIM_TORCH_PREFIX}/lib -ltorch_cpu -lc10")
 set(MESHSIM_TORCH_DEB_DEPENDS "")
+
+# The installed command and libraries find the wheel's libtorch by run path. CMake's
+# CMAKE_INSTALL_RPATH_USE_LINK_PATH keeps only link directories outside the project, and a venv
+# inside the source tree (build/crosscheck/venv-pytorch, the one tools/crosscheck makes) is not: so
+# the wheel's lib/ is named outright.
+list(APPEND CMAKE_INSTALL_RPATH ${MESHSIM_TORCH_PREFIX}/lib)

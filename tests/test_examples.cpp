@@ -56,7 +56,10 @@ fs::path golden_dir() { return fs::path(MESHSIM_SOURCE_DIR) / "tests" / "golden"
 
 // A result as its golden file holds it. Where max_abs_error is not 0 it is rounding, and libtorch
 // versions (and the BLAS under them) add in different orders: an inexact example's error matches
-// its golden one within a factor of 10 (the same order of magnitude). An exact one stays 0.
+// its golden one within a factor of 10 (the same order of magnitude). One whose golden error is 0
+// stays within the checks' own float64 tolerance, 1e-12: an example on integer data is exact under
+// any libtorch, but a transcendental one (softmax_sharded) may be exact under 1.13 and one ulp off
+// under 2.15's vectorized exp.
 std::string result_text(const fs::path& golden, nlohmann::json result) {
   if (!updating() && fs::exists(golden)) {
     const auto expected = nlohmann::json::parse(read_text(golden));
@@ -64,7 +67,7 @@ std::string result_text(const fs::path& golden, nlohmann::json result) {
     const auto a = result.find("max_abs_error");
     if (e != expected.end() && a != result.end() && e->is_number() && a->is_number()) {
       const double ev = e->get<double>(), av = a->get<double>();
-      if (ev > 0 && av > 0 && av <= 10 * ev && ev <= 10 * av) *a = *e;
+      if ((ev > 0 && av > 0 && av <= 10 * ev && ev <= 10 * av) || (ev == 0 && av <= 1e-12)) *a = *e;
     }
   }
   return result.dump(2) + "\n";
