@@ -1,9 +1,11 @@
 // meshsim's time per op on small tensors, for the comparison with PyTorch's LocalTensorMode
-// (tools/crosscheck/perf runs this and the same scenarios under LocalTensorMode in one run, and
-// reports the ratio of medians; docs/performance.md). Each scenario under bench/ops/ is a chain of
-// 32 ops of one kind on 4 ranks, 8x8 float64 (forward only, as LocalTensorMode's op timings
-// are); the time per op is the whole run's (inputs laid out, every op propagated and run) divided
-// by the program's ops, so meshsim's set-up counts against it.
+// (tools/crosscheck/perf writes the scenarios, runs this and the same scenarios under
+// LocalTensorMode in one run, and reports the ratios; docs/performance.md). Each scenario in the
+// folder MESHSIM_BENCH_OPS is a chain of 32 ops of one kind on 4 ranks, 8x8 float64 (forward only,
+// as LocalTensorMode's op timings are); the time per op is the whole run's (inputs laid out, every
+// op propagated and run) divided by the program's ops, so meshsim's set-up counts against it.
+#include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <string>
 
@@ -31,7 +33,12 @@ void BM_PerOp(benchmark::State& state, const std::string& file) {
 
 const bool registered = [] {
   std::vector<fs::path> files;
-  for (const auto& e : fs::directory_iterator(std::string(MESHSIM_SOURCE_DIR) + "/bench/ops"))
+  const char* dir = std::getenv("MESHSIM_BENCH_OPS");
+  if (dir == nullptr || !fs::is_directory(dir)) {
+    std::fprintf(stderr, "meshsim_bench_ops: set MESHSIM_BENCH_OPS to a folder of scenarios (tools/crosscheck/perf does)\n");
+    return false;
+  }
+  for (const auto& e : fs::directory_iterator(dir))
     if (e.path().extension() == ".json") files.push_back(e.path());
   std::sort(files.begin(), files.end());
   for (const auto& f : files)

@@ -217,6 +217,14 @@ def compare(what: str, expected: np.ndarray | None, actual: np.ndarray | None, e
                       f"{n_bad} of {diff.size} elements differ)"}
 
 
+def with_cause(d: dict, cause: str, causes: dict[str, str]) -> dict:
+    """Labels difference `d` with its cause (an id of known_differences.json) and the backend's
+    explanation of it (its CAUSES table)."""
+    d["cause"] = cause
+    d["explanation"] = causes[cause]
+    return d
+
+
 class NotComparable(Exception):
     """The scenario has no equivalent in the other system; the message says why."""
 

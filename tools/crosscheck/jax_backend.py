@@ -404,9 +404,7 @@ REFUSALS = [
 
 
 def with_cause(d: dict, cause: str) -> dict:
-    d["cause"] = cause
-    d["explanation"] = CAUSES[cause]
-    return d
+    return common.with_cause(d, cause, CAUSES)
 
 
 def _cause(message: str, unchecked: bool, ops: set[str]) -> str | None:

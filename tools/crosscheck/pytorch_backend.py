@@ -890,9 +890,7 @@ CAUSES = {
 
 
 def with_cause(d: dict, cause: str) -> dict:
-    d["cause"] = cause
-    d["explanation"] = CAUSES[cause]
-    return d
+    return common.with_cause(d, cause, CAUSES)
 
 
 def program_ops(job: common.Job) -> set[str]:
