@@ -28,6 +28,9 @@ const std::vector<MutantInfo>& mutant_catalog() {
       {Mutant::CotangentRdAsR, "cotangent_rd_as_r", "the cotangent of Rd taken as R"},
       {Mutant::EmbeddingGradWrongRank, "embedding_grad_wrong_rank",
        "vocab-parallel embedding backward: each rank's gradient rows land in the next rank's vocab shard"},
+      {Mutant::ExtremumGradFirstTie, "extremum_grad_first_tie",
+       "amax/amin backward: the whole gradient goes to the first element equal to the extremum (max(dim)'s "
+       "index), not split evenly among the ties"},
       {Mutant::FlattenKeepsInnerShard, "flatten_keeps_inner_shard",
        "a view keeps a shard of a non-leading dim of a merged group (flatten of [a, b] sharded on b)"},
       {Mutant::Float32RandomReductionOrder, "float32_random_reduction_order",

@@ -21,6 +21,7 @@ enum class Mutant {
   CotangentPsumAsR,                // the cotangent of P(sum) taken as R
   CotangentRdAsR,                  // the cotangent of Rd taken as R
   EmbeddingGradWrongRank,          // a vocab-parallel embedding's gradient rows scattered to the next rank's shard
+  ExtremumGradFirstTie,            // amax/amin: the gradient goes whole to the first tied element
   FlattenKeepsInnerShard,          // a view keeps a shard of a non-leading dim of a merged group
   Float32RandomReductionOrder,     // collectives reduce float32 in a hidden random order
   GeluTanhDerivative,              // gelu {approximate: none} differentiated as the tanh approximation

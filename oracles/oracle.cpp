@@ -1,5 +1,7 @@
 #include "oracles/oracle.h"
 
+#include <algorithm>
+
 #include <torch/csrc/autograd/autograd.h>
 
 #include "core/error.h"
@@ -46,6 +48,34 @@ at::Tensor global_op(const OpDecl& op, const std::vector<at::Tensor>& xs, bool i
   }
 }
 
+// amax / amin of the oracle's `x` (its result `y`) with the mesh's tie set where the two differ by
+// rounding alone (run_oracle's comment in oracle.h): the value stays `y`, the gradient splits g
+// among the mesh's ties for those result elements. `y` itself where no result element qualifies.
+at::Tensor with_mesh_ties(const OpDecl& op, const at::Tensor& x, const at::Tensor& y, const at::Tensor& x_mesh,
+                          double tolerance) {
+  if (!x.requires_grad() || !x_mesh.defined() || x_mesh.sizes() != x.sizes() || x.dim() == 0 || x.numel() == 0)
+    return y;
+  const at::Tensor xd = x.detach();
+  const at::Tensor xm = x_mesh.detach().to(xd.scalar_type());
+  if (!at::isfinite(xd).all().item<bool>() || !at::isfinite(xm).all().item<bool>()) return y;
+  const OpAttrs attrs = op_attrs(op);
+  const auto dims = reduced_dims(xd, attrs);
+  const bool max = op.op == "amax";
+  auto extremum = [&](const at::Tensor& t) { return max ? at::amax(t, dims, true) : at::amin(t, dims, true); };
+  auto any = [&](const at::Tensor& b) { return b.sum(dims, true).gt(0); };
+  const at::Tensor ext = extremum(xd);
+  const at::Tensor ours = xd.eq(ext), theirs = xm.eq(extremum(xm));
+  const double bound = tolerance * std::max(1.0, xd.abs().max().item<double>());
+  const at::Tensor near = (xd - ext).abs().le(bound);
+  // Per result element: the tie sets differ, every element of either is within the bound of the
+  // oracle's extremum, and the mesh has one (its operand's assembly may round otherwise).
+  const at::Tensor take = any(ours.ne(theirs)) & ~any((ours | theirs) & ~near) & any(theirs);
+  if (!take.any().item<bool>()) return y;
+  const at::Tensor mask = at::where(take, theirs, ours).to(xd.scalar_type());
+  const at::Tensor split = (x * mask).sum(dims, attrs.keepdim) / mask.sum(dims, attrs.keepdim);
+  return y.detach() + (split - split.detach());
+}
+
 // A local_map's `reference`: the same computation on global tensors. Without one, its results
 // are unknown (undefined tensors), and so is everything computed from them.
 std::vector<at::Tensor> reference(const OpDecl& op, const std::vector<at::Tensor>& args) {
@@ -83,7 +113,8 @@ std::vector<at::Tensor> reference(const OpDecl& op, const std::vector<at::Tensor
 
 }  // namespace
 
-OracleRun run_oracle(const Scenario& sc, const std::map<std::string, at::Tensor>& input_globals, DType dtype) {
+OracleRun run_oracle(const Scenario& sc, const std::map<std::string, at::Tensor>& input_globals, DType dtype,
+                     const MeshValues& mesh, double tolerance) {
   OracleRun run;
   std::vector<at::Tensor> leaves;
   std::vector<std::string> leaf_names;
@@ -117,6 +148,8 @@ OracleRun run_oracle(const Scenario& sc, const std::map<std::string, at::Tensor>
       continue;
     }
     run.values[op.out] = !known ? at::Tensor() : global_op(op, xs, false);
+    if (known && mesh && tolerance > 0 && (op.op == "amax" || op.op == "amin"))
+      run.values[op.out] = with_mesh_ties(op, xs.at(0), run.values[op.out], mesh(op.args.at(0)), tolerance);
   }
   if (!sc.backward.empty() && !leaves.empty()) {
     const at::Tensor& loss = run.values.at(sc.backward);

@@ -2,6 +2,7 @@
 // with libtorch autograd for the input gradients.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <string>
 
@@ -16,10 +17,25 @@ struct OracleRun {
   std::map<std::string, at::Tensor> grads;  // inputs that require grad
 };
 
+// What the oracle may ask of the mesh's run: a program value's global (assembled) tensor, or an
+// undefined tensor where there is none.
+using MeshValues = std::function<at::Tensor(const std::string& name)>;
+
 // A local_map reference that libtorch refuses throws SemanticError(InvalidScenario) naming its JSON
 // path; a program op the oracle cannot run (the mesh could) throws std::runtime_error.
 // Creation ops make float values of `dtype` (the run's).
+//
+// Ties broken by rounding: the gradient of amax / amin is split among the elements equal to the
+// extremum, and is not continuous where elements tie. Where the mesh's operand and the oracle's
+// differ by rounding (a P(sum) summed in another order), an element may tie the extremum in one and
+// miss it by an ulp in the other: the two gradients then differ by whole elements although both are
+// right. With `mesh` and a `tolerance` > 0 (the comparison's: an absolute bound of tolerance times
+// max(1, |largest operand element|)), a program's amax / amin whose oracle tie set differs from the
+// mesh's only by elements within that bound of the extremum takes the mesh's tie set for its
+// gradient (its value stays the oracle's). The mesh's tie set is the one its forward values give,
+// which the forward check compares: a kernel that splits g otherwise, or a wrong extremum, still
+// fails. Exact programs (tolerance 0) never take it.
 OracleRun run_oracle(const Scenario& sc, const std::map<std::string, at::Tensor>& input_globals,
-                     DType dtype = DType::Float64);
+                     DType dtype = DType::Float64, const MeshValues& mesh = nullptr, double tolerance = 0.0);
 
 }  // namespace meshsim

@@ -655,13 +655,29 @@ void kernels_match_definitions() {
     for (const auto& o : f.ops) ops.push_back(o);
   for (const auto& o : whole_ops()) ops.push_back(o);
   // Twice the ops whose kernels take the most forms (gelu's approximation, a rank's vocab or
-  // class range, the norms' parameters).
-  for (const char* o : {"gelu", "embedding", "pick_target", "nll_loss", "layer_norm", "rms_norm"}) ops.push_back(o);
+  // class range, the norms' parameters, the extrema's ties).
+  for (const char* o : {"gelu", "embedding", "pick_target", "nll_loss", "layer_norm", "rms_norm", "amax", "amin"})
+    ops.push_back(o);
   const std::string op = *rc::gen::elementOf(ops);
-  const auto [a, xs, types] = draw_case(op);
+  auto [a, xs, types] = draw_case(op);
+  // float32 half of the time: libtorch's float kernels take paths of their own (vectorized ones, and
+  // one that left gelu's gradient unwritten for a strided incoming gradient: sim/local_ops.cpp). The
+  // definition then reads the operands as float32 holds them, within float32's rounding.
+  // Not the norms (a row of equal values is scaled by 1 / sqrt(eps): float32's rounding of its mean
+  // by 300), nor the lookups and losses.
+  bool float_kernel = false;
+  for (const auto& f : rule_families())
+    if (std::find(f.ops.begin(), f.ops.end(), op) != f.ops.end())
+      float_kernel = f.name != "norm" && f.name != "embedding" && f.name != "pick_target" && f.name != "count_targets";
+  const bool single = float_kernel && coin();
+  const at::ScalarType dtype = single ? at::kFloat : at::kDouble;
+  const double tol = single ? 1e-4 : 1e-12;
+  if (single)
+    for (size_t i = 0; i < xs.size(); ++i)
+      if (i >= types.size() || types[i] == "float") xs[i] = of(tensor_of(xs[i]).to(at::kFloat));
   std::string shapes;
   for (const auto& x : xs) shapes += (shapes.empty() ? "" : " ") + dims_str(x.shape);
-  const std::string name = op + " of " + shapes + " " + a.str();
+  std::string name = op + " of " + shapes + " " + a.str() + (single ? " in float32" : "");
   auto type_of = [&types = types](size_t i) { return i < types.size() ? types[i] : std::string("float"); };
 
   // The kernel under test, with the planted bug of the check run on (a kernel's bug is the kernel's).
@@ -669,7 +685,7 @@ void kernels_match_definitions() {
   for (size_t i = 0; i < xs.size(); ++i) {
     const std::string t = type_of(i);
     ts.push_back(t == "bool" ? tensor_of(xs[i]).to(at::kBool) : t == "int64" ? tensor_of(xs[i]).to(at::kLong)
-                                                                             : tensor_of(xs[i]).requires_grad_(true));
+                                                                             : tensor_of(xs[i]).to(dtype).requires_grad_(true));
     if (t == "float") floats.push_back(ts.back());
   }
   const Definition def = definition(op, a, static_cast<int64_t>(xs[0].shape.size()));
@@ -681,11 +697,18 @@ void kernels_match_definitions() {
   const Nd want = def.value(xs), got = of(y);
   if (got.shape != want.shape)
     RC_FAIL(name + ": the kernel's result has shape " + dims_str(got.shape) + ", the definition's " + dims_str(want.shape));
-  if (!(relative_error(got, want) <= 1e-12))
+  if (!(relative_error(got, want) <= tol))
     RC_FAIL(name + ": the kernel's value differs from the definition " + where(got, want));
   if (floats.empty() || !y.requires_grad()) return;  // count_targets: no gradient
-  const Nd g = draw_values(want.shape, false);
-  const auto grads = torch::autograd::grad({y}, floats, {tensor_of(g).to(y.scalar_type())}, false, false, true);
+  at::Tensor gt = tensor_of(draw_values(want.shape, false)).to(y.scalar_type());
+  const Nd g = of(gt);
+  // The incoming gradient laid out column-major now and then, as a transpose or a matmul's backward
+  // hands it on: a kernel must not depend on its operands' strides.
+  if (gt.dim() >= 2 && coin()) {
+    gt = gt.transpose(-1, -2).contiguous().transpose(-1, -2);
+    name += ", its gradient strided";
+  }
+  const auto grads = torch::autograd::grad({y}, floats, {gt}, false, false, true);
   for (size_t i = 0, f = 0; i < xs.size(); ++i) {
     if (type_of(i) != "float") continue;
     const Nd dwant = def.vjp(xs, g, i);
@@ -694,7 +717,7 @@ void kernels_match_definitions() {
     if (dgot.shape != dwant.shape)
       RC_FAIL(name + ": the gradient of operand " + std::to_string(i) + " has shape " + dims_str(dgot.shape) +
               ", the operand " + dims_str(dwant.shape));
-    if (!(relative_error(dgot, dwant) <= 1e-12))
+    if (!(relative_error(dgot, dwant) <= tol))
       RC_FAIL(name + ": the gradient of operand " + std::to_string(i) + " differs from the definition's " +
               where(dgot, dwant));
   }

@@ -4,14 +4,13 @@
 #include <cmath>
 #include <limits>
 
+#include <torch/csrc/autograd/custom_function.h>
+
 #include "core/error.h"
 #include "core/mutants.h"
 
 namespace meshsim {
 
-namespace {
-
-// The reduced dims of a reduction: a list, one dim, or every dim (none given, or an empty list).
 // Dims are wrapped into [0, rank) (the rules checked they are in range).
 std::vector<int64_t> reduced_dims(const at::Tensor& x, const OpAttrs& attrs) {
   std::vector<int64_t> dims;
@@ -22,6 +21,8 @@ std::vector<int64_t> reduced_dims(const at::Tensor& x, const OpAttrs& attrs) {
   for (auto& d : dims) d = d < 0 ? d + x.dim() : d;
   return dims;
 }
+
+namespace {
 
 at::Tensor reduce_sum(const at::Tensor& x, const OpAttrs& attrs) {
   if (x.dim() == 0) return x.clone();
@@ -61,7 +62,24 @@ at::Tensor reduce_extremum(const at::Tensor& x, const OpAttrs& attrs, bool max) 
       if (std::find(dims.begin(), dims.end(), d) == dims.end()) kept.push_back(x.size(d));
     return filled.reshape(kept);
   }
-  return max ? at::amax(x, dims, attrs.keepdim) : at::amin(x, dims, attrs.keepdim);
+  const at::Tensor y = max ? at::amax(x, dims, attrs.keepdim) : at::amin(x, dims, attrs.keepdim);
+  if (!mutant_on(Mutant::ExtremumGradFirstTie) || !x.requires_grad()) return y;
+  // Planted bug: the gradient goes whole to the first tie, as max(dim) sends it to its index.
+  std::vector<int64_t> order, kept_shape;
+  for (int64_t d = 0; d < x.dim(); ++d)
+    if (std::find(dims.begin(), dims.end(), d) == dims.end()) {
+      order.push_back(d);
+      kept_shape.push_back(x.size(d));
+    }
+  order.insert(order.end(), dims.begin(), dims.end());
+  std::vector<int64_t> rows = kept_shape;
+  int64_t reduced = 1;
+  for (int64_t d : dims) reduced *= x.size(d);
+  rows.push_back(reduced);
+  const at::Tensor flat = x.permute(order).reshape(rows);
+  const at::Tensor first = (max ? flat.argmax(-1, true) : flat.argmin(-1, true));
+  const at::Tensor picked = flat.gather(-1, first).reshape(y.sizes());
+  return y.detach() + (picked - picked.detach());
 }
 
 // The shape a view op gives this tensor: the local shape the runtime computed, else the op's own.
@@ -76,13 +94,38 @@ at::Tensor second(const OpAttrs& attrs, const std::vector<at::Tensor>& xs) {
   return xs.at(1);
 }
 
+// gelu whose backward takes its incoming gradient contiguous. libtorch's CPU gelu_backward with
+// approximate none writes nothing into its result when the gradient is laid out otherwise than the
+// input in float32 (pytorch/pytorch#112006; libtorch 1.13 to 2.1 at least): the gradient is then
+// whatever memory held, and a run's trace depends on the allocator. A strided gradient reaches gelu
+// behind a transpose, a matmul's batch dims or a stack. meshsim's determinism property found it
+// (docs/findings.md).
+struct ContiguousGradGelu : torch::autograd::Function<ContiguousGradGelu> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, bool tanh) {
+    ctx->save_for_backward({x});
+    ctx->saved_data["tanh"] = tanh;
+    return at::gelu(x, tanh ? "tanh" : "none");
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const at::Tensor x = ctx->get_saved_variables().at(0);
+    const bool tanh = ctx->saved_data["tanh"].toBool();
+    return {at::gelu_backward(grads.at(0).contiguous(), x, tanh ? "tanh" : "none"), at::Tensor()};
+  }
+};
+
+at::Tensor gelu_op(const at::Tensor& x, bool tanh) {
+  if (!x.requires_grad()) return at::gelu(x, tanh ? "tanh" : "none");
+  return ContiguousGradGelu::apply(x, tanh);
+}
+
 // gelu {approximate}. Planted bug: approximate none differentiated as the tanh approximation
 // (the exact value, the tanh form's gradient).
 at::Tensor gelu(const at::Tensor& x, bool tanh) {
-  if (tanh) return at::gelu(x, "tanh");
-  at::Tensor y = at::gelu(x, "none");
+  if (tanh) return gelu_op(x, true);
+  at::Tensor y = gelu_op(x, false);
   if (!mutant_on(Mutant::GeluTanhDerivative) || !x.requires_grad()) return y;
-  at::Tensor approx = at::gelu(x, "tanh");
+  at::Tensor approx = gelu_op(x, true);
   return y.detach() + (approx - approx.detach());
 }
 

@@ -14,6 +14,10 @@ namespace meshsim {
 
 at::Tensor local_op(const std::string& op, const OpAttrs& attrs, const std::vector<at::Tensor>& xs);
 
+// The reduced dims of a reduction (sum, mean, amax, amin) of `x`: a list, one dim, or every dim
+// (none given, or an empty list), wrapped into [0, rank).
+std::vector<int64_t> reduced_dims(const at::Tensor& x, const OpAttrs& attrs);
+
 // split and chunk run as one narrow per piece (core/propagation.h, split_pieces): the narrow's
 // attributes of each piece for an operand of `shape`. Throws SemanticError(ShapeMismatch) naming
 // the op's JSON path when the pieces are not as many as its `outs`.

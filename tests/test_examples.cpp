@@ -13,6 +13,7 @@
 #include "core/scenario.h"
 #include "oracles/check.h"
 #include "traces/render.h"
+#include "traces/trace.h"
 
 namespace fs = std::filesystem;
 using namespace meshsim;
@@ -132,6 +133,35 @@ TEST(Examples, FailingExamplesReportTheirProblem) {
     EXPECT_NE(run.result["status"], "pass");
     EXPECT_NE(run.exit_code, 0);
     expect_golden(golden_dir() / "results" / ("failing_" + file.stem().string() + ".json"), run.result.dump(2) + "\n");
+  }
+}
+
+// Programs a long property run found failing (examples/regressions; docs/testing.md, "Deep
+// check"): each passes under every option combination, and five runs of it in one process give
+// one trace (the determinism property's failure was a kernel that left memory unwritten).
+TEST(Examples, RegressionsPassAndAreDeterministic) {
+  const auto files = example_files("regressions");
+  EXPECT_GE(files.size(), 2u);
+  for (const auto& file : files) {
+    SCOPED_TRACE(file.string());
+    const Scenario sc = load_scenario(file.string());
+    const CheckedRun first = check_scenario(sc, sc.options);
+    EXPECT_EQ(first.result["status"], "pass") << first.result.dump(2);
+    const uint64_t hash = trace_hash(trace_of(sc, sc.options, first));
+    for (int again = 0; again < 4; ++again) {
+      const CheckedRun run = check_scenario(sc, sc.options);
+      EXPECT_EQ(trace_hash(trace_of(sc, sc.options, run)), hash) << "run " << again + 2;
+    }
+    for (const char* mode : {"above_autograd", "below_autograd"})
+      for (const char* policy : {"intersection", "union"})
+        for (const char* conv : {"divide", "rank0"}) {
+          RunOptions o = sc.options;
+          set_option(o, "redistribute", mode);
+          set_option(o, "reduced_propagation", policy);
+          set_option(o, "partial_from_replicate", conv);
+          const CheckedRun run = check_scenario(sc, o);
+          EXPECT_NE(run.result["status"], "fail") << o.to_json().dump() << "\n" << run.result.dump(2);
+        }
   }
 }
 

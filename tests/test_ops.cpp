@@ -20,6 +20,8 @@
 #include "sim/interpreter.h"
 #include "sim/local_ops.h"
 
+#include <torch/csrc/autograd/autograd.h>
+
 namespace meshsim {
 namespace {
 
@@ -823,6 +825,55 @@ TEST(OpSplit, PiecesMatchTheOracleAndCountTheOuts) {
   EXPECT_NE(r["error"]["message"].get<std::string>().find("/program/0: split of dim 1 of [5, 6] gives 3 pieces, outs names 2"),
             std::string::npos)
       << r.dump(1);
+}
+
+// gelu's gradient does not depend on the layout of the incoming gradient, in float32 too:
+// libtorch's gelu_backward (approximate none) leaves its float32 result unwritten for a gradient
+// strided otherwise than the input (pytorch/pytorch#112006), which the kernel works around.
+TEST(OpKernels, GeluGradientIgnoresTheIncomingGradientsLayout) {
+  for (auto dtype : {at::kFloat, at::kDouble})
+    for (const char* approximate : {"none", "tanh"}) {
+      SCOPED_TRACE(std::string(approximate) + (dtype == at::kFloat ? " float32" : " float64"));
+      OpAttrs attrs;
+      attrs.tanh = std::string(approximate) == "tanh";
+      const at::Tensor x = at::arange(-8, 9, at::kDouble).div(3).reshape({17, 1}).expand({17, 17}).contiguous();
+      const at::Tensor g = (at::arange(17 * 17, at::kDouble).reshape({17, 17}).remainder(7) - 3).to(dtype);
+      auto grad_with = [&](const at::Tensor& incoming) {
+        const at::Tensor xi = x.to(dtype).requires_grad_(true);
+        const at::Tensor y = local_op("gelu", attrs, {xi});
+        return torch::autograd::grad({y}, {xi}, {incoming})[0];
+      };
+      const at::Tensor strided = g.t().contiguous().t();  // the same values, column-major
+      ASSERT_FALSE(strided.is_contiguous());
+      const at::Tensor want = grad_with(g), got = grad_with(strided);
+      EXPECT_TRUE(at::isfinite(got).all().item<bool>());
+      EXPECT_LE((got - want).abs().max().item<double>(), dtype == at::kFloat ? 1e-6 : 1e-15);
+      EXPECT_GT(want.abs().max().item<double>(), 1.0);  // not the zeros of an unwritten result
+    }
+}
+
+// amax / amin split the gradient among the elements equal to the extremum. Where the mesh's
+// operand and the oracle's differ by rounding, the two may break a tie otherwise; the oracle then
+// takes the mesh's tie set (oracles/oracle.h) and the run passes. A kernel that sends the whole
+// gradient to one of the ties still fails.
+TEST(OpExtrema, TiesBrokenByRoundingAreNotAFailure) {
+  const std::string file = std::string(MESHSIM_SOURCE_DIR) + "/examples/regressions/amin_ties_reduced_weight.json";
+  const json r = run(load_scenario(file));
+  EXPECT_EQ(r["status"], "pass") << r.dump(1);
+  // Exact ties: every element of a row of ones is the maximum.
+  const json ties = {{"format", "meshsim.scenario/1"},
+                     {"mesh", {{"axes", {"dp"}}, {"shape", {2}}}},
+                     {"inputs", {{{"name", "x"}, {"shape", {4, 3}}, {"placements", {"S(0)"}}, {"init", "ones"},
+                                  {"requires_grad", true}}}},
+                     {"program", {{{"out", "m"}, {"op", "amax"}, {"args", {"x"}}, {"dim", 1}},
+                                  {{"out", "loss"}, {"op", "sum"}, {"args", {"m"}}}}},
+                     {"backward", "loss"}};
+  Scenario tied = parse_scenario(ties, "ties");
+  EXPECT_EQ(run(tied)["status"], "pass");
+  set_option(tied.options, "mutant", "extremum_grad_first_tie");
+  const json bug = run(tied);
+  EXPECT_EQ(bug["status"], "fail") << bug.dump(1);
+  EXPECT_EQ(bug["checks"]["gradient_equivalence"], false) << bug.dump(1);
 }
 
 }  // namespace
