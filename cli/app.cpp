@@ -184,6 +184,16 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"logical", "ranks"}));
   add_limits(render_cmd, limits, max_memory);
 
+  cli::OpsArgs ops;
+  auto* ops_cmd = app.add_subcommand(
+      "ops", "Print the op catalog: every op with its operands, attributes, rule family and what it computes");
+  auto* ops_json = ops_cmd->add_flag("--json", ops.json, "Print the catalog as JSON (meshsim.ops/1)");
+  ops_cmd
+      ->add_flag("--markdown", ops.markdown,
+                 "Print the Markdown table of the ops a scenario may use (docs/scenario-format.md's; "
+                 "scripts/gen_op_table.sh writes it there)")
+      ->excludes(ops_json);
+
   ValidateConfig validate;
   auto* validate_cmd = app.add_subcommand(
       "validate", "Run a scenario on a real engine (one process per rank) and compare every rank with the simulation");
@@ -245,6 +255,7 @@ int main(int argc, char** argv) {
       return cli::cmd_check(check, std::cout);
     }
     if (*replay_cmd) return cli::cmd_replay(replay);
+    if (*ops_cmd) return cli::cmd_ops(ops, std::cout);
     if (*render_cmd) return cli::cmd_render(render);
     if (*validate_cmd) return cli::cmd_validate(validate);
   } catch (const InputError& e) {

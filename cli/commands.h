@@ -1,6 +1,7 @@
 // The subcommands of `meshsim` (DESIGN.md, contract 1). Each returns the process exit code.
 #pragma once
 
+#include <ostream>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -61,6 +62,14 @@ struct RenderArgs {
   std::string view = "logical";  // logical | ranks
 };
 int cmd_render(const RenderArgs& args);
+
+// `meshsim ops`: the op catalog (core/ops.h), one line per op; --json: meshsim.ops/1; --markdown:
+// the table of the ops a scenario may use (docs/scenario-format.md's). Returns 0.
+struct OpsArgs {
+  bool json = false;
+  bool markdown = false;
+};
+int cmd_ops(const OpsArgs& args, std::ostream& out);
 
 }  // namespace meshsim::cli
 

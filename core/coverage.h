@@ -5,7 +5,7 @@
 // A key names one rule in one place: "forward mm: S(1), S(0) -> P(sum)" (a row of the op's table,
 // shard dims written as the table writes them: S(d) for every dim alike, S(dim) for the reduced
 // dim), "backward exp d0: mul S(d), S(d) -> S(d)" (the row of the table the backward step of
-// operand 0 read, with the incoming gradient in one slot: propagation.cpp says which),
+// operand 0 read, with the incoming gradient in one slot: rules/common.h says which),
 // "redistribute: all_gather S -> Rd" (a planner step, by placement kind; "(gradient)" when a
 // gradient was planned).
 #pragma once
@@ -43,7 +43,7 @@ struct CoverageRow {
 std::vector<CoverageRow> coverage_universe();
 
 // The parts, from the files that own the rules.
-std::vector<CoverageRow> propagation_coverage();     // propagation.cpp
+std::vector<CoverageRow> propagation_coverage();     // rules/coverage.cpp
 std::vector<CoverageRow> redistribution_coverage();  // redistribute.cpp
 
 }  // namespace meshsim

@@ -134,7 +134,7 @@ ShardingDecision propagate(const std::string& op, const Mesh& mesh, const std::v
                            const std::vector<Shape>& shapes, const OpAttrs& attrs);
 
 // Backward: the placement of the gradient contribution an op gives operand `input`, per axis,
-// read from the family's table with the gradient in one operand slot (propagation.cpp says which),
+// read from the family's table with the gradient in one operand slot (rules/common.h says which),
 // given the operands' forward specs (after redistribution), the output spec and the placement of
 // the incoming gradient. `grad_in` may be changed to the placement the rule needs (the caller
 // redistributes the incoming gradient first); the result is the contribution's placement.

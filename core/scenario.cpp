@@ -14,6 +14,7 @@
 #include <string_view>
 
 #include "core/error.h"
+#include "core/ops.h"
 
 namespace meshsim {
 
@@ -104,157 +105,24 @@ std::string mutant_option(const json& value) {
                               brief(value));
 }
 
-// ---- the op table: arity and attributes of every contract-2 op ----
-
-// NumberOrInf: a number or one of the strings "inf" and "-inf" (JSON has no infinity).
-enum class AttrType { Int, Ints, IntOrInts, Number, NumberOrInf, Bool, Spec, Axis, String, Any };
-
-struct AttrRule {
-  const char* key;
-  AttrType type;
-  bool required;
-};
-
-struct OpRule {
-  const char* name;
-  int arity;  // -1: one or more args (local_map: any number)
-  std::vector<AttrRule> attrs;
-  bool implemented;
-  int max_arity = -2;  // -2: exactly `arity`; else the most args (linear's bias)
-};
-
-const std::vector<OpRule>& op_rules() {
-  static const std::vector<AttrRule> reduction = {{"dim", AttrType::IntOrInts, false},
-                                                  {"keepdim", AttrType::Bool, false}};
-  // A binary op's second operand may be the scalar `value` instead (then it takes one arg).
-  static const std::vector<AttrRule> binary = {{"value", AttrType::Number, false}};
-  // Creation ops take no operand: a shape, placements (S, R or Rd on each axis) and a dtype.
-  static const std::vector<AttrRule> creation = {{"shape", AttrType::Ints, true},
-                                                 {"placements", AttrType::Spec, true},
-                                                 {"dtype", AttrType::String, false}};
-  static const std::vector<AttrRule> full_attrs = [] {
-    auto a = creation;
-    a.push_back({"value", AttrType::NumberOrInf, true});
-    return a;
-  }();
-  // A local_map body's vocab- or class-parallel lookup names the mesh axis that shards the table
-  // and the global size of the sharded dim (the rank's range is its torch.chunk of it).
-  static const std::vector<AttrRule> loss = {{"reduction", AttrType::String, false},
-                                             {"ignore_index", AttrType::Int, false}};
-  static const std::vector<AttrRule> nll = {{"reduction", AttrType::String, false},
-                                            {"ignore_index", AttrType::Int, false},
-                                            {"axis", AttrType::Axis, false},
-                                            {"classes", AttrType::Int, false}};
-  static const std::vector<OpRule> rules = {
-      {"abs", 1, {}, true},
-      {"add", 2, binary, true},
-      {"amax", 1, reduction, true},
-      {"amin", 1, reduction, true},
-      {"arange", 0, creation, true},
-      {"bmm", 2, {}, true},
-      {"cat", -1, {{"dim", AttrType::Int, true}}, true},
-      {"chunk", 1, {{"chunks", AttrType::Int, true}, {"dim", AttrType::Int, false}}, true},
-      {"cross_entropy", 2, loss, true},
-      {"div", 2, binary, true},
-      {"embedding", 2, {{"axis", AttrType::Axis, false}, {"vocab", AttrType::Int, false}}, true},
-      {"exp", 1, {}, true},
-      {"expand", 1, {{"shape", AttrType::Ints, true}}, true},
-      {"flatten", 1, {{"start_dim", AttrType::Int, false}, {"end_dim", AttrType::Int, false}}, true},
-      {"from_local", 1, {{"placements", AttrType::Spec, true}, {"run_check", AttrType::Bool, false}}, true},
-      {"full", 0, full_attrs, true},
-      {"gelu", 1, {{"approximate", AttrType::String, false}}, true},
-      {"layer_norm", 1, {{"normalized_shape", AttrType::Ints, true}, {"eps", AttrType::Number, false}}, true, 3},
-      {"linear", 2, {}, true, 3},
-      {"local_map",
-       -1,
-       {{"in_placements", AttrType::Any, false},
-        {"out_placements", AttrType::Any, true},
-        {"body", AttrType::Any, true},
-        {"returns", AttrType::Any, true},
-        {"reference", AttrType::Any, false},
-        {"check_variance", AttrType::Bool, false}},
-       true},
-      {"log", 1, {}, true},
-      {"log_softmax", 1, {{"dim", AttrType::Int, true}}, true},
-      {"masked_fill", 2, {{"value", AttrType::NumberOrInf, true}}, true},
-      {"matmul", 2, {}, true},
-      {"mean", 1, reduction, true},
-      {"mm", 2, {}, true},
-      {"mul", 2, binary, true},
-      {"narrow", 1, {{"dim", AttrType::Int, true}, {"start", AttrType::Int, true}, {"length", AttrType::Int, true}}, true},
-      {"neg", 1, {}, true},
-      {"nll_loss", 2, nll, true},
-      {"ones", 0, creation, true},
-      {"permute", 1, {{"dims", AttrType::Ints, true}}, true},
-      {"pow", 1, {{"exponent", AttrType::Number, true}}, true},
-      {"redistribute", 1, {{"placements", AttrType::Spec, true}}, true},
-      {"relu", 1, {}, true},
-      {"reshape", 1, {{"shape", AttrType::Ints, true}}, true},
-      {"rms_norm", 1, {{"normalized_shape", AttrType::Ints, true}, {"eps", AttrType::Number, false}}, true, 2},
-      {"rsqrt", 1, {}, true},
-      {"scale", 1, {{"value", AttrType::Number, true}}, true},
-      {"sigmoid", 1, {}, true},
-      {"silu", 1, {}, true},
-      {"sin", 1, {}, true},
-      {"softmax", 1, {{"dim", AttrType::Int, true}}, true},
-      {"split", 1, {{"sizes", AttrType::Ints, false}, {"size", AttrType::Int, false}, {"dim", AttrType::Int, false}}, true},
-      {"sqrt", 1, {}, true},
-      {"squeeze", 1, {{"dim", AttrType::Int, false}}, true},
-      {"stack", -1, {{"dim", AttrType::Int, true}}, true},
-      {"sub", 2, binary, true},
-      {"sum", 1, reduction, true},
-      {"tanh", 1, {}, true},
-      {"to_local", 1, {}, true},
-      {"transpose", 1, {{"dim0", AttrType::Int, true}, {"dim1", AttrType::Int, true}}, true},
-      {"tril", 1, {{"diagonal", AttrType::Int, false}}, true},
-      {"triu", 1, {{"diagonal", AttrType::Int, false}}, true},
-      {"unflatten", 1, {{"dim", AttrType::Int, true}, {"sizes", AttrType::Ints, true}}, true},
-      {"unsqueeze", 1, {{"dim", AttrType::Int, true}}, true},
-      {"view", 1, {{"shape", AttrType::Ints, true}}, true},
-      {"where", 3, {}, true},
-      {"zeros", 0, creation, true},
-  };
-  return rules;
-}
-
-// Ops only a local_map body runs (its values are LTensors), alphabetical.
-const std::vector<OpRule>& body_op_rules() {
-  static const std::vector<OpRule> rules = {
-      {"all_gather", 1, {{"axis", AttrType::Axis, true}, {"dim", AttrType::Int, true}, {"to", AttrType::String, false}}, true},
-      {"all_reduce", 1, {{"axis", AttrType::Axis, true}, {"reduce", AttrType::String, false}}, true},
-      {"all_to_all", 1, {{"axis", AttrType::Axis, true}, {"split_dim", AttrType::Int, true}, {"concat_dim", AttrType::Int, true}}, true},
-      {"call", -1, {{"function", AttrType::String, true}, {"axis", AttrType::Axis, false}}, true},
-      {"mark_varying", 1, {{"axis", AttrType::Axis, true}}, true},
-      {"reduce_scatter", 1, {{"axis", AttrType::Axis, true}, {"dim", AttrType::Int, true}}, true},
-  };
-  return rules;
-}
-
 }  // namespace
 
-bool is_creation_op(const std::string& op) { return op == "arange" || op == "full" || op == "ones" || op == "zeros"; }
+bool is_creation_op(const std::string& op) {
+  const OpSchema* s = find_op(op);
+  return s && s->gen == GenClass::Creation;
+}
 
 namespace {
 
 // Where an op stands decides which ops it may be.
 enum class Region { Program, Body, Reference };
 
-bool is_local_boundary(const std::string& name) { return name == "to_local" || name == "from_local"; }
-
-const OpRule* find_op_rule(const std::string& name, Region region = Region::Program) {
-  // A program's local code (between to_local and from_local) may use the body collectives too;
-  // `call` needs a local_map (its Functions are registered for LTensors with a reference); a
-  // local_map's reference may call a Function too, whose own reference the oracle then runs.
-  if (region == Region::Body || (region == Region::Program && name != "call") ||
-      (region == Region::Reference && name == "call"))
-    for (const auto& r : body_op_rules())
-      if (name == r.name) return &r;
-  if (region != Region::Program && (name == "local_map" || is_creation_op(name) || is_local_boundary(name)))
-    return nullptr;
-  if (region == Region::Body && name == "redistribute") return nullptr;
-  for (const auto& r : op_rules())
-    if (name == r.name) return &r;
-  return nullptr;
+// The catalog's row of an op a scenario may use where it stands (core/ops.h, OpSchema::scopes).
+const OpSchema* find_op_rule(const std::string& name, Region region = Region::Program) {
+  const OpSchema* s = find_op(name);
+  if (!s) return nullptr;
+  const unsigned scope = region == Region::Program ? kProgram : region == Region::Body ? kBody : kReference;
+  return (s->scopes & scope) ? s : nullptr;
 }
 
 std::string join(const std::vector<std::string>& items) {
@@ -524,9 +392,9 @@ class ScenarioParser {
     OpDecl decl;
     decl.path = path;
     decl.op = r_.string(r_.field(op, path, "op"), child(path, "op"));
-    const OpRule& rule = op_rule(decl.op, child(path, "op"), region);
+    const OpSchema& rule = op_rule(decl.op, child(path, "op"), region);
     // split and chunk give several results: `outs` names them (one per piece) instead of `out`.
-    const bool multi = decl.op == "split" || decl.op == "chunk";
+    const bool multi = rule.gen == GenClass::Split;
     std::vector<std::string> allowed = {multi ? "outs" : "out", "op", "args"};
     for (const auto& a : rule.attrs) allowed.push_back(a.key);
     // A call passes its other fields to the Function as its attributes.
@@ -537,19 +405,17 @@ class ScenarioParser {
                            : r_.array(r_.field(op, path, "args"), child(path, "args"));
     for (size_t k = 0; k < args.size(); ++k)
       decl.args.push_back(value_name(args[k], child(child(path, "args"), k)));
-    int min_args = rule.arity, max_args = rule.max_arity == -2 ? rule.arity : rule.max_arity;
+    int min_args = rule.min_args(), max_args = rule.max_args();
     // A binary op with a scalar `value` takes one tensor operand.
-    for (const auto& a : rule.attrs)
-      if (std::string(a.key) == "value" && a.type == AttrType::Number && rule.arity == 2 && op.contains("value"))
-        min_args = max_args = 1;
-    if (rule.arity >= 0 && (args.size() < static_cast<size_t>(min_args) || args.size() > static_cast<size_t>(max_args)))
+    if (rule.scalar_second() && op.contains("value")) min_args = max_args = 1;
+    if (max_args >= 0 && (args.size() < static_cast<size_t>(min_args) || args.size() > static_cast<size_t>(max_args)))
       r_.fail(child(path, "args"), decl.op + " takes " +
                                        (min_args == max_args ? std::to_string(min_args)
                                                              : std::to_string(min_args) + " or " + std::to_string(max_args)) +
                                        " argument" + (max_args == 1 ? "" : "s") +
-                                       (min_args == 1 && rule.arity == 2 ? " (with a scalar \"value\")" : "") + ", got " +
+                                       (min_args == 1 && rule.scalar_second() ? " (with a scalar \"value\")" : "") + ", got " +
                                        std::to_string(args.size()));
-    if ((decl.op == "cat" || decl.op == "stack") && args.empty())
+    if (min_args > 0 && max_args < 0 && args.empty())  // cat and stack take one or more
       r_.fail(child(path, "args"), decl.op + " takes one or more arguments, got none");
     for (const auto& attr : rule.attrs) check_attr(op, path, attr, decl);
     check_choices(op, path, decl.op);
@@ -628,8 +494,8 @@ class ScenarioParser {
     return out;
   }
 
-  const OpRule& op_rule(const std::string& name, const std::string& path, Region region) const {
-    const OpRule* rule = find_op_rule(name, region);
+  const OpSchema& op_rule(const std::string& name, const std::string& path, Region region) const {
+    const OpSchema* rule = find_op_rule(name, region);
     if (!rule && find_op_rule(name, Region::Body))
       r_.fail(path, "op " + in_quotes(name) + " runs only inside a local_map body", ErrorKind::UnsupportedOp);
     if (!rule && region == Region::Body && find_op_rule(name))
@@ -637,15 +503,10 @@ class ScenarioParser {
     if (!rule)
       r_.fail(path, "unknown op " + in_quotes(name) + " (known: " + join(known_ops()) + ")",
               ErrorKind::UnsupportedOp);
-    if (!rule->implemented)
-      r_.fail(path,
-              "op " + in_quotes(name) + " is not implemented in this version (implemented: " +
-                  join(implemented_ops()) + ")",
-              ErrorKind::UnsupportedOp);
     return *rule;
   }
 
-  void check_attr(const json& op, const std::string& op_path, const AttrRule& attr,
+  void check_attr(const json& op, const std::string& op_path, const AttrSchema& attr,
                   const OpDecl& decl) const {
     std::string path = child(op_path, attr.key);
     if (!op.contains(attr.key)) {
@@ -674,7 +535,13 @@ class ScenarioParser {
         break;
       case AttrType::Bool: r_.boolean(v, path); break;
       case AttrType::Any: break;
-      case AttrType::String: r_.string(v, path); break;
+      case AttrType::String: {
+        const std::string text = r_.string(v, path);
+        if (attr.choices.empty() || std::find(attr.choices.begin(), attr.choices.end(), text) != attr.choices.end()) break;
+        std::string list;
+        for (const char* c : attr.choices) list += (list.empty() ? "" : ", ") + std::string(c);
+        r_.fail(path, "expected one of " + list + ", got " + in_quotes(text));
+      }
       case AttrType::Axis: {
         std::string axis = r_.string(v, path);
         if (s_.mesh.axis_index(axis) < 0)
@@ -697,20 +564,10 @@ class ScenarioParser {
     }
   }
 
-  // Attributes with a fixed set of spellings, and the shapes of creation ops.
+  // Attributes that go together, and the shapes of creation ops (a String attribute's spellings are
+  // the catalog's, checked by check_attr).
   void check_choices(const json& op, const std::string& path, const std::string& name) const {
-    auto one_of = [&](const char* key, std::initializer_list<const char*> choices) {
-      if (!op.contains(key)) return;
-      std::string v = r_.string(op[key], child(path, key)), list;
-      for (const char* c : choices) {
-        if (v == c) return;
-        list += (list.empty() ? "" : ", ") + std::string(c);
-      }
-      r_.fail(child(path, key), "expected one of " + list + ", got " + in_quotes(v));
-    };
-    if (name == "gelu") one_of("approximate", {"none", "tanh"});
     if (name == "cross_entropy" || name == "nll_loss") {
-      one_of("reduction", {"mean", "sum"});
       if (op.contains("axis") != op.contains("classes"))
         r_.fail(child(path, op.contains("axis") ? "classes" : "axis"),
                 name + ": a class-parallel pick in a local_map body names both axis and classes");
@@ -719,10 +576,7 @@ class ScenarioParser {
       r_.fail(child(path, op.contains("axis") ? "vocab" : "axis"),
               "embedding: a vocab-parallel lookup in a local_map body names both axis and vocab");
     if (is_creation_op(name)) {
-      one_of("dtype", {"float", "bool", "int64"});
       r_.shape(op["shape"], child(path, "shape"), 0);
-      if (name == "arange" && op.value("dtype", "float") == "bool")
-        r_.fail(child(path, "dtype"), "arange makes float or int64 values, not bool");
     }
     if ((name == "layer_norm" || name == "rms_norm") && op.contains("normalized_shape"))
       r_.shape(op["normalized_shape"], child(path, "normalized_shape"), 1);
@@ -826,24 +680,20 @@ const InputDecl* Scenario::find_input(const std::string& input_name) const {
   return nullptr;
 }
 
+// The DTensor-level ops: the catalog's, less local code's collectives and calls, and the ops only
+// the runtime writes.
 const std::vector<std::string>& known_ops() {
   static const std::vector<std::string> names = [] {
     std::vector<std::string> out;
-    for (const auto& r : op_rules()) out.push_back(r.name);
+    for (const auto& s : op_catalog())
+      if ((s.scopes & kProgram) && !s.local_code) out.push_back(s.name);
     return out;
   }();
   return names;
 }
 
-const std::vector<std::string>& implemented_ops() {
-  static const std::vector<std::string> names = [] {
-    std::vector<std::string> out;
-    for (const auto& r : op_rules())
-      if (r.implemented) out.push_back(r.name);
-    return out;
-  }();
-  return names;
-}
+// Every op of the catalog runs in this version.
+const std::vector<std::string>& implemented_ops() { return known_ops(); }
 
 Scenario parse_scenario(const json& doc, const std::string& file) {
   return ScenarioParser(doc, file).parse();

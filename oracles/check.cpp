@@ -8,6 +8,7 @@
 #include "core/cotangent.h"
 #include "core/error.h"
 #include "core/mutants.h"
+#include "core/ops.h"
 #include "core/semantics.h"
 #include "oracles/mismatch.h"
 #include "oracles/oracle.h"
@@ -327,25 +328,19 @@ std::shared_ptr<RunTensors> kept_tensors(const Scenario& sc, const SimRun& run, 
 
 }  // namespace
 
-// Ops whose results on integer data are integers (sums, products, maxima and moves of data), so
-// that the mesh and the oracle agree bit for bit whatever the order of the sums. Every other op
-// rounds: exp, tanh, sin and softmax are transcendental, div and mean divide (mean by the global
-// count, each rank its own part), and a new op is inexact until it is listed here.
+// Ops whose results on integer data are integers (the catalog's `exact`: sums, products, maxima
+// and moves of data), so that the mesh and the oracle agree bit for bit whatever the order of the
+// sums. Every other op rounds: exp, tanh, sin and softmax are transcendental, div and mean divide
+// (mean by the global count, each rank its own part), amax and amin split their gradient among ties.
+// all_reduce(avg) divides by its group size, checked with the mesh.
 bool exact_op(const OpDecl& op) {
-  static const std::set<std::string> exact = {
-      "redistribute", "add", "sub", "mul", "neg", "relu", "mm", "transpose", "sum",
-      // products and moves of data (amax and amin are not: their gradient splits g among ties)
-      "bmm", "matmul", "linear", "permute", "view", "reshape", "flatten", "unflatten", "squeeze",
-      "unsqueeze", "expand", "cat", "stack", "narrow",
-      // local_map body ops; all_reduce(avg) divides by its group size, checked with the mesh.
-      "all_reduce", "all_gather", "reduce_scatter", "all_to_all", "mark_varying",
-      // local code's ends (the values as they are)
-      "to_local", "from_local"};
   // Built-in Functions: x * x, and a sum over the group.
   static const std::set<std::string> exact_functions = {"local_square", "opaque_all_reduce",
                                                         "opaque_all_reduce_unregistered"};
+  const OpSchema* schema = find_op(op.op);
+  const bool exact = schema && schema->exact && !is_creation_op(op.op);
   // scale, and a binary op with a scalar `value` (add, sub, mul; div rounds anyway).
-  if (op.op == "scale" || (op.attrs.is_object() && op.attrs.contains("value") && exact.count(op.op))) {
+  if (op.op == "scale" || (op.attrs.is_object() && op.attrs.contains("value") && exact && schema->scalar_second())) {
     // An integer, or a power of two (0.5, 0.25): the product of an integer by it is exact.
     const double v = op.attrs.value("value", 0.0);
     int exponent = 0;
@@ -358,7 +353,7 @@ bool exact_op(const OpDecl& op) {
         if (!exact_op(b)) return false;
     return true;
   }
-  return exact.count(op.op) > 0;
+  return exact;
 }
 
 double comparison_tolerance(const Scenario& sc, const RunOptions& options) {

@@ -5,6 +5,7 @@
 #include <torch/csrc/autograd/autograd.h>
 
 #include "core/error.h"
+#include "core/ops.h"
 #include "sim/local_map.h"
 #include "sim/local_ops.h"
 
@@ -12,9 +13,11 @@ namespace meshsim {
 
 namespace {
 
+// Local code's ends and collectives (the catalog's local_code ops but `call`).
 bool is_layout_only_op(const std::string& op) {
-  return op == "to_local" || op == "from_local" || op == "all_reduce" || op == "all_gather" || op == "reduce_scatter" ||
-         op == "all_to_all" || op == "mark_varying";
+  if (op == "to_local" || op == "from_local") return true;
+  const OpSchema* s = find_op(op);
+  return s && s->local_code && op != "call";
 }
 
 // One op on global tensors. What libtorch refuses (c10::Error, or any std::exception) is raised

@@ -1,6 +1,8 @@
-// The kernels property's own N-D arrays and op definitions (properties/kernels.cpp and
-// kernels_nn.cpp): dense row-major arrays of doubles, the definitions written out element by
-// element on them, and the drawing of each op's operands and attributes.
+// The kernels property's own N-D arrays and op definitions: dense row-major arrays of doubles, the
+// definitions written out element by element on them (the builders: kernels.cpp for the linear
+// algebra and the moves of data, kernels_nn.cpp for the transformer layers' ops), and the table
+// that gives each op of the catalog its definition and the drawing of its operands and attributes
+// (definitions.cpp).
 #pragma once
 
 #include <algorithm>
@@ -13,6 +15,7 @@
 #include <ATen/ATen.h>
 #include <rapidcheck.h>
 
+#include "core/ops.h"
 #include "core/propagation.h"
 
 namespace meshsim::kernel_nd {
@@ -125,6 +128,11 @@ inline Definition elementwise(double c, std::function<double(double, double)> f,
   return d;
 }
 
+// A unary elementwise op from its function and derivative.
+inline Definition unary(std::function<double(double)> f, std::function<double(double)> df) {
+  return elementwise(0.0, [f](double x, double) { return f(x); }, [df](double x, double, size_t) { return df(x); });
+}
+
 // An integer in [lo, hi], uniform at every case (rc::gen::inRange alone narrows the range to
 // `lo` in the early, small-size cases: every value alike, every rank 0), shrinking towards lo.
 inline int64_t draw_in(int64_t lo, int64_t hi) {
@@ -157,12 +165,55 @@ struct Case {
   std::vector<std::string> types;
 };
 
-// The transformer-layer ops (kernels_nn.cpp): non-linear pointwise, log_softmax, where, masked_fill,
-// tril, triu, the norms, embedding, the loss parts (pick_target, count_targets) and the losses
-// nll_loss and cross_entropy (the oracle's kernels); nothing for another op.
-std::optional<Definition> nn_definition(const std::string& op, const OpAttrs& a, int64_t rank);
-bool nn_case(const std::string& op, Case& c);
-// The ops nn_definition defines that no rule family lists (the oracle runs them whole).
-const std::vector<std::string>& whole_ops();
+// ---- the builders of definitions (kernels.cpp): linear algebra and moves of data ----
+
+// torch.matmul (and mm, bmm, its 2-D and 3-D cases), with broadcast batch dims.
+Definition matmul();
+// linear(x [..., k], weight [n, k], bias [n]?): x @ weight^T + bias.
+Definition linear();
+// permute (transpose: a permutation swapping two dims): result dim j is operand dim perm[j].
+Definition permutation(const Dims& perm);
+// View ops: the same row-major data under the shape `shape_of` gives the operand's shape.
+Definition view(std::function<Dims(const Dims&)> shape_of);
+// A target shape with its one -1 (if any) filled in so that it holds `count` elements.
+Dims filled(Dims shape, int64_t count);
+// expand to `target` (-1 keeps the operand's extent).
+Definition expand(const Dims& target);
+// cat along `dim`, or stack (a new dim `dim`).
+Definition join(int64_t dim, bool stack);
+// narrow: `length` entries of `dim` from `start` (negative: counted from the end).
+Definition narrow(int64_t dim, int64_t start, int64_t length);
+// sum or mean over the dims `a` names (mean: over a.mean_divisor when set).
+Definition sum_or_mean(const OpAttrs& a, bool mean);
+// amax / amin over the dims `a` names; the gradient split evenly among ties.
+Definition extremum(const OpAttrs& a, bool max);
+// softmax along `dim`.
+Definition softmax(int64_t dim);
+
+// ---- the builders of definitions (kernels_nn.cpp): the transformer layers' ops ----
+
+// gelu, exact (from erf) or in its tanh form.
+Definition gelu(bool tanh_form);
+Definition log_softmax(int64_t dim);
+Definition where_def();
+Definition masked_fill(double value);
+// tril (lower) / triu {diagonal}.
+Definition triangle(bool lower, int64_t diagonal);
+// layer_norm (layer) or rms_norm over the last `k` dims.
+Definition norm(bool layer, size_t k, double eps);
+// embedding; with a range, the rank's rows of a vocab-parallel table.
+Definition embedding(const std::optional<Chunk>& range);
+Definition pick_target(const OpAttrs& a);
+// nll_loss or cross_entropy.
+Definition loss(const OpAttrs& a, bool cross_entropy);
+Definition count_targets(const std::optional<int64_t>& ignore);
+
+// ---- the table (definitions.cpp) ----
+
+// The op's definition for these attributes and an operand 0 of rank `rank`, and a case of it
+// drawn. The table is checked against the catalog at its first use: every op with `kernel` has a
+// row, and no row names another op (std::logic_error naming the op otherwise).
+Definition definition(OpId op, const OpAttrs& a, int64_t rank);
+Case draw_case(OpId op);
 
 }  // namespace meshsim::kernel_nd

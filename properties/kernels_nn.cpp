@@ -2,10 +2,9 @@
 // element with std:: math (never through libtorch's fused kernels): gelu from erf (and its tanh
 // form), log_softmax from logsumexp, layer_norm from the mean and the biased variance, rms_norm
 // from the mean of squares, embedding and the target pick as lookups, cross_entropy from
-// logsumexp minus the picked score. Each with the gradient written out too.
+// logsumexp minus the picked score. Each with the gradient written out too; their rows: definitions.cpp.
 #include <cmath>
 #include <limits>
-#include <set>
 
 #include "properties/kernel_nd.h"
 
@@ -14,30 +13,6 @@ namespace meshsim::kernel_nd {
 namespace {
 
 constexpr double kPi = 3.14159265358979323846;
-
-// A unary elementwise op from its function and derivative.
-Definition unary(std::function<double(double)> f, std::function<double(double)> df) {
-  return elementwise(0.0, [f](double x, double) { return f(x); }, [df](double x, double, size_t) { return df(x); });
-}
-
-double sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
-
-// gelu(x) = x * Phi(x), Phi the standard normal CDF; the tanh form replaces Phi(x) by
-// (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) / 2.
-Definition gelu(bool tanh_form) {
-  if (!tanh_form)
-    return unary([](double x) { return 0.5 * x * (1.0 + std::erf(x / std::sqrt(2.0))); },
-                 [](double x) {
-                   const double cdf = 0.5 * (1.0 + std::erf(x / std::sqrt(2.0)));
-                   return cdf + x * std::exp(-0.5 * x * x) / std::sqrt(2.0 * kPi);
-                 });
-  const double k = std::sqrt(2.0 / kPi), c = 0.044715;
-  return unary([=](double x) { return 0.5 * x * (1.0 + std::tanh(k * (x + c * x * x * x))); },
-               [=](double x) {
-                 const double t = std::tanh(k * (x + c * x * x * x));
-                 return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * k * (1.0 + 3.0 * c * x * x);
-               });
-}
 
 // The lines of `shape` along `dim`: calls f(flat indices of one line) for every line.
 void lines_along(const Dims& shape, int64_t dim, const std::function<void(const std::vector<int64_t>&)>& f) {
@@ -57,6 +32,47 @@ double logsumexp(const Nd& x, const std::vector<int64_t>& line) {
   for (int64_t k : line) mx = std::max(mx, x.at(k));
   for (int64_t k : line) total += std::exp(x.at(k) - mx);
   return mx + std::log(total);
+}
+
+// The groups a norm normalizes: the flat indices of each group of the last `k` dims (row-major,
+// so each group is a run of `size` consecutive elements), and the index of each element in the
+// normalized shape (a parameter's element).
+struct Groups {
+  int64_t count, size;
+};
+Groups groups_of(const Dims& shape, size_t k) {
+  int64_t size = 1;
+  for (size_t d = shape.size() - k; d < shape.size(); ++d) size *= shape[d];
+  return {size == 0 ? 0 : count_of(shape) / size, size};
+}
+
+// The row an id reads in a table that holds rows [offset, offset + size) of the vocab (the whole
+// table without a range), or -1 for another rank's id.
+int64_t local_row(double id, const std::optional<Chunk>& range, int64_t rows) {
+  const auto v = static_cast<int64_t>(id);
+  if (!range) return v < rows ? v : -1;
+  return v >= range->offset && v < range->offset + range->size ? v - range->offset : -1;
+}
+
+bool ignored(double target, const std::optional<int64_t>& ignore) { return ignore && static_cast<int64_t>(target) == *ignore; }
+
+}  // namespace
+
+// gelu(x) = x * Phi(x), Phi the standard normal CDF; the tanh form replaces Phi(x) by
+// (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) / 2.
+Definition gelu(bool tanh_form) {
+  if (!tanh_form)
+    return unary([](double x) { return 0.5 * x * (1.0 + std::erf(x / std::sqrt(2.0))); },
+                 [](double x) {
+                   const double cdf = 0.5 * (1.0 + std::erf(x / std::sqrt(2.0)));
+                   return cdf + x * std::exp(-0.5 * x * x) / std::sqrt(2.0 * kPi);
+                 });
+  const double k = std::sqrt(2.0 / kPi), c = 0.044715;
+  return unary([=](double x) { return 0.5 * x * (1.0 + std::tanh(k * (x + c * x * x * x))); },
+               [=](double x) {
+                 const double t = std::tanh(k * (x + c * x * x * x));
+                 return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * k * (1.0 + 3.0 * c * x * x);
+               });
 }
 
 // log_softmax along dim: x - logsumexp(x); dx = g - softmax(x) * sum(g).
@@ -143,18 +159,6 @@ Definition triangle(bool lower, int64_t diagonal) {
   return {[=](Xs xs) { return keep(xs[0]); }, [=](Xs, const Nd& g, size_t) { return keep(g); }};
 }
 
-// The groups a norm normalizes: the flat indices of each group of the last `k` dims (row-major,
-// so each group is a run of `size` consecutive elements), and the index of each element in the
-// normalized shape (a parameter's element).
-struct Groups {
-  int64_t count, size;
-};
-Groups groups_of(const Dims& shape, size_t k) {
-  int64_t size = 1;
-  for (size_t d = shape.size() - k; d < shape.size(); ++d) size *= shape[d];
-  return {size == 0 ? 0 : count_of(shape) / size, size};
-}
-
 // layer_norm over the last dims, from the mean and the biased variance: xhat = (x - mean) /
 // sqrt(var + eps), y = xhat * w + b. dx = (gw - mean(gw) - xhat * mean(gw * xhat)) / sqrt(var + eps)
 // with gw = g * w; dw = sum over the groups of g * xhat; db = sum over the groups of g.
@@ -210,14 +214,6 @@ Definition norm(bool layer, size_t k, double eps) {
   return d;
 }
 
-// The row an id reads in a table that holds rows [offset, offset + size) of the vocab (the whole
-// table without a range), or -1 for another rank's id.
-int64_t local_row(double id, const std::optional<Chunk>& range, int64_t rows) {
-  const auto v = static_cast<int64_t>(id);
-  if (!range) return v < rows ? v : -1;
-  return v >= range->offset && v < range->offset + range->size ? v - range->offset : -1;
-}
-
 // embedding(ids, weight [V, D]): y[..., d] = weight[id, d], zeros for an id outside the rank's
 // range; the weight's gradient adds g's rows at the ids it holds.
 Definition embedding(const std::optional<Chunk>& range) {
@@ -246,8 +242,6 @@ Definition embedding(const std::optional<Chunk>& range) {
   };
   return d;
 }
-
-bool ignored(double target, const std::optional<int64_t>& ignore) { return ignore && static_cast<int64_t>(target) == *ignore; }
 
 // pick_target(log_probs [N, C], target [N]): -log_probs[n, target[n]], 0 where the target is
 // ignored or (range) another rank's class; the gradient puts -g[n] at the picked class.
@@ -325,166 +319,6 @@ Definition count_targets(const std::optional<int64_t>& ignore) {
             return y;
           },
           [](Xs xs, const Nd&, size_t) { return zeros(xs[0].shape); }};
-}
-
-const std::set<std::string>& nonlinear_ops() {
-  static const std::set<std::string> ops = {"abs", "gelu", "log", "pow", "rsqrt", "sigmoid", "silu", "sqrt"};
-  return ops;
-}
-
-// Ids (or targets) uniform in [0, high).
-Nd draw_ids(const Dims& shape, int64_t high) {
-  Nd x = zeros(shape);
-  for (auto& e : x.v) e = static_cast<double>(draw_in(0, high - 1));
-  return x;
-}
-
-Nd draw_mask(const Dims& shape) {
-  Nd x = zeros(shape);
-  for (auto& e : x.v) e = coin() ? 1.0 : 0.0;
-  return x;
-}
-
-// A range of a table's `extent` rows held by a rank: its torch.chunk over 1-4 ranks (empty
-// ones too).
-Chunk draw_range(int64_t extent) {
-  const int64_t ranks = draw_in(1, 4), r = draw_in(0, ranks - 1);
-  const int64_t size = (extent + ranks - 1) / ranks, offset = std::min(extent, r * size);
-  return {offset, std::min(size, extent - offset)};
-}
-
-// Scores [N, C] with targets in [0, C), an ignore_index now and then (one of the targets, never
-// every one), a reduction; with a class range now and then (nll_loss and pick_target: the rank's
-// classes, the scores then the rank's columns).
-void draw_loss(const std::string& op, Case& c) {
-  OpAttrs& a = c.attrs;
-  const int64_t n = draw_in(1, 4), classes = draw_in(1, 5);
-  Nd target = draw_ids({n}, classes);
-  if (coin()) {
-    const auto t = static_cast<int64_t>(draw_in(0, n - 1));
-    a.ignore_index = static_cast<int64_t>(target.at(t));
-    // Never every target: the last one is another class, or the index matches none.
-    bool all = true;
-    for (double v : target.v) all &= static_cast<int64_t>(v) == *a.ignore_index;
-    if (all) a.ignore_index = op == "count_targets" || coin() ? -100 : classes;
-  }
-  a.sum_reduction = coin();
-  int64_t columns = classes;
-  if ((op == "pick_target" || op == "nll_loss") && coin()) {
-    a.range = draw_range(classes);
-    columns = a.range->size;
-  }
-  if (op == "count_targets") {
-    a.float32 = coin();
-    c.xs = {target};
-    c.types = {"int64"};
-    return;
-  }
-  c.xs = {draw_values({n, columns}, false), target};
-  c.types = {"float", "int64"};
-}
-
-}  // namespace
-
-const std::vector<std::string>& whole_ops() {
-  static const std::vector<std::string> ops = {"cross_entropy", "nll_loss"};
-  return ops;
-}
-
-std::optional<Definition> nn_definition(const std::string& op, const OpAttrs& a, int64_t rank) {
-  if (op == "abs") return unary([](double x) { return std::abs(x); }, [](double x) { return x > 0 ? 1.0 : x < 0 ? -1.0 : 0.0; });
-  if (op == "gelu") return gelu(a.tanh);
-  if (op == "log") return unary([](double x) { return std::log(x); }, [](double x) { return 1.0 / x; });
-  if (op == "pow") {
-    const double e = a.exponent;
-    return unary([e](double x) { return std::pow(x, e); }, [e](double x) { return e * std::pow(x, e - 1.0); });
-  }
-  if (op == "rsqrt") return unary([](double x) { return 1.0 / std::sqrt(x); }, [](double x) { return -0.5 / (x * std::sqrt(x)); });
-  if (op == "sigmoid") return unary(sigmoid, [](double x) { return sigmoid(x) * (1.0 - sigmoid(x)); });
-  if (op == "silu")
-    return unary([](double x) { return x * sigmoid(x); }, [](double x) { return sigmoid(x) * (1.0 + x * (1.0 - sigmoid(x))); });
-  if (op == "sqrt") return unary([](double x) { return std::sqrt(x); }, [](double x) { return 0.5 / std::sqrt(x); });
-  if (op == "log_softmax") return log_softmax(wrap(*a.dim, rank));
-  if (op == "where") return where_def();
-  if (op == "masked_fill") return masked_fill(a.fill);
-  if (op == "tril" || op == "triu") return triangle(op == "tril", a.diagonal);
-  if (op == "layer_norm" || op == "rms_norm") {
-    const double eps = a.eps.value_or(op == "layer_norm" ? 1e-5 : std::numeric_limits<double>::epsilon());
-    return norm(op == "layer_norm", a.normalized_shape.size(), eps);
-  }
-  if (op == "embedding") return embedding(a.range);
-  if (op == "pick_target") return pick_target(a);
-  if (op == "count_targets") return count_targets(a.ignore_index);
-  if (op == "nll_loss" || op == "cross_entropy") return loss(a, op == "cross_entropy");
-  return std::nullopt;
-}
-
-bool nn_case(const std::string& op, Case& c) {
-  OpAttrs& a = c.attrs;
-  if (nonlinear_ops().count(op)) {
-    a.tanh = op == "gelu" && coin();
-    // pow: small integer and fractional exponents; log, sqrt, rsqrt, pow on positive operands.
-    if (op == "pow") a.exponent = std::vector<double>{-1.0, -0.5, 0.5, 1.5, 2.0, 3.0}[static_cast<size_t>(draw_in(0, 5))];
-    c.xs = {draw_values(draw_shape(draw_in(0, 3)), op == "log" || op == "pow" || op == "rsqrt" || op == "sqrt")};
-    return true;
-  }
-  if (op == "log_softmax") {
-    const int64_t r = draw_in(1, 3);
-    a.dim = as_given(draw_in(0, r - 1), r);
-    c.xs = {draw_values(draw_shape(r), false)};
-    return true;
-  }
-  if (op == "where" || op == "masked_fill") {  // a shape and operands broadcasting against it
-    const Dims out = draw_shape(draw_in(0, 3));
-    auto suffix = [&] {
-      Dims s(out.end() - draw_in(0, static_cast<int64_t>(out.size())), out.end());
-      for (auto& e : s)
-        if (draw_in(0, 3) == 0) e = 1;
-      return s;
-    };
-    if (op == "masked_fill") {
-      a.fill = std::vector<double>{-2.0, 0.0, 3.5, INFINITY, -INFINITY}[static_cast<size_t>(draw_in(0, 4))];
-      c.xs = {draw_values(out, false), draw_mask(coin() ? out : suffix())};
-      c.types = {"float", "bool"};
-      return true;
-    }
-    const size_t whole = static_cast<size_t>(draw_in(0, 2));  // one operand has the result's shape
-    std::vector<Dims> shapes = {suffix(), suffix(), suffix()};
-    shapes[whole] = out;
-    c.xs = {draw_mask(shapes[0]), draw_values(shapes[1], false), draw_values(shapes[2], false)};
-    c.types = {"bool", "float", "float"};
-    return true;
-  }
-  if (op == "tril" || op == "triu") {
-    a.diagonal = draw_in(-3, 3);
-    c.xs = {draw_values(draw_shape(draw_in(2, 4)), false)};
-    return true;
-  }
-  if (op == "layer_norm" || op == "rms_norm") {
-    const int64_t r = draw_in(1, 3), k = draw_in(1, r);
-    const Dims x = draw_shape(r);
-    a.normalized_shape.assign(x.end() - k, x.end());
-    if (op == "layer_norm" || coin()) a.eps = coin() ? std::optional<double>{} : std::optional<double>{0.25};
-    c.xs = {draw_values(x, false)};
-    for (int64_t p = draw_in(0, op == "layer_norm" ? 2 : 1); p > 0; --p) c.xs.push_back(draw_values(a.normalized_shape, false));
-    return true;
-  }
-  if (op == "embedding") {  // ids of 0-2 dims into the whole table or a rank's vocab range of it
-    const int64_t vocab = draw_in(1, 6), dim = draw_in(1, 3);
-    int64_t rows = vocab;
-    if (coin()) {
-      a.range = draw_range(vocab);
-      rows = a.range->size;
-    }
-    c.xs = {draw_ids(draw_shape(draw_in(0, 2)), vocab), draw_values({rows, dim}, false)};
-    c.types = {"int64", "float"};
-    return true;
-  }
-  if (op == "pick_target" || op == "count_targets" || op == "nll_loss" || op == "cross_entropy") {
-    draw_loss(op, c);
-    return true;
-  }
-  return false;
 }
 
 }  // namespace meshsim::kernel_nd

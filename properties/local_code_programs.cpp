@@ -30,6 +30,7 @@ namespace {
 
 using json = nlohmann::json;
 using parts::op;
+using parts::op_of;
 
 // The local value a chain of local ops has reached, with what the model knows of it.
 struct Chain {
@@ -81,7 +82,8 @@ void unary(Chain& c, bool injective) {
   }
 }
 
-// A binary op of the current value with w (its local, or its local marked varying), in either order.
+// A binary op of the current value with w (its local, or its local marked varying), in either order
+// (mul: a bound 4 times the value's; the others, add and sub, 4 more).
 void with_w(Chain& c, const std::string& name, const std::string& w) {
   if (*rc::gen::arbitrary<bool>()) {
     c.push(name, {w});
@@ -224,7 +226,7 @@ LocalCodeCase local_code_program() {
         for (int64_t k = 0; k < c.rank; ++k)
           if (std::find(c.dims.begin(), c.dims.end(), k) == c.dims.end()) free_dims.push_back(k);
         if (kind == 1 && w_in) {
-          use_w(*rc::gen::element<std::string>("add", "mul"));
+          use_w(op_of(GenClass::Binary));  // any pointwise op of w and x is right SPMD code here
         } else if (kind == 2 && !free_dims.empty()) {
           const int64_t k = *rc::gen::elementOf(free_dims);
           // The extent: a value of rank 2 has x's shape; of rank 1 after a sum of dim 0, x's dim 1,
@@ -248,7 +250,7 @@ LocalCodeCase local_code_program() {
       if (pvary) marked.push_back(key_axis);
       const int before = *rc::gen::inRange(0, 3);
       for (int i = 0; i < before; ++i) unary(c, false);
-      use_w(*rc::gen::element<std::string>("mul", "add"));
+      use_w(*rc::gen::element<std::string>("mul", "add"));  // the ops whose wrong gradient of w shows
       c.ones = false;  // w's data are not ones
       if (*rc::gen::arbitrary<bool>()) unary(c, true);
       yp = dims_placements();
@@ -276,7 +278,7 @@ LocalCodeCase local_code_program() {
       // without the all_reduce, only adds and injective ops follow (the wrong sum stays visible).
       const int after = *rc::gen::inRange(0, 3);
       for (int i = 0; i < after; ++i) {
-        if (w_in && *rc::gen::arbitrary<bool>()) use_w(reduce ? *rc::gen::element<std::string>("add", "mul") : "add");
+        if (w_in && *rc::gen::arbitrary<bool>()) use_w(reduce ? op_of(GenClass::Binary) : "add");
         else unary(c, !reduce);
       }
       if (w_in && !w_used) use_w("add");

@@ -97,33 +97,43 @@ bool mesh_rounds(const Mesh& mesh) {
 }
 
 double operand_limit(const std::string& name) {
-  if (name == "exp") return 6;
-  if (name == "softmax") return 8;
-  if (name == "sin" || name == "tanh" || name == "gelu" || name == "sigmoid" || name == "silu" ||
-      name == "log_softmax" || name == "cross_entropy" || name == "pow")
-    return 64;
-  return kMaxBound;
+  const OpSchema* s = find_op(name);
+  return s && s->values.operand_limit > 0 ? s->values.operand_limit : kMaxBound;
 }
 
-bool has_kink(const std::string& name) { return name == "relu" || name == "abs"; }
+bool has_kink(const std::string& name) {
+  const OpSchema* s = find_op(name);
+  return s && s->values.kink;
+}
 
 bool needs_positive(const std::string& name) {
-  return name == "log" || name == "sqrt" || name == "rsqrt" || name == "pow";
+  const OpSchema* s = find_op(name);
+  return s && s->values.needs_positive;
 }
 
-double unary_bound(const std::string& name, const json& extra, double x, double floor) {
-  if (needs_positive(name) && !(floor > 0)) return INFINITY;
-  if (name == "abs" || name == "relu" || name == "gelu" || name == "silu") return x;
-  if (name == "sigmoid" || name == "tanh" || name == "sin") return std::min(1.0, x);
-  if (name == "exp") return std::exp(x);
-  if (name == "log") return std::max(std::abs(std::log(floor)), std::abs(std::log(std::max(x, 1.0))));
-  if (name == "sqrt") return std::sqrt(x);
-  if (name == "rsqrt") return 1 / std::sqrt(floor);
-  if (name == "pow") {
-    const double e = extra.value("exponent", 1.0);
-    return std::max(std::pow(x, e), std::pow(floor, e));
+ValueRange result_range(const std::string& name, const json& attrs, ValueRange x) {
+  const OpSchema* s = find_op(name);
+  if (!s || !s->values.range) return {INFINITY, 0};
+  return s->values.range(x, attrs);
+}
+
+std::string op_of(GenClass c) { return *rc::gen::elementOf(ops_of_class(c)); }
+
+json drawn_attrs(const std::string& name) {
+  const OpSchema& s = op_schema(name);
+  json attrs = json::object();
+  for (const auto& [key, values] : s.values.draws) {
+    const AttrSchema* a = s.attr(key);
+    if (a && !a->required && !*rc::gen::arbitrary<bool>()) continue;
+    attrs[key] = *rc::gen::elementOf(json::parse(values).get<std::vector<json>>());
   }
-  return INFINITY;
+  return attrs;
+}
+
+int optional_operands(const std::string& name) {
+  int n = 0;
+  for (const auto& o : op_schema(name).operands) n += o.optional ? 1 : 0;
+  return n;
 }
 
 bool within_bounds(const std::string& name, const json& extra, const std::vector<Operand>& xs, double bound,

@@ -13,6 +13,7 @@
 
 #include "core/layout.h"
 #include "core/mesh.h"
+#include "core/ops.h"
 #include "core/placement.h"
 
 namespace meshsim::gen::parts {
@@ -72,6 +73,7 @@ bool within_bounds(const std::string& name, const json& extra, const std::vector
 // every generated value counts as rounded (so, for one, relu never meets a value the oracle has at
 // exactly 0 and the mesh at 1e-17).
 bool mesh_rounds(const Mesh& mesh);
+// What the op catalog (core/ops.h, ValueRules) says of an op's values, for the generators.
 // The largest operand bound an op takes (exp, softmax, sin, tanh take small ones).
 double operand_limit(const std::string& name);
 // Whether an op has a kink at 0 (relu, abs): it never takes a rounded operand, and the
@@ -80,8 +82,17 @@ bool has_kink(const std::string& name);
 // The ops that need a positive operand (log, sqrt, rsqrt, pow: the generators give them one with a
 // known positive floor, made by exp where there is none).
 bool needs_positive(const std::string& name);
-// The bound of a non-linear unary op's result on an operand of bound `x` and positive floor `floor`
-// (0: any sign); infinity when the op cannot take it.
-double unary_bound(const std::string& name, const json& extra, double x, double floor);
+// The range of a pointwise op's result (bound, and floor > 0 where it is known positive) on an
+// operand of range `x`, with the op's drawn attributes; a bound of infinity when the op cannot
+// take it (or the catalog gives it no range).
+ValueRange result_range(const std::string& name, const json& attrs, ValueRange x);
+
+// One op of a generator class, uniformly (the catalog's order: a new op of the class is drawn).
+std::string op_of(GenClass c);
+// The attributes the catalog says to draw for an op (ValueRules::draws): a required one always, an
+// optional one half the time (absent, it takes its default), each an element of its JSON list.
+json drawn_attrs(const std::string& name);
+// How many of an op's operands may be left off (a norm's weight and bias).
+int optional_operands(const std::string& name);
 
 }  // namespace meshsim::gen::parts

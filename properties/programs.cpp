@@ -262,34 +262,36 @@ struct DTensorBuilder {
     return v;
   }
 
+  // Appends exp of x (a value known positive) when its bounds allow.
+  bool exp_of(const DValue& x) {
+    const ValueRange y = result_range("exp", {}, {x.bound, x.floor});
+    return add("exp", {&x}, {}, y.bound, y.floor);
+  }
   // A value of x's shape known positive: x, a value of its shape with a positive floor, or exp of x.
   std::optional<DValue> positive(const DValue& x) {
     if (x.floor > 0) return x;
     if (const DValue* v = partner([&](const DValue& v) { return v.shape == x.shape && v.floor > 0; })) return *v;
-    if (!add("exp", {&x}, {}, std::exp(x.bound), std::exp(-x.bound))) return std::nullopt;
+    if (!exp_of(x)) return std::nullopt;
     return pool.back();
+  }
+  // A pointwise op of class c (the catalog's, with its drawn attributes) of x, or of a positive
+  // value of x's shape for an op that needs one; its range by the catalog's ValueRules.
+  bool pointwise(GenClass c, const DValue& x) {
+    const std::string name = op_of(c);
+    const json extra = drawn_attrs(name);
+    const auto v = needs_positive(name) ? positive(x) : std::optional<DValue>(x);
+    if (!v) return false;
+    const ValueRange y = result_range(name, extra, {v->bound, v->floor});
+    const DValue operand = *v;
+    return add(name, {&operand}, extra, y.bound, y.floor);
   }
 
   // The transformer-layer ops (kinds 14-19).
   bool try_layer_kind(int kind, const DValue& x) {
     const auto rank = static_cast<int64_t>(x.shape.size());
     switch (kind) {
-      case 14: {  // the non-linear pointwise ops; log, sqrt, rsqrt, pow of a positive operand
-        const std::string name = *rc::gen::element<std::string>("abs", "gelu", "log", "pow", "rsqrt", "sigmoid", "silu", "sqrt");
-        json extra = json::object();
-        if (name == "gelu" && *rc::gen::arbitrary<bool>()) extra["approximate"] = *rc::gen::element<std::string>("none", "tanh");
-        if (name == "pow") extra["exponent"] = *rc::gen::element(-1.0, -0.5, 0.5, 1.5, 2.0, 3.0);
-        const auto v = needs_positive(name) ? positive(x) : std::optional<DValue>(x);
-        if (!v) return false;
-        const double bound = unary_bound(name, extra, v->bound, v->floor);
-        double floor = 0;
-        if (name == "sigmoid") floor = 1 / (1 + std::exp(v->bound));
-        if (name == "sqrt") floor = std::sqrt(v->floor);
-        if (name == "rsqrt") floor = 1 / std::sqrt(v->bound);
-        if (name == "pow") floor = std::min(std::pow(v->floor, extra["exponent"].get<double>()), std::pow(v->bound, extra["exponent"].get<double>()));
-        const DValue operand = *v;
-        return add(name, {&operand}, extra, bound, floor);
-      }
+      case 14:  // the transformer layers' non-linear pointwise ops (log, sqrt, rsqrt, pow of a positive operand)
+        return pointwise(GenClass::UnaryLayer, x);
       case 15: {  // masks: where, masked_fill (a finite value, or -inf then softmax), tril, triu
         const int pick = *rc::gen::inRange(0, 4);
         if (pick == 0) {  // where(cond, x, y): a bool input, whole or broadcast
@@ -305,7 +307,7 @@ struct DTensorBuilder {
           return add("masked_fill", {&x, &mask}, {{"value", value}}, std::max(x.bound, std::abs(value)));
         }
         if (rank < 2) return false;
-        if (pick == 2) return add(*rc::gen::element<std::string>("tril", "triu"), {&x}, {{"diagonal", *rc::gen::inRange<int64_t>(-2, 3)}}, x.bound);
+        if (pick == 2) return add(op_of(GenClass::Triangle), {&x}, {{"diagonal", *rc::gen::inRange<int64_t>(-2, 3)}}, x.bound);
         // A causal mask: every row keeps its first column, so the softmax has a term. Either the
         // positions above the diagonal (triu of ones, diagonal >= 1) filled with -inf, or x where
         // tril of ones (diagonal >= 0) keeps it and full(-inf) elsewhere.
@@ -327,7 +329,7 @@ struct DTensorBuilder {
       }
       case 16: {  // layer_norm, rms_norm over the last 1-2 dims, with and without weight and bias
         if (rank == 0) return false;
-        const std::string name = *rc::gen::element<std::string>("layer_norm", "rms_norm");
+        const std::string name = op_of(GenClass::Norm);
         const auto k = static_cast<size_t>(*rc::gen::inRange<int64_t>(1, std::min<int64_t>(rank, 2) + 1));
         const Shape ns(x.shape.end() - static_cast<std::ptrdiff_t>(k), x.shape.end());
         if (numel(ns) == 0) return false;  // normalized_shape takes extents >= 1
@@ -336,7 +338,7 @@ struct DTensorBuilder {
         if (x.rounded || (name == "rms_norm" ? *rc::gen::inRange(0, 3) != 0 : *rc::gen::arbitrary<bool>()))
           extra["eps"] = *rc::gen::element(1e-5, 0.25);
         std::vector<DValue> params;
-        for (int p = *rc::gen::inRange(0, name == "layer_norm" ? 3 : 2); p > 0; --p) params.push_back(float_input(ns));
+        for (int p = *rc::gen::inRange(0, optional_operands(name) + 1); p > 0; --p) params.push_back(float_input(ns));
         std::vector<const DValue*> xs = {&x};
         double bound = std::sqrt(static_cast<double>(std::max<int64_t>(1, numel(ns))));
         for (size_t p = 0; p < params.size(); ++p) {
@@ -374,7 +376,7 @@ struct DTensorBuilder {
           return add("log_softmax", {&x}, {{"dim", d}}, 2 * x.bound + std::log(std::max(1.0, extent)));
         }
         if (rank != 2 || x.shape[0] == 0 || x.shape[1] == 0) return false;
-        const std::string name = *rc::gen::element<std::string>("cross_entropy", "nll_loss");
+        const std::string name = op_of(GenClass::Loss);
         const int64_t n = x.shape[0], classes = x.shape[1];
         json extra = {{"reduction", *rc::gen::element<std::string>("mean", "sum")}};
         const size_t index = next_input_index();
@@ -386,9 +388,9 @@ struct DTensorBuilder {
         return add(name, {&x, &target}, extra, extra["reduction"] == "sum" ? each * static_cast<double>(n) : each);
       }
       case 19: {  // zeros, ones, full, arange of x's shape in random placements, added to or multiplying x
-        const std::string name = *rc::gen::element<std::string>("zeros", "ones", "full", "arange");
+        const std::string name = op_of(GenClass::Creation);
         json extra = json::object();
-        if (name == "full") extra["value"] = *rc::gen::element(-2.0, 0.5, 3.0);
+        if (op_schema(name).attr("value")) extra["value"] = *rc::gen::element(-2.0, 0.5, 3.0);  // full's
         const DValue made = create(name, x.shape, "float", extra);
         pool.push_back(made);
         const DValue c = made;
@@ -405,9 +407,9 @@ struct DTensorBuilder {
     const auto rank = static_cast<int64_t>(x.shape.size());
     const int64_t d = dim_of(x), dd = d < 0 ? d + rank : d, n = x.shape[static_cast<size_t>(dd)];
     OpDecl decl;
-    decl.op = *rc::gen::element<std::string>("split", "chunk");
+    decl.op = op_of(GenClass::Split);
     decl.attrs = {{"dim", d}};
-    if (decl.op == "chunk") decl.attrs["chunks"] = *rc::gen::inRange<int64_t>(1, 4);
+    if (op_schema(decl.op).attr("chunks")) decl.attrs["chunks"] = *rc::gen::inRange<int64_t>(1, 4);
     else if (*rc::gen::arbitrary<bool>()) decl.attrs["size"] = *rc::gen::inRange<int64_t>(1, 4);
     else {
       const int64_t first = *rc::gen::inRange<int64_t>(0, n + 1);
@@ -462,14 +464,14 @@ struct DTensorBuilder {
       }
       case 1: {  // add, sub, mul with a value of the same shape
         const DValue* y = partner([&](const DValue& v) { return v.shape == x.shape; });
-        const std::string name = *rc::gen::element<std::string>("add", "sub", "mul");
+        const std::string name = op_of(GenClass::Binary);
         return add(name, {&x, y}, {}, name == "mul" ? x.bound * y->bound : x.bound + y->bound);
       }
       case 2: {  // div by a positive value of the same shape, made by exp when there is none
         const DValue* y = partner([&](const DValue& v) { return v.shape == x.shape && v.floor > 0; });
         if (!y) {
           const DValue* e = partner([&](const DValue& v) { return v.shape == x.shape && v.bound <= operand_limit("exp"); });
-          if (!e || !add("exp", {e}, {}, std::exp(e->bound), std::exp(-e->bound))) return false;
+          if (!e || !exp_of(*e)) return false;
           y = &pool.back();
         }
         const DValue divisor = *y;  // `add` grows the pool
@@ -480,17 +482,14 @@ struct DTensorBuilder {
         const double value = *rc::gen::element(-2.0, -1.0, -0.5, 0.0, 0.5, 1.5, 3.0);
         return add("scale", {&x}, {{"value", value}}, x.bound * std::abs(value));
       }
-      case 4: {  // exp, tanh, relu, sin
-        const std::string name = *rc::gen::element<std::string>("exp", "tanh", "relu", "sin");
-        if (name == "exp") return add(name, {&x}, {}, std::exp(x.bound), std::exp(-x.bound));
-        return add(name, {&x}, {}, name == "relu" ? x.bound : std::min(1.0, x.bound));
-      }
+      case 4:  // the other pointwise ops: exp, relu, sin, tanh
+        return pointwise(GenClass::Unary, x);
       case 5: {  // transpose, sharded dims included (dim0 == dim1 now and then)
         if (rank == 0) return false;
         return add("transpose", {&x}, {{"dim0", dim_of(x)}, {"dim1", dim_of(x)}}, x.bound);
       }
       case 6: {  // sum, mean over one dim or every dim, keepdim or not
-        const std::string name = *rc::gen::element<std::string>("sum", "mean");
+        const std::string name = op_of(GenClass::Reduction);
         json extra = {{"keepdim", *rc::gen::arbitrary<bool>()}};
         double count = static_cast<double>(numel(x.shape));
         if (rank > 0 && *rc::gen::inRange(0, 4) != 0) {
@@ -507,7 +506,7 @@ struct DTensorBuilder {
         return add("softmax", {&x}, {{"dim", d}}, 1.0, std::exp(-2 * x.bound) / std::max(1.0, extent));
       }
       case 9: {  // a binary op against a broadcast operand (a reduction of x keeps it small), or a scalar
-        const std::string name = *rc::gen::element<std::string>("add", "sub", "mul");
+        const std::string name = op_of(GenClass::Binary);
         if (rank == 0 || *rc::gen::inRange(0, 4) == 0) {
           const double value = *rc::gen::element(-2.0, 0.5, 3.0);
           return add(name, {&x}, {{"value", value}}, name == "mul" ? x.bound * std::abs(value) : x.bound + std::abs(value));
@@ -540,7 +539,7 @@ struct DTensorBuilder {
         if (pick == 4 && rank >= 2) {  // merge the first two dims by view or reshape
           Shape target = {x.shape[0] * x.shape[1]};
           target.insert(target.end(), x.shape.begin() + 2, x.shape.end());
-          return add(*rc::gen::element<std::string>("view", "reshape"), {&x}, {{"shape", target}}, x.bound);
+          return add(op_of(GenClass::Reshape), {&x}, {{"shape", target}}, x.bound);
         }
         if (pick == 5 && rank >= 1) {
           std::vector<int64_t> dims(static_cast<size_t>(rank));
@@ -614,7 +613,7 @@ struct DTensorBuilder {
         else if (rank >= 1) extra["dim"] = dim_of(x);
         if (numel(x.shape) > 0 && *rc::gen::arbitrary<bool>()) {
           // On the backward path only where no reduced dim is sharded (P(max) has no gradient).
-          const std::string name = *rc::gen::element<std::string>("amax", "amin");
+          const std::string name = op_of(GenClass::Extremum);
           OpDecl decl;
           decl.op = name;
           decl.attrs = extra;
@@ -624,7 +623,7 @@ struct DTensorBuilder {
             if (x.grad && p.is_partial()) return false;
           return add(name, {&x}, extra, x.bound);
         }
-        const std::string name = *rc::gen::element<std::string>("sum", "mean");
+        const std::string name = op_of(GenClass::Reduction);
         return add(name, {&x}, extra, name == "sum" ? x.bound * std::max(1.0, static_cast<double>(numel(x.shape))) : x.bound);
       }
       default: {  // redistribute, per axis to a target legal from where the value is

@@ -36,7 +36,10 @@ struct ProgramOptions {
 // and uneven vocab splits, log_softmax (loss parallel over a sharded dim), cross_entropy and
 // nll_loss against int64 targets (both reductions, an ignore_index among the targets, never all
 // of them), and the creation ops in random placements; the inputs these draw follow a, b, c, d.
-// Every op added to the file format joins this generator (and local_map_program) in the same change.
+// The ops of a generator class (core/ops.h: GenClass) are drawn by class from the op catalog, the
+// pointwise ones with the attributes and value ranges of their ValueRules, so a new op of a drawn
+// class is drawn here (and by local_map_program and single_op_program) without a change here; any
+// other op added to the file format joins this generator (and local_map_program) in the same change.
 nlohmann::json dtensor_program(const ProgramOptions& o = {});
 
 // One op of the file format (drawn among all, with its attributes) on operands laid out in every

@@ -40,6 +40,7 @@ std::vector<int64_t> permutation(int64_t n) {
 // dim, a list or none; broadcast pairs and the scalar form of binary ops; matmul's ranks; view
 // targets with -1), on extents m, k, n and a batch b.
 std::vector<Shape> draw_case(const std::string& name, size_t arity, json& attrs) {
+  const GenClass gen = op_schema(name).gen;
   const int64_t m = *rc::gen::inRange<int64_t>(1, 7), k = *rc::gen::inRange<int64_t>(1, 7),
                 n = *rc::gen::inRange<int64_t>(1, 7), b = *rc::gen::inRange<int64_t>(1, 4);
   const int64_t m_drawn = m;
@@ -47,7 +48,7 @@ std::vector<Shape> draw_case(const std::string& name, size_t arity, json& attrs)
   if (name == "scale") attrs["value"] = *rc::gen::element(-2.0, -1.0, -0.5, 0.0, 0.5, 1.5, 3.0);
   if (name == "transpose") attrs.update({{"dim0", dim(2)}, {"dim1", dim(2)}});
   if (name == "softmax") attrs["dim"] = dim(2);
-  if (name == "sum" || name == "mean" || name == "amax" || name == "amin") {
+  if (gen == GenClass::Reduction || gen == GenClass::Extremum) {
     attrs["keepdim"] = *rc::gen::arbitrary<bool>();
     const int form = *rc::gen::inRange(0, 4);
     if (form == 1) attrs["dim"] = dim(3);
@@ -72,7 +73,7 @@ std::vector<Shape> draw_case(const std::string& name, size_t arity, json& attrs)
     attrs["dims"] = permutation(3);
     return {{m, k, n}};
   }
-  if (name == "view" || name == "reshape") {
+  if (gen == GenClass::Reshape) {
     // A leading extent of 12 half the time: even on every axis size drawn, so a shard of a merged
     // group's leading dim stays a shard (uneven ones are gathered, view_layout_mismatches).
     const int64_t m = *rc::gen::arbitrary<bool>() ? int64_t{12} : m_drawn;
@@ -118,9 +119,8 @@ std::vector<Shape> draw_case(const std::string& name, size_t arity, json& attrs)
     attrs.update({{"dim", *rc::gen::arbitrary<bool>() ? d : d - 2}, {"start", start}, {"length", length}});
     return {{m, k}};
   }
-  // The transformer-layer ops: the non-linear unary ones take {m, k} (below), with their attributes.
-  if (name == "gelu" && *rc::gen::arbitrary<bool>()) attrs["approximate"] = *rc::gen::element<std::string>("none", "none", "tanh");
-  if (name == "pow") attrs["exponent"] = *rc::gen::element(-1.0, -0.5, 0.5, 1.5, 2.0, 3.0);
+  // The pointwise ops take {m, k} (below), with the attributes the catalog draws (gelu's approximate, pow's exponent).
+  attrs.update(drawn_attrs(name));
   if (name == "log_softmax") {  // at least 2 classes: a shard of one class has every rank's max right
     attrs["dim"] = dim(2);
     return {{m + 1, k + 1}};
@@ -136,11 +136,11 @@ std::vector<Shape> draw_case(const std::string& name, size_t arity, json& attrs)
     attrs["value"] = *rc::gen::element(-2.0, 0.0, 3.5);
     return *rc::gen::elementOf(std::vector<std::vector<Shape>>{{{m, k}, {m, k}}, {{m, k}, {k}}, {{m, k}, {1, k}}, {{m, k}, {m, 1}}});
   }
-  if (name == "tril" || name == "triu") {
+  if (gen == GenClass::Triangle) {
     if (*rc::gen::arbitrary<bool>()) attrs["diagonal"] = *rc::gen::inRange<int64_t>(-2, 3);
     return {*rc::gen::arbitrary<bool>() ? Shape{m, k} : Shape{b + 1, m, k}};
   }
-  if (name == "layer_norm" || name == "rms_norm") {  // over the last 1 or 2 dims, with 0-2 parameters
+  if (gen == GenClass::Norm) {  // over the last 1 or 2 dims, with 0-2 parameters
     const Shape x = *rc::gen::arbitrary<bool>() ? Shape{m, k} : Shape{b + 1, m, k};
     const auto normalized = *rc::gen::inRange<size_t>(1, 3);
     const Shape ns(x.end() - static_cast<std::ptrdiff_t>(normalized), x.end());
@@ -149,7 +149,7 @@ std::vector<Shape> draw_case(const std::string& name, size_t arity, json& attrs)
     if (name == "rms_norm" || *rc::gen::arbitrary<bool>()) attrs["eps"] = *rc::gen::element(1e-5, 0.25);
     std::vector<Shape> shapes{x};
     // A weight three times in four: its gradient is summed over the sharded batch dims.
-    const int params = *rc::gen::inRange(0, 4) == 0 ? 0 : name == "layer_norm" ? *rc::gen::inRange(1, 3) : 1;
+    const int params = *rc::gen::inRange(0, 4) == 0 ? 0 : *rc::gen::inRange(1, optional_operands(name) + 1);
     for (int p = 0; p < params; ++p) shapes.push_back(ns);
     return shapes;
   }
@@ -174,26 +174,36 @@ std::vector<Shape> draw_case(const std::string& name, size_t arity, json& attrs)
 
 namespace {
 
-// The element type of operand i of an op: the condition of where and the mask of masked_fill are
-// bool, embedding's ids and the losses' targets int64.
+// The element type of operand i of an op, by the catalog: the condition of where and the mask of
+// masked_fill are bool, embedding's ids and the losses' targets int64.
 std::string operand_type(const std::string& name, size_t i) {
-  if ((name == "where" && i == 0) || (name == "masked_fill" && i == 1)) return "bool";
-  if ((name == "embedding" && i == 0) || ((name == "pick_target" || name == "count_targets") && i == 1)) return "int64";
-  return "float";
+  const auto& operands = op_schema(name).operands;
+  const OperandType t = i < operands.size() ? operands[i].type : OperandType::Float;
+  return t == OperandType::Any ? "float" : operand_type_name(t);
+}
+
+// How many forms the drawn attributes of an op take: an optional one is absent or one of its values
+// (gelu's approximate: three forms); a required one is counted once.
+int attr_forms(const std::string& name) {
+  int forms = 1;
+  const OpSchema& s = op_schema(name);
+  for (const auto& [key, values] : s.values.draws)
+    if (const AttrSchema* a = s.attr(key); a && !a->required) forms *= 1 + static_cast<int>(json::parse(values).size());
+  return forms;
 }
 
 // How often each op is drawn: matmul's ranks and batch broadcasting have the most rules; the
-// losses and the embedding have the planted bugs of the most kinds.
+// losses and the embedding have the planted bugs of the most kinds; the extrema's ties.
 int copies_of(const RuleFamily& f, const std::string& o) {
   if (o == "matmul" || o == "bmm") return 4;
   if (o == "embedding" || o == "pick_target" || f.name == "norm") return 4;
   if (o == "log_softmax") return 8;  // loss parallel besides the rows
-  // Three forms of `approximate`; three operands broadcast.
-  if (o == "gelu") return 3;
+  if (attr_forms(o) > 1) return attr_forms(o);  // gelu: three forms of `approximate`
   if (o == "where") return 4;  // three operands, each whole or broadcast: the most rows
-  if (o == "div" || f.name == "view" || f.name == "amax" ||
-      f.name == "amin" || f.name == "expand" || f.name == "cat" || f.name == "stack")
-    return 2;
+  // amax, amin: their gradient's split among ties shows only where the extremum ties.
+  if (op_schema(o).gen == GenClass::Extremum) return 4;
+  if (f.name == "view") return 3;  // six ops, each merging or splitting dims a shard may sit in
+  if (o == "div" || f.name == "expand" || f.name == "cat" || f.name == "stack") return 2;
   return 1;
 }
 
@@ -216,7 +226,7 @@ json single_op_program() {
   // pick_target and count_targets are the parts of nll_loss and cross_entropy (their programs'
   // op); count_targets runs for a mean with an ignore_index.
   const bool loss = name == "pick_target" || name == "count_targets";
-  const std::string program_op = !loss ? name : *rc::gen::arbitrary<bool>() ? "cross_entropy" : "nll_loss";
+  const std::string program_op = !loss ? name : op_of(GenClass::Loss);
   // Every placement per axis, or (3 times in 4) per axis the operands of a random row of the
   // op's table, so that every row and every backward rule is drawn often (a rule of a rare shape
   // would wait long for random placements to fit it). An operand with P(max) or P(min) on an axis
@@ -266,7 +276,7 @@ json single_op_program() {
             Placement::shard(*rc::gen::inRange<int64_t>(0, static_cast<int64_t>(shapes[0].size())));
   }
   bool result_differentiable = true;
-  if (name == "amax" || name == "amin") {
+  if (op_schema(name).gen == GenClass::Extremum) {
     try {
       for (const auto& p : propagate(name, mesh, specs, shapes, op_attrs(decl)).out_spec)
         result_differentiable &= !p.is_partial();
@@ -279,7 +289,7 @@ json single_op_program() {
   const uint64_t seed = options["seed"].get<uint64_t>();
   for (size_t i = 0; i < shapes.size(); ++i) {
     const std::string arg = std::vector<std::string>{"a", "b", "d"}.at(i);  // "c" weighs the result
-    const std::string type = operand_type(name, i);
+    const std::string type = operand_type(program_op, i);  // pick_target, count_targets: the loss's
     args.push_back(arg);
     if (type != "float") {  // no gradient, no Partial; ids in the table's vocab, targets in the classes
       specs[i] = without_partial(specs[i]);
@@ -296,6 +306,9 @@ json single_op_program() {
     const bool scores = name == "log_softmax" || (loss && i == 0);
     json in = input(arg, shapes[i], spec, grad, has_kink(name) || scores);
     if (name == "div" && i == 1) in["init"] = "ones";  // a divisor with no zero, split over Partial axes
+    // Ties on purpose half of the time: every element is the extremum, and the gradient's split
+    // among ties is all there is to see.
+    if (op_schema(name).gen == GenClass::Extremum && *rc::gen::arbitrary<bool>()) in["init"] = "ones";
     inputs.push_back(in);
     if (needs_positive(name)) {  // a positive operand: exp of the input, laid out as drawn where it can be
       program.push_back(op(arg + "_exp", "exp", {arg}));

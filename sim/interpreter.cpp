@@ -6,6 +6,7 @@
 #include <ATen/core/grad_mode.h>
 
 #include "core/error.h"
+#include "core/ops.h"
 #include "core/mutants.h"
 #include "sim/data.h"
 #include "sim/local_map.h"
@@ -108,20 +109,14 @@ ElementType element_type(const at::Tensor& t) {
   return ElementType::Float;
 }
 
-// Ops that move or select data whatever its element type; every other op computes on floats.
-bool any_element_type(const std::string& op) {
-  static const std::set<std::string> ops = {"cat",  "chunk", "expand",  "flatten", "narrow",    "permute",
-                                            "reshape", "split", "squeeze", "stack",   "transpose", "tril",
-                                            "triu", "unflatten", "unsqueeze", "view", "where"};
-  return ops.count(op) > 0;
-}
-
 // The element type an operand slot needs (nothing: the op's data type, float unless the op moves
 // any data).
 std::optional<ElementType> slot_type(const std::string& op, size_t i) {
-  if ((op == "embedding" && i == 0) || ((op == "nll_loss" || op == "cross_entropy") && i == 1)) return ElementType::Int64;
-  if ((op == "where" && i == 0) || (op == "masked_fill" && i == 1)) return ElementType::Bool;
-  if (any_element_type(op)) return std::nullopt;
+  const auto& operands = op_schema(op).operands;  // the op catalog's (core/ops.h)
+  const OperandType t = operands.empty() ? OperandType::Float : operands[std::min(i, operands.size() - 1)].type;
+  if (t == OperandType::Int64) return ElementType::Int64;
+  if (t == OperandType::Bool) return ElementType::Bool;
+  if (t == OperandType::Any) return std::nullopt;
   return ElementType::Float;
 }
 
@@ -283,9 +278,10 @@ DTensor apply_program_op(Runtime& rt, const OpDecl& op, const std::vector<DTenso
 
 namespace {
 
+// A collective of local code (the catalog's local_code ops but `call`).
 bool is_body_collective(const std::string& op) {
-  return op == "all_reduce" || op == "all_gather" || op == "reduce_scatter" || op == "all_to_all" ||
-         op == "mark_varying";
+  const OpSchema* s = find_op(op);
+  return s && s->local_code && op != "call";
 }
 
 // from_local {run_check: true}: every replica of an R (or Rd) axis must hold its group's

@@ -7,12 +7,21 @@
 
 #include <ATen/ATen.h>
 
+#include "core/ops.h"
 #include "core/propagation.h"
 #include "core/scenario.h"
 
 namespace meshsim {
 
+// The op's kernel (sim/kernels.cpp: a table indexed by the op's id) on `xs`. Throws
+// SemanticError(UnsupportedOp) for an op without one (one the runtime handles itself, or none).
+at::Tensor local_op(OpId op, const OpAttrs& attrs, const std::vector<at::Tensor>& xs);
+// The same by name: one lookup in the op catalog, then the table.
 at::Tensor local_op(const std::string& op, const OpAttrs& attrs, const std::vector<at::Tensor>& xs);
+
+// Whether the op has a kernel row. The table is checked against the catalog at its first use (every
+// op with `kernel` has a row, no row names another op): std::logic_error naming the op otherwise.
+bool has_kernel(OpId op);
 
 // The reduced dims of a reduction (sum, mean, amax, amin) of `x`: a list, one dim, or every dim
 // (none given, or an empty list), wrapped into [0, rank).

@@ -788,14 +788,14 @@ TEST_F(Cli, CommandLineNumbersAreBounded) {
 
 TEST_F(Cli, BadFlagsExit2) {
   for (const char* args : {"", "frobnicate", "run x.json --frobnicate", "check --cases 0",
-                           "check --mutant no_such_mutant"}) {
+                           "check --mutant no_such_mutant", "ops --json --markdown", "ops --frobnicate"}) {
     Outcome o = meshsim(args);
     EXPECT_EQ(o.code, 2) << "meshsim " << args << "\n" << o;
   }
 }
 
 TEST_F(Cli, HelpExits0) {
-  for (const char* args : {"--help", "check --help"}) {
+  for (const char* args : {"--help", "check --help", "ops --help"}) {
     Outcome o = meshsim(args);
     EXPECT_EQ(o.code, 0) << "meshsim " << args << "\n" << o;
     EXPECT_TRUE(contains(o.out, "Usage")) << o;
@@ -812,6 +812,56 @@ TEST_F(Cli, IllegalRedistributeExits3) {
   json r = json::parse(j.out);
   EXPECT_EQ(r["status"], "error");
   EXPECT_EQ(r["error"]["kind"], "illegal_redistribute");
+}
+
+// ---------------------------------------------------------------------------------------------
+// ops
+
+// The three prints of the catalog name the same ops: a line each (internal ones too), a JSON
+// entry each with its ids in order, and a Markdown row for each op a scenario may write.
+TEST_F(Cli, OpsPrintsTheCatalog) {
+  Outcome plain = meshsim("ops"), js = meshsim("ops --json"), md = meshsim("ops --markdown");
+  ASSERT_EQ(plain.code, 0) << plain;
+  ASSERT_EQ(js.code, 0) << js;
+  ASSERT_EQ(md.code, 0) << md;
+  const json catalog = json::parse(js.out);
+  EXPECT_EQ(catalog["format"], "meshsim.ops/1");
+  ASSERT_TRUE(catalog["ops"].is_array());
+  ASSERT_FALSE(catalog["ops"].empty());
+  std::set<std::string> lines, rows;
+  std::istringstream pin(plain.out), min(md.out);
+  for (std::string line; std::getline(pin, line);) lines.insert(line.substr(0, line.find(' ')));
+  for (std::string line; std::getline(min, line);)
+    if (std::regex_match(line, std::regex(R"(\| `[a-z_0-9]+` \|.*)"))) rows.insert(line.substr(3, line.find('`', 3) - 3));
+  size_t id = 0, internal = 0;
+  for (const auto& op : catalog["ops"]) {
+    const std::string name = op["name"];
+    EXPECT_EQ(op["id"], id++) << name;
+    for (const char* key : {"operands", "attrs", "results", "family", "exact_on_integers", "kernel", "scopes",
+                            "generator_class", "summary"})
+      EXPECT_TRUE(op.contains(key)) << name << " has no " << key;
+    EXPECT_TRUE(lines.count(name)) << name << " has no line in `meshsim ops`\n" << plain.out;
+    const bool only_internal = op["scopes"] == json::array({"internal"});
+    internal += only_internal;
+    EXPECT_EQ(rows.count(name), only_internal ? 0u : 1u) << name << " in `meshsim ops --markdown`\n" << md.out;
+  }
+  EXPECT_EQ(lines.size(), catalog["ops"].size() + 1) << plain.out;  // and the header
+  EXPECT_EQ(rows.size(), catalog["ops"].size() - internal) << md.out;
+}
+
+// docs/scenario-format.md's op table is `meshsim ops --markdown`, between its marker lines.
+TEST_F(Cli, ScenarioFormatOpTableIsCurrent) {
+  const std::string doc = read_text(std::string(MESHSIM_SOURCE_DIR) + "/docs/scenario-format.md");
+  const std::string begin = "<!-- BEGIN meshsim ops --markdown -->\n", end = "<!-- END meshsim ops --markdown -->";
+  const size_t at = doc.find(begin), to = doc.find(end);
+  ASSERT_TRUE(at != std::string::npos && to != std::string::npos && at < to && doc.rfind(begin) == at)
+      << "docs/scenario-format.md must hold the marker lines " << begin << "... " << end << " once each";
+  Outcome md = meshsim("ops --markdown");
+  ASSERT_EQ(md.code, 0) << md;
+  EXPECT_TRUE(doc.substr(at + begin.size(), to - at - begin.size()) == md.out)
+      << "docs/scenario-format.md's op table is not the op catalog's (`meshsim ops --markdown`): an op was added "
+         "or changed in core/ops.cpp. Regenerate the table with\n  scripts/gen_op_table.sh " MESHSIM_BIN
+         "\nand commit docs/scenario-format.md.";
 }
 
 // ---------------------------------------------------------------------------------------------

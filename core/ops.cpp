@@ -1,0 +1,475 @@
+#include "core/ops.h"
+
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+#include <unordered_map>
+
+#include "core/error.h"
+
+namespace meshsim {
+
+namespace {
+
+using T = AttrType;
+using O = OperandSchema;
+using A = AttrSchema;
+constexpr OperandType kInt = OperandType::Int64, kBool = OperandType::Bool, kAny = OperandType::Any;
+
+// ---- the generators' value ranges of the pointwise ops (ValueRules::range) ----
+
+ValueRange same(ValueRange x, const nlohmann::json&) { return {x.bound, 0}; }
+ValueRange unit_or_less(ValueRange x, const nlohmann::json&) { return {std::min(1.0, x.bound), 0}; }
+ValueRange exp_range(ValueRange x, const nlohmann::json&) { return {std::exp(x.bound), std::exp(-x.bound)}; }
+ValueRange sigmoid_range(ValueRange x, const nlohmann::json&) { return {std::min(1.0, x.bound), 1 / (1 + std::exp(x.bound))}; }
+ValueRange log_range(ValueRange x, const nlohmann::json&) {
+  if (!(x.floor > 0)) return {INFINITY, 0};
+  return {std::max(std::abs(std::log(x.floor)), std::abs(std::log(std::max(x.bound, 1.0)))), 0};
+}
+ValueRange sqrt_range(ValueRange x, const nlohmann::json&) {
+  if (!(x.floor > 0)) return {INFINITY, 0};
+  return {std::sqrt(x.bound), std::sqrt(x.floor)};
+}
+ValueRange rsqrt_range(ValueRange x, const nlohmann::json&) {
+  if (!(x.floor > 0)) return {INFINITY, 0};
+  return {1 / std::sqrt(x.floor), 1 / std::sqrt(x.bound)};
+}
+ValueRange pow_range(ValueRange x, const nlohmann::json& attrs) {
+  if (!(x.floor > 0)) return {INFINITY, 0};
+  const double e = attrs.value("exponent", 1.0);
+  return {std::max(std::pow(x.bound, e), std::pow(x.floor, e)), std::min(std::pow(x.floor, e), std::pow(x.bound, e))};
+}
+
+// ---- attribute lists shared by several ops ----
+
+const std::vector<A>& reduction_attrs() {
+  static const std::vector<A> a = {{"dim", T::IntOrInts, false, "every dim"}, {"keepdim", T::Bool, false, "false"}};
+  return a;
+}
+// A binary op's second operand may be the scalar `value` instead (then it takes one arg).
+const std::vector<A>& binary_attrs() {
+  static const std::vector<A> a = {{"value", T::Number, false}};
+  return a;
+}
+// Creation ops take no operand: a shape, placements (S, R or Rd on each axis) and a dtype.
+std::vector<A> creation_attrs(bool value, bool bools = true) {
+  std::vector<A> a = {{"shape", T::Ints, true}, {"placements", T::Spec, true}, {"dtype", T::String, false, "float"}};
+  a.back().choices = bools ? std::vector<const char*>{"float", "bool", "int64"} : std::vector<const char*>{"float", "int64"};
+  if (value) a.push_back({"value", T::NumberOrInf, true});
+  return a;
+}
+std::vector<A> loss_attrs(bool class_parallel) {
+  std::vector<A> a = {{"reduction", T::String, false, "mean", {"mean", "sum"}},
+                      {"ignore_index", T::Int, false}};
+  if (class_parallel) {  // a local_map body's class-parallel pick: the axis sharding the classes
+    a.push_back({"axis", T::Axis, false});
+    a.push_back({"classes", T::Int, false});
+  }
+  return a;
+}
+std::vector<A> norm_attrs(const char* eps) { return {{"normalized_shape", T::Ints, true}, {"eps", T::Number, false, eps}}; }
+
+const std::vector<O>& x() {
+  static const std::vector<O> o = {{"x"}};
+  return o;
+}
+const std::vector<O>& xy() {
+  static const std::vector<O> o = {{"x"}, {"y"}};
+  return o;
+}
+const std::vector<O>& many() {
+  static const std::vector<O> o = {{"xs", kAny, false, true}};
+  return o;
+}
+// The operand of an op that moves or selects data, whatever its element type.
+const std::vector<O>& data() {
+  static const std::vector<O> o = {{"x", kAny}};
+  return o;
+}
+
+constexpr unsigned kEverywhere = kProgram | kBody | kReference;
+constexpr unsigned kCollective = kProgram | kBody;  // local_map bodies and DTensor local code
+
+OpSchema op(const char* name, std::vector<O> operands, std::vector<A> attrs, const char* family, bool exact,
+            const char* summary) {
+  OpSchema s;
+  s.name = name;
+  s.operands = std::move(operands);
+  s.attrs = std::move(attrs);
+  s.family = family;
+  s.exact = exact;
+  s.summary = summary;
+  return s;
+}
+
+OpSchema with(OpSchema s, GenClass gen, ValueRules values = {}) {
+  s.gen = gen;
+  s.values = std::move(values);
+  return s;
+}
+
+// An op the runtime handles itself: no rule family, no per-rank kernel.
+OpSchema handled(OpSchema s, unsigned scopes, int results = 1) {
+  s.kernel = false;
+  s.scopes = scopes;
+  s.results = results;
+  return s;
+}
+
+// An op of local code: a collective or a call (core/ops.h, OpSchema::local_code).
+OpSchema local_code(OpSchema s, unsigned scopes) {
+  s = handled(std::move(s), scopes);
+  s.local_code = true;
+  return s;
+}
+
+std::vector<OpSchema> build() {
+  const double g = 64;  // the operand limit of the bounded transcendental ops
+  std::vector<OpSchema> ops = {
+      with(op("abs", x(), {}, "nonlinear_unary", false, "|x|"), GenClass::UnaryLayer, {0, false, true, same}),
+      with(op("add", xy(), binary_attrs(), "linear_binary", true, "x + y (or x + value), broadcast"), GenClass::Binary),
+      with(op("amax", x(), reduction_attrs(), "amax", false,
+              "the largest element over dims; the gradient split evenly among ties"),
+           GenClass::Extremum),
+      with(op("amin", x(), reduction_attrs(), "amin", false,
+              "the smallest element over dims; the gradient split evenly among ties"),
+           GenClass::Extremum),
+      with(handled(op("arange", {}, creation_attrs(false, false), "", false, "0, 1, 2, ... in row-major order, of a shape"),
+                   kProgram),
+           GenClass::Creation),
+      op("bmm", xy(), {}, "matmul", true, "batched matrix product [b, n, k] @ [b, k, m]"),
+      op("cat", many(), {{"dim", T::Int, true}}, "cat", true, "concatenation along dim"),
+      with(handled(op("chunk", data(), {{"chunks", T::Int, true}, {"dim", T::Int, false, "0"}}, "", false,
+                      "torch.chunk: pieces of ceil(extent / chunks) along dim (`outs` names them)"),
+                   kEverywhere, 0),
+           GenClass::Split),
+      op("count_targets", {{"target", kInt}}, {{"ignore_index", T::Int, false}}, "count_targets", false,
+         "1 where a target counts towards a mean loss (not ignore_index), else 0 (cross_entropy's parts)"),
+      with(op("cross_entropy", {{"input"}, {"target", kInt}}, loss_attrs(false), "", false,
+              "log_softmax over classes (dim 1) and nll_loss; decomposed into its parts on the mesh"),
+           GenClass::Loss, {g}),
+      op("div", xy(), binary_attrs(), "div", false, "x / y (or x / value), broadcast"),
+      op("embedding", {{"ids", kInt}, {"weight"}},
+         {{"axis", T::Axis, false}, {"vocab", T::Int, false}}, "embedding", false,
+         "rows of weight at ids; in a local_map body, axis and vocab name a vocab-parallel table"),
+      with(op("exp", x(), {}, "nonlinear_unary", false, "e^x"), GenClass::Unary, {6, false, false, exp_range}),
+      op("expand", data(), {{"shape", T::Ints, true}}, "expand", true, "broadcast to shape (-1 keeps a dim)"),
+      op("flatten", data(), {{"start_dim", T::Int, false, "0"}, {"end_dim", T::Int, false, "-1"}}, "view", true,
+         "merge dims start_dim..end_dim"),
+      handled(op("from_local", x(), {{"placements", T::Spec, true}, {"run_check", T::Bool, false, "false"}}, "", true,
+                 "local code's end: each rank's local tensor as a DTensor of placements"),
+              kProgram),
+      with(handled(op("full", {}, creation_attrs(true), "", false, "value everywhere, of a shape"), kProgram),
+           GenClass::Creation),
+      with(op("gelu", x(), {{"approximate", T::String, false, "none", {"none", "tanh"}}}, "nonlinear_unary", false,
+              "x * Phi(x) (approximate tanh: the tanh form)"),
+           GenClass::UnaryLayer, {g, false, false, same, {{"approximate", R"(["none", "tanh"])"}}}),
+      with(op("layer_norm", {{"x"}, {"weight", OperandType::Float, true}, {"bias", OperandType::Float, true}},
+              norm_attrs("1e-5"), "norm", false, "normalize the trailing normalized_shape dims, then weight and bias"),
+           GenClass::Norm),
+      op("linear", {{"x"}, {"weight"}, {"bias", OperandType::Float, true}}, {}, "", true,
+         "x @ weight^T + bias; decomposed into matmul and add on the mesh"),
+      handled(op("local_map", many(),
+                 {{"in_placements", T::Any, false},
+                  {"out_placements", T::Any, true},
+                  {"body", T::Any, true},
+                  {"returns", T::Any, true},
+                  {"reference", T::Any, false},
+                  {"check_variance", T::Bool, false, "true"}},
+                 "", false, "a region of local code on LTensors with variance tracking (scenario-format.md)"),
+              kProgram, 0),
+      with(op("log", x(), {}, "nonlinear_unary", false, "natural log of a positive x"), GenClass::UnaryLayer,
+           {0, true, false, log_range}),
+      with(op("log_softmax", x(), {{"dim", T::Int, true}}, "softmax", false, "log of softmax along dim"), GenClass::None,
+           {g}),
+      op("masked_fill", {{"x"}, {"mask", kBool}}, {{"value", T::NumberOrInf, true}}, "masked_fill", false,
+         "value where mask, else x (mask broadcast)"),
+      op("matmul", xy(), {}, "matmul", true, "torch.matmul: matrix products with broadcast batch dims"),
+      with(op("mean", x(), reduction_attrs(), "reduction", false, "mean over dims"), GenClass::Reduction),
+      op("mm", xy(), {}, "mm", true, "matrix product [n, k] @ [k, m]"),
+      with(op("mul", xy(), binary_attrs(), "mul", true, "x * y (or x * value), broadcast"), GenClass::Binary),
+      op("narrow", data(), {{"dim", T::Int, true}, {"start", T::Int, true}, {"length", T::Int, true}}, "narrow", true,
+         "length elements from start along dim"),
+      op("neg", x(), {}, "linear_unary", true, "-x"),
+      with(op("nll_loss", {{"log_probs"}, {"target", kInt}}, loss_attrs(true), "", false,
+              "negative log likelihood of target classes (dim 1); decomposed into pick_target and count_targets"),
+           GenClass::Loss),
+      with(handled(op("ones", {}, creation_attrs(false), "", false, "ones, of a shape"), kProgram), GenClass::Creation),
+      op("permute", data(), {{"dims", T::Ints, true}}, "permute", true, "dims reordered"),
+      op("pick_target", {{"log_probs"}, {"target", kInt}}, {{"ignore_index", T::Int, false}}, "pick_target", false,
+         "each row's element at its target class, 0 where ignored (nll_loss's part)"),
+      with(op("pow", x(), {{"exponent", T::Number, true}}, "nonlinear_unary", false, "x^exponent of a positive x"),
+           GenClass::UnaryLayer, {g, true, false, pow_range, {{"exponent", "[-1.0, -0.5, 0.5, 1.5, 2.0, 3.0]"}}}),
+      handled(op("redistribute", x(), {{"placements", T::Spec, true}}, "", true,
+                 "the value laid out by placements (the planner's collectives)"),
+              kProgram | kReference),
+      with(op("relu", x(), {}, "nonlinear_unary", true, "max(x, 0)"), GenClass::Unary, {0, false, true, same}),
+      with(op("reshape", data(), {{"shape", T::Ints, true}}, "view", true, "the elements in another shape (-1 inferred)"),
+           GenClass::Reshape),
+      with(op("rms_norm", {{"x"}, {"weight", OperandType::Float, true}}, norm_attrs("the dtype's machine epsilon"), "norm", false,
+              "x / sqrt(mean(x^2) + eps) over the trailing dims, times weight"),
+           GenClass::Norm),
+      with(op("rsqrt", x(), {}, "nonlinear_unary", false, "1 / sqrt(x) of a positive x"), GenClass::UnaryLayer,
+           {0, true, false, rsqrt_range}),
+      op("scale", x(), {{"value", T::Number, true}}, "linear_unary", true, "x * value"),
+      with(op("sigmoid", x(), {}, "nonlinear_unary", false, "1 / (1 + e^-x)"), GenClass::UnaryLayer,
+           {g, false, false, sigmoid_range}),
+      with(op("silu", x(), {}, "nonlinear_unary", false, "x * sigmoid(x)"), GenClass::UnaryLayer, {g, false, false, same}),
+      with(op("sin", x(), {}, "nonlinear_unary", false, "sine"), GenClass::Unary, {g, false, false, unit_or_less}),
+      with(op("softmax", x(), {{"dim", T::Int, true}}, "softmax", false, "softmax along dim"), GenClass::None, {8}),
+      with(handled(op("split", data(),
+                      {{"sizes", T::Ints, false}, {"size", T::Int, false}, {"dim", T::Int, false, "0"}}, "", false,
+                      "torch.split: pieces of size (the last shorter) or of sizes along dim (`outs` names them)"),
+                   kEverywhere, 0),
+           GenClass::Split),
+      with(op("sqrt", x(), {}, "nonlinear_unary", false, "square root of a positive x"), GenClass::UnaryLayer,
+           {0, true, false, sqrt_range}),
+      op("squeeze", data(), {{"dim", T::Int, false, "every size-1 dim"}}, "view", true, "size-1 dims removed"),
+      op("stack", many(), {{"dim", T::Int, true}}, "stack", true, "the operands stacked along a new dim"),
+      with(op("sub", xy(), binary_attrs(), "linear_binary", true, "x - y (or x - value), broadcast"), GenClass::Binary),
+      with(op("sum", x(), reduction_attrs(), "reduction", true, "sum over dims"), GenClass::Reduction),
+      with(op("tanh", x(), {}, "nonlinear_unary", false, "hyperbolic tangent"), GenClass::Unary,
+           {g, false, false, unit_or_less}),
+      handled(op("to_local", x(), {}, "", true, "local code's start: each rank's local tensor"), kProgram),
+      op("transpose", data(), {{"dim0", T::Int, true}, {"dim1", T::Int, true}}, "transpose", true, "dim0 and dim1 swapped"),
+      with(op("tril", data(), {{"diagonal", T::Int, false, "0"}}, "triangle", false,
+              "the lower triangle of the last two dims (zeros above diagonal)"),
+           GenClass::Triangle),
+      with(op("triu", data(), {{"diagonal", T::Int, false, "0"}}, "triangle", false,
+              "the upper triangle of the last two dims (zeros below diagonal)"),
+           GenClass::Triangle),
+      op("unflatten", data(), {{"dim", T::Int, true}, {"sizes", T::Ints, true}}, "view", true, "dim split into sizes"),
+      op("unsqueeze", data(), {{"dim", T::Int, true}}, "view", true, "a size-1 dim inserted at dim"),
+      with(op("view", data(), {{"shape", T::Ints, true}}, "view", true, "the elements in another shape (-1 inferred)"),
+           GenClass::Reshape),
+      op("where", {{"cond", kBool}, {"x", kAny}, {"y", kAny}}, {}, "where", false, "x where cond, else y (broadcast)"),
+      with(handled(op("zeros", {}, creation_attrs(false), "", false, "zeros, of a shape"), kProgram), GenClass::Creation),
+      // Collectives of local code: a local_map body's, or a DTensor program's between to_local and
+      // from_local. Their placements are tracked by the LTensor rules (SEMANTICS.md section 5).
+      local_code(op("all_gather", x(),
+                 {{"axis", T::Axis, true}, {"dim", T::Int, true}, {"to", T::String, false, "varying", {"varying", "reduced"}}},
+                 "", true, "gather the ranks' pieces along dim over axis"),
+              kCollective),
+      local_code(op("all_reduce", x(), {{"axis", T::Axis, true}, {"reduce", T::String, false, "sum"}}, "", true,
+                 "reduce over axis (sum, avg, max, min)"),
+              kCollective),
+      local_code(op("all_to_all", x(), {{"axis", T::Axis, true}, {"split_dim", T::Int, true}, {"concat_dim", T::Int, true}},
+                 "", true, "split split_dim among the ranks of axis, concatenate what arrives along concat_dim"),
+              kCollective),
+      local_code(op("call", {{"args", kAny, false, true}},
+                 {{"function", T::String, true}, {"axis", T::Axis, false}}, "", false,
+                 "a registered custom autograd Function (its other fields are its attributes)"),
+              kBody | kReference),
+      local_code(op("mark_varying", x(), {{"axis", T::Axis, true}}, "", true,
+                 "an invariant value marked varying over axis (pvary)"),
+              kCollective),
+      local_code(op("reduce_scatter", x(), {{"axis", T::Axis, true}, {"dim", T::Int, true}}, "", true,
+                 "sum over axis, each rank keeping its piece of dim"),
+              kCollective),
+  };
+  std::stable_sort(ops.begin(), ops.end(), [](const OpSchema& a, const OpSchema& b) { return std::string(a.name) < b.name; });
+  for (size_t i = 0; i < ops.size(); ++i) ops[i].id = static_cast<OpId>(i);
+  for (auto& s : ops)
+    if (std::string(s.name) == "count_targets" || std::string(s.name) == "pick_target") s.scopes = kInternal;
+  return ops;
+}
+
+}  // namespace
+
+bool OpSchema::scalar_second() const {
+  const AttrSchema* v = attr("value");
+  return v && v->type == AttrType::Number && !v->required && operands.size() == 2;
+}
+
+int OpSchema::min_args() const {
+  int n = 0;
+  for (const auto& o : operands) n += o.optional || o.repeated ? 0 : 1;
+  if (!operands.empty() && operands.back().repeated && std::string(name) != "local_map" && std::string(name) != "call")
+    n += 1;  // cat and stack take one or more
+  return n;
+}
+
+int OpSchema::max_args() const {
+  if (!operands.empty() && operands.back().repeated) return -1;
+  return static_cast<int>(operands.size());
+}
+
+const AttrSchema* OpSchema::attr(std::string_view key) const {
+  for (const auto& a : attrs)
+    if (key == a.key) return &a;
+  return nullptr;
+}
+
+const std::vector<OpSchema>& op_catalog() {
+  static const std::vector<OpSchema> ops = build();
+  return ops;
+}
+
+const OpSchema* find_op(std::string_view name) {
+  static const std::unordered_map<std::string_view, OpId> index = [] {
+    std::unordered_map<std::string_view, OpId> m;
+    for (const auto& s : op_catalog()) m.emplace(s.name, s.id);
+    return m;
+  }();
+  auto it = index.find(name);
+  return it == index.end() ? nullptr : &op_catalog()[it->second];
+}
+
+const OpSchema& op_schema(std::string_view name) {
+  if (const OpSchema* s = find_op(name)) return *s;
+  throw SemanticError(ErrorKind::UnsupportedOp, "no op \"" + std::string(name) + "\" in the op catalog");
+}
+
+OpId op_id(std::string_view name) { return op_schema(name).id; }
+
+std::vector<int> rows_by_op_id(const std::vector<const char*>& names, const char* file, const char* what) {
+  std::vector<int> rows(op_count(), -1);
+  for (size_t i = 0; i < names.size(); ++i) {
+    const OpSchema* s = find_op(names[i]);
+    if (!s || !s->kernel)
+      throw std::logic_error(std::string(file) + " has a " + what + " row for \"" + names[i] + "\", which " +
+                             (s ? "the op catalog (core/ops.cpp) says has no kernel" : "is not in the op catalog"));
+    if (rows[s->id] >= 0)
+      throw std::logic_error(std::string(file) + " has two " + what + " rows for \"" + names[i] + "\"");
+    rows[s->id] = static_cast<int>(i);
+  }
+  for (const OpSchema& s : op_catalog())
+    if (s.kernel && rows[s.id] < 0)
+      throw std::logic_error(std::string("op \"") + s.name + "\" of the op catalog has no " + what + " row in " + file);
+  return rows;
+}
+
+const std::vector<std::string>& ops_of_class(GenClass c) {
+  static const std::vector<std::vector<std::string>> by_class = [] {
+    std::vector<std::vector<std::string>> out(static_cast<size_t>(GenClass::Reshape) + 1);
+    for (const auto& s : op_catalog()) out[static_cast<size_t>(s.gen)].push_back(s.name);
+    return out;
+  }();
+  return by_class.at(static_cast<size_t>(c));
+}
+
+nlohmann::json op_catalog_json() {
+  nlohmann::json ops = nlohmann::json::array();
+  for (const auto& s : op_catalog()) {
+    nlohmann::json operands = nlohmann::json::array(), attrs = nlohmann::json::array(), scopes = nlohmann::json::array();
+    for (const auto& o : s.operands)
+      operands.push_back({{"name", o.name}, {"type", operand_type_name(o.type)}, {"optional", o.optional},
+                          {"repeated", o.repeated}});
+    for (const auto& a : s.attrs) {
+      nlohmann::json j = {{"key", a.key}, {"type", attr_type_name(a.type)}, {"required", a.required}};
+      j["default"] = a.default_value ? nlohmann::json(a.default_value) : nlohmann::json(nullptr);
+      if (!a.choices.empty()) j["choices"] = a.choices;
+      attrs.push_back(j);
+    }
+    if (s.scopes & kProgram) scopes.push_back("program");
+    if (s.scopes & kBody) scopes.push_back("body");
+    if (s.scopes & kReference) scopes.push_back("reference");
+    if (s.scopes & kInternal) scopes.push_back("internal");
+    ops.push_back({{"name", s.name},
+                   {"id", s.id},
+                   {"operands", operands},
+                   {"attrs", attrs},
+                   {"results", s.results == 0 ? nlohmann::json("outs") : nlohmann::json(s.results)},
+                   {"family", *s.family ? nlohmann::json(s.family) : nlohmann::json(nullptr)},
+                   {"exact_on_integers", s.exact},
+                   {"kernel", s.kernel},
+                   {"scopes", scopes},
+                   {"generator_class", gen_class_name(s.gen)},
+                   {"summary", s.summary}});
+  }
+  return {{"format", "meshsim.ops/1"}, {"ops", ops}};
+}
+
+std::string operands_signature(const OpSchema& s) {
+  std::string out;
+  for (const auto& o : s.operands) {
+    out += (out.empty() ? "" : ", ") + std::string(o.name);
+    if (o.optional) out += "?";
+    if (o.repeated) out += "...";
+    if (o.type != OperandType::Float) out += std::string(": ") + operand_type_name(o.type);
+  }
+  return out;
+}
+
+std::string attrs_signature(const OpSchema& s) {
+  std::string out;
+  for (const auto& a : s.attrs) {
+    out += (out.empty() ? "" : ", ") + std::string(a.key) + (a.required ? "" : "?") + ": ";
+    if (a.choices.empty()) {
+      out += attr_type_name(a.type);
+    } else {
+      std::string c;
+      for (const char* v : a.choices) c += (c.empty() ? "" : "|") + std::string(v);
+      out += c;
+    }
+    if (a.default_value) out += std::string(" = ") + a.default_value;
+  }
+  return out;
+}
+
+std::string op_catalog_markdown() {
+  // A table cell cannot hold a bare |.
+  auto cell = [](std::string text) {
+    for (size_t at = text.find('|'); at != std::string::npos; at = text.find('|', at + 2)) text.replace(at, 1, "\\|");
+    return text;
+  };
+  std::string out = "| op | operands | attributes | rule family | where | what it computes |\n|---|---|---|---|---|---|\n";
+  for (const auto& s : op_catalog()) {
+    if (s.scopes == kInternal) continue;
+    std::string where;
+    if (s.scopes & kProgram) where += "program";
+    if (s.scopes & kBody) where += std::string(where.empty() ? "" : ", ") + "body";
+    if (s.scopes & kReference) where += std::string(where.empty() ? "" : ", ") + "reference";
+    const std::string attrs = attrs_signature(s);
+    out += "| `" + std::string(s.name) + "` | " + cell(operands_signature(s)) + " | " +
+           (attrs.empty() ? "" : "`" + cell(attrs) + "`") + " | " + (*s.family ? s.family : "-") + " | " + where +
+           " | " + cell(s.summary) + " |\n";
+  }
+  return out;
+}
+
+const char* attr_type_name(AttrType t) {
+  switch (t) {
+    case AttrType::Int: return "int";
+    case AttrType::Ints: return "int[]";
+    case AttrType::IntOrInts: return "int|int[]";
+    case AttrType::Number: return "number";
+    case AttrType::NumberOrInf: return "number|\"inf\"|\"-inf\"";
+    case AttrType::Bool: return "bool";
+    case AttrType::Spec: return "placements";
+    case AttrType::Axis: return "axis";
+    case AttrType::String: return "string";
+    case AttrType::Any: return "any";
+  }
+  return "?";
+}
+
+const char* operand_type_name(OperandType t) {
+  switch (t) {
+    case OperandType::Float: return "float";
+    case OperandType::Int64: return "int64";
+    case OperandType::Bool: return "bool";
+    case OperandType::Any: return "any";
+  }
+  return "?";
+}
+
+const char* gen_class_name(GenClass c) {
+  switch (c) {
+    case GenClass::None: return "none";
+    case GenClass::Unary: return "unary";
+    case GenClass::UnaryLayer: return "unary_layer";
+    case GenClass::Binary: return "binary";
+    case GenClass::Reduction: return "reduction";
+    case GenClass::Extremum: return "extremum";
+    case GenClass::Triangle: return "triangle";
+    case GenClass::Norm: return "norm";
+    case GenClass::Loss: return "loss";
+    case GenClass::Creation: return "creation";
+    case GenClass::Split: return "split";
+    case GenClass::Reshape: return "reshape";
+  }
+  return "?";
+}
+
+}  // namespace meshsim

@@ -1,0 +1,80 @@
+// The reducing families: reduction (sum, mean), amax, amin, softmax.
+#include <string>
+#include <vector>
+
+#include "core/rules/common.h"
+
+namespace meshsim::rules {
+
+// sum / mean over `dim` (one, a list, or every dim when absent): a shard of a reduced dim becomes
+// P(sum), for mean too: its local op divides the local sum by the global count
+// (OpAttrs::mean_divisor), so the ranks' results add up to the global mean even when the shards
+// are uneven. (PyTorch DTensor makes it P(avg) of local means, which is wrong for uneven shards
+// and NaN for empty ones, pytorch/pytorch#162692; its fix, #163241, replicates an unevenly sharded
+// operand first.) A kept dim moves down by the reduced dims before it (none with keepdim).
+std::vector<RuleRow> reduction_rows(const RowCtx& c) {
+  std::vector<RowText> t;
+  for (int64_t d = 0; d < c.rank(); ++d) {
+    if (reduces(c.a, d) && c.a.local_mean) {  // semantics pytorch: P(avg) of local means
+      t.emplace_back(S(d) + " -> P(avg)", "S(dim) -> P(avg), semantics pytorch");
+    } else if (reduces(c.a, d)) {
+      t.emplace_back(S(d) + " -> P(sum)", "S(dim) -> P(sum)");
+    } else {
+      const int64_t out = d - reduced_before(c.a, d);
+      t.emplace_back(S(d) + " -> " + S(out), out == d ? "S(d) -> S(d)" : "S(d) -> S(d-k), k reduced dims before d");
+    }
+  }
+  t.emplace_back("R -> R");
+  t.emplace_back("P(sum) -> P(sum)");
+  t.emplace_back("P(avg) -> P(avg)");
+  return parse_rows(t);
+}
+
+namespace {
+
+// amax / amin over `dim`: a shard of a reduced dim gives P(max) / P(min) (not differentiable until
+// replicated); a kept dim as for sum; P(max) passes through amax and P(min) through amin.
+std::vector<RuleRow> extremum_rows(const RowCtx& c, const char* partial) {
+  std::vector<RowText> t;
+  for (int64_t d = 0; d < c.rank(); ++d) {
+    if (reduces(c.a, d)) {
+      t.emplace_back(S(d) + " -> " + partial, std::string("S(dim) -> ") + partial);
+    } else {
+      const int64_t out = d - reduced_before(c.a, d);
+      t.emplace_back(S(d) + " -> " + S(out), out == d ? "S(d) -> S(d)" : "S(d) -> S(d-k), k reduced dims before d");
+    }
+  }
+  t.emplace_back("R -> R");
+  t.emplace_back(std::string(partial) + " -> " + partial);
+  return parse_rows(t);
+}
+
+}  // namespace
+
+std::vector<RuleRow> amax_rows(const RowCtx& c) { return extremum_rows(c, "P(max)"); }
+
+std::vector<RuleRow> amin_rows(const RowCtx& c) { return extremum_rows(c, "P(min)"); }
+
+// softmax {dim}: every rank needs whole rows along `dim`: a shard of `dim` is gathered (the
+// single-operand fallback to R), a Partial operand reduced.
+std::vector<RuleRow> softmax_rows(const RowCtx& c) {
+  std::vector<RowText> t;
+  for (int64_t d = 0; d < c.rank(); ++d)
+    if (d != *c.a.dim) t.emplace_back(S(d) + " -> " + S(d), "S(d) -> S(d)");
+  t.emplace_back("R -> R");
+  return parse_rows(t);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Backward
+
+Grad reduction_gradient(const AxisGrad& x) {
+  const Placement& in = x.ins.at(0);
+  if (!in.is_shard()) return {x.g, x.g, nullptr, "operand not sharded: g expanded, laid out as g"};
+  if (reduces(x.attrs, in.dim))
+    return {x.g.is_replicate() ? x.g : Placement::replicate(), in, nullptr,
+            "S(dim) reduced: g replicated, expanded to S(dim)"};
+  return {x.out, in, nullptr, "S(d) kept: g laid out as the output, expanded to S(d)"};
+}
+
+}  // namespace meshsim::rules

@@ -1,0 +1,572 @@
+// The definitions' table for kernels_match_definitions: one row per op of the catalog with a kernel
+// (core/ops.h), by name, with how its operands and attributes are drawn and its definition (built
+// from kernels.cpp's and kernels_nn.cpp's builders), indexed by the op's id. A new op with a kernel
+// needs a row here, or the table's check at its first use fails (tests/test_catalog.cpp).
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <rapidcheck.h>
+
+#include "properties/kernel_nd.h"
+#include "properties/kernels.h"
+#include "sim/local_ops.h"
+
+namespace meshsim::kernel_nd {
+
+namespace {
+
+// ---------------------------------------------------------------------------------------------
+// Drawing operands and attributes
+
+void add_operand(Case& c, const Dims& shape) { c.xs.push_back(draw_values(shape, false)); }
+
+// `n` split into `parts` factors (a random divisor at a time), one of them -1 now and then.
+Dims factorization(int64_t n, int64_t parts) {
+  Dims out;
+  for (int64_t p = 0; p + 1 < parts; ++p) {
+    Dims divisors;
+    for (int64_t q = 1; q <= n; ++q)
+      if (n % q == 0) divisors.push_back(q);
+    const int64_t q = *rc::gen::elementOf(divisors);
+    out.push_back(q);
+    n /= q;
+  }
+  if (parts > 0) out.push_back(n);
+  if (parts > 0 && draw_in(0, 3) == 0) out[static_cast<size_t>(draw_in(0, parts - 1))] = -1;
+  return out;
+}
+
+Dims permutation_of(int64_t rank) {
+  Dims left, out;
+  for (int64_t d = 0; d < rank; ++d) left.push_back(d);
+  while (!left.empty()) {
+    const auto i = static_cast<size_t>(draw_in(0, static_cast<int64_t>(left.size()) - 1));
+    out.push_back(left[i]);
+    left.erase(left.begin() + static_cast<std::ptrdiff_t>(i));
+  }
+  return out;
+}
+
+// Values drawn for amax / amin: distinct half of the time, else from a few values (ties).
+Nd draw_extremum_values(const Dims& shape) {
+  Nd x = zeros(shape);
+  if (coin()) {
+    for (auto& e : x.v) e = static_cast<double>(draw_in(-2, 1)) + 0.5;
+    return x;
+  }
+  const Dims order = permutation_of(count_of(shape));
+  for (size_t k = 0; k < x.v.size(); ++k) x.v[k] = (static_cast<double>(order[k]) - 3.5) / 2.0;
+  return x;
+}
+
+// An operand broadcasting against `out`: a suffix of its dims (all of them half of the time when
+// `whole_often`), each kept or made 1.
+Dims broadcast_operand(const Dims& out, bool whole_often) {
+  const auto rank = static_cast<int64_t>(out.size());
+  const int64_t r = whole_often && coin() ? rank : draw_in(0, rank);
+  Dims s(out.end() - r, out.end());
+  for (auto& e : s)
+    if (draw_in(0, 3) == 0) e = 1;
+  return s;
+}
+
+// The reduced dims of a reduction: none (every dim), one `dim`, or a list (possibly empty: every dim).
+void draw_reduced_dims(OpAttrs& a, int64_t rank) {
+  a.keepdim = coin();
+  const int64_t form = rank == 0 ? 0 : draw_in(0, 2);
+  if (form == 1) a.dim = as_given(draw_in(0, rank - 1), rank);
+  if (form == 2) {
+    a.dims_given = true;
+    const Dims perm = permutation_of(rank);
+    const int64_t n = draw_in(0, rank);
+    for (int64_t i = 0; i < n; ++i) a.dims.push_back(as_given(perm[static_cast<size_t>(i)], rank));
+  }
+}
+
+// Ids (or targets) uniform in [0, high).
+Nd draw_ids(const Dims& shape, int64_t high) {
+  Nd x = zeros(shape);
+  for (auto& e : x.v) e = static_cast<double>(draw_in(0, high - 1));
+  return x;
+}
+
+Nd draw_mask(const Dims& shape) {
+  Nd x = zeros(shape);
+  for (auto& e : x.v) e = coin() ? 1.0 : 0.0;
+  return x;
+}
+
+// A range of a table's `extent` rows held by a rank: its torch.chunk over 1-4 ranks (empty
+// ones too).
+Chunk draw_range(int64_t extent) {
+  const int64_t ranks = draw_in(1, 4), r = draw_in(0, ranks - 1);
+  const int64_t size = (extent + ranks - 1) / ranks, offset = std::min(extent, r * size);
+  return {offset, std::min(size, extent - offset)};
+}
+
+// ---- the drawing of each op's case (the rows name them) ----
+
+// add, sub, mul, div: the scalar form now and then, else operands broadcasting against a shape
+// (one of them of that shape); divisors kept away from zero.
+void draw_binary(const std::string& op, Case& c) {
+  OpAttrs& a = c.attrs;
+  const Dims out = draw_shape(draw_in(0, 3));
+  if (draw_in(0, 3) == 0) {  // the scalar form: operand 1 is the constant `value`
+    a.scalar = true;
+    a.value = op == "div" ? *rc::gen::element(-2.0, -0.5, 1.5, 3.0) : *rc::gen::element(-2.0, -0.5, 0.0, 1.5, 3.0);
+    add_operand(c, out);
+  } else {
+    Dims s0 = broadcast_operand(out, true), s1 = broadcast_operand(out, true);
+    if (coin()) s0 = out;
+    else s1 = out;
+    add_operand(c, s0);
+    c.xs.push_back(draw_values(s1, op == "div"));
+  }
+}
+
+// neg, scale, exp, relu, sin, tanh: one operand; scale's factor.
+void draw_pointwise(const std::string&, Case& c) {
+  c.attrs.value = *rc::gen::element(-2.0, -0.5, 0.0, 1.5, 3.0);
+  add_operand(c, draw_shape(draw_in(0, 3)));
+}
+
+// The transformer layers' pointwise ops: gelu's approximation; pow's exponent (small integer and
+// fractional ones); a positive operand for those the catalog says need one (log, sqrt, rsqrt, pow).
+void draw_nonlinear(const std::string& op, Case& c) {
+  OpAttrs& a = c.attrs;
+  a.tanh = op == "gelu" && coin();
+  if (op == "pow") a.exponent = std::vector<double>{-1.0, -0.5, 0.5, 1.5, 2.0, 3.0}[static_cast<size_t>(draw_in(0, 5))];
+  c.xs = {draw_values(draw_shape(draw_in(0, 3)), op_schema(op).values.needs_positive)};
+}
+
+void draw_mm(const std::string&, Case& c) {
+  const int64_t k = draw_in(1, 4);
+  add_operand(c, {draw_in(1, 4), k});
+  add_operand(c, {k, draw_in(1, 4)});
+}
+
+void draw_bmm(const std::string&, Case& c) {
+  const int64_t b = draw_in(1, 4), k = draw_in(1, 4);
+  add_operand(c, {b, draw_in(1, 4), k});
+  add_operand(c, {b, k, draw_in(1, 4)});
+}
+
+// matmul: operands of 1-3 dims, batch dims broadcasting now and then.
+void draw_matmul(const std::string&, Case& c) {
+  const int64_t ra = draw_in(1, 3), rb = draw_in(1, 3), k = draw_in(1, 4), batch = draw_in(1, 4);
+  Dims sa, sb;
+  if (ra == 3) sa.push_back(rb == 3 && coin() ? 1 : batch);
+  if (ra >= 2) sa.push_back(draw_in(1, 4));
+  sa.push_back(k);
+  if (rb == 3) sb.push_back(ra == 3 && sa[0] != 1 && coin() ? 1 : batch);
+  sb.push_back(k);
+  if (rb >= 2) sb.push_back(draw_in(1, 4));
+  add_operand(c, sa);
+  add_operand(c, sb);
+}
+
+// linear: x of 1-3 dims [..., k], weight [n, k], a bias [n] half of the time.
+void draw_linear(const std::string&, Case& c) {
+  const int64_t k = draw_in(1, 4), n = draw_in(1, 4);
+  Dims x = draw_shape(draw_in(0, 2));
+  x.push_back(k);
+  add_operand(c, x);
+  add_operand(c, {n, k});
+  if (coin()) add_operand(c, {n});
+}
+
+void draw_transpose(const std::string&, Case& c) {
+  const int64_t r = draw_in(1, 3);
+  c.attrs.dim0 = as_given(draw_in(0, r - 1), r);
+  c.attrs.dim1 = as_given(draw_in(0, r - 1), r);
+  add_operand(c, draw_shape(r));
+}
+
+void draw_permute(const std::string&, Case& c) {
+  const int64_t r = draw_in(0, 3);
+  for (int64_t d : permutation_of(r)) c.attrs.dims.push_back(as_given(d, r));
+  add_operand(c, draw_shape(r));
+}
+
+// view, reshape: a shape of as many elements, one extent -1 now and then.
+void draw_reshape(const std::string&, Case& c) {
+  const Dims s = draw_shape(draw_in(0, 3));
+  const int64_t n = count_of(s);
+  c.attrs.shape = factorization(n, n == 1 ? draw_in(0, 3) : draw_in(1, 3));
+  add_operand(c, s);
+}
+
+void draw_flatten(const std::string&, Case& c) {
+  OpAttrs& a = c.attrs;
+  const int64_t r = draw_in(0, 3);
+  if (r == 0) {
+    a.start_dim = *rc::gen::element<int64_t>(0, -1);
+    a.end_dim = *rc::gen::element<int64_t>(0, -1);
+  } else {
+    const int64_t s = draw_in(0, r - 1), e = draw_in(s, r - 1);
+    a.start_dim = as_given(s, r);
+    a.end_dim = as_given(e, r);
+  }
+  add_operand(c, draw_shape(r));
+}
+
+void draw_unflatten(const std::string&, Case& c) {
+  const int64_t r = draw_in(1, 3), d = draw_in(0, r - 1);
+  const Dims s = draw_shape(r);
+  c.attrs.dim = as_given(d, r);
+  c.attrs.sizes = factorization(s[static_cast<size_t>(d)], draw_in(1, 3));
+  add_operand(c, s);
+}
+
+void draw_squeeze(const std::string&, Case& c) {
+  const int64_t r = draw_in(0, 3);
+  if (r > 0 && coin()) c.attrs.dim = as_given(draw_in(0, r - 1), r);
+  add_operand(c, draw_shape(r, true));
+}
+
+void draw_unsqueeze(const std::string&, Case& c) {
+  const int64_t r = draw_in(0, 3);
+  c.attrs.dim = as_given(draw_in(0, r), r + 1);
+  add_operand(c, draw_shape(r));
+}
+
+// expand: leading dims added, size-1 dims grown, extents kept as -1 now and then.
+void draw_expand(const std::string&, Case& c) {
+  const Dims s = draw_shape(draw_in(0, 3), true);
+  Dims& target = c.attrs.shape;
+  for (int64_t lead = draw_in(0, 4 - static_cast<int64_t>(s.size())); lead > 0; --lead) target.push_back(draw_in(1, 4));
+  for (int64_t e : s) target.push_back(draw_in(0, 3) == 0 ? -1 : e == 1 ? draw_in(1, 4) : e);
+  add_operand(c, s);
+}
+
+// cat, stack: 2-3 operands, of one shape but (cat) along the dim.
+void draw_join(const std::string& op, Case& c) {
+  const bool stack = op == "stack";
+  const int64_t r = draw_in(stack ? 0 : 1, 3), n = draw_in(2, 3);
+  const int64_t d = draw_in(0, stack ? r : r - 1);
+  c.attrs.dim = as_given(d, stack ? r + 1 : r);
+  const Dims s = draw_shape(r);
+  for (int64_t i = 0; i < n; ++i) {
+    Dims si = s;
+    if (!stack) si[static_cast<size_t>(d)] = draw_in(1, 4);
+    add_operand(c, si);
+  }
+}
+
+void draw_narrow(const std::string&, Case& c) {
+  OpAttrs& a = c.attrs;
+  const int64_t r = draw_in(1, 3), d = draw_in(0, r - 1);
+  const Dims s = draw_shape(r);
+  const int64_t n = s[static_cast<size_t>(d)];
+  a.dim = as_given(d, r);
+  a.length = draw_in(0, n);
+  const int64_t start = draw_in(0, n - a.length);
+  a.start = coin() ? start - n : start;
+  add_operand(c, s);
+}
+
+// sum, mean, amax, amin: the reduced dims, and for mean on a rank the global count (its own or
+// another); amax and amin on values with ties half of the time.
+void draw_reduction(const std::string& op, Case& c) {
+  OpAttrs& a = c.attrs;
+  const Dims s = draw_shape(draw_in(0, 3));
+  draw_reduced_dims(a, static_cast<int64_t>(s.size()));
+  const int64_t divisor = draw_in(0, 3);  // mean on a rank: by the global count of the reduced elements
+  if (divisor == 1) a = with_global_shape(op, a, s);
+  if (divisor == 2) a.mean_divisor = draw_in(1, 9);
+  if (op == "amax" || op == "amin") c.xs.push_back(draw_extremum_values(s));
+  else add_operand(c, s);
+}
+
+// softmax, log_softmax: along one dim.
+void draw_along_dim(const std::string&, Case& c) {
+  const int64_t r = draw_in(1, 3);
+  c.attrs.dim = as_given(draw_in(0, r - 1), r);
+  add_operand(c, draw_shape(r));
+}
+
+// where, masked_fill: a shape and operands broadcasting against it.
+void draw_where(const std::string& op, Case& c) {
+  const Dims out = draw_shape(draw_in(0, 3));
+  if (op == "masked_fill") {
+    c.attrs.fill = std::vector<double>{-2.0, 0.0, 3.5, INFINITY, -INFINITY}[static_cast<size_t>(draw_in(0, 4))];
+    c.xs = {draw_values(out, false), draw_mask(coin() ? out : broadcast_operand(out, false))};
+    c.types = {"float", "bool"};
+    return;
+  }
+  const size_t whole = static_cast<size_t>(draw_in(0, 2));  // one operand has the result's shape
+  std::vector<Dims> shapes = {broadcast_operand(out, false), broadcast_operand(out, false),
+                              broadcast_operand(out, false)};
+  shapes[whole] = out;
+  c.xs = {draw_mask(shapes[0]), draw_values(shapes[1], false), draw_values(shapes[2], false)};
+  c.types = {"bool", "float", "float"};
+}
+
+void draw_triangle(const std::string&, Case& c) {
+  c.attrs.diagonal = draw_in(-3, 3);
+  add_operand(c, draw_shape(draw_in(2, 4)));
+}
+
+// layer_norm, rms_norm: the last 1-3 dims normalized, an eps now and then, 0-2 parameters.
+void draw_norm(const std::string& op, Case& c) {
+  OpAttrs& a = c.attrs;
+  const int64_t r = draw_in(1, 3), k = draw_in(1, r);
+  const Dims x = draw_shape(r);
+  a.normalized_shape.assign(x.end() - k, x.end());
+  if (op == "layer_norm" || coin()) a.eps = coin() ? std::optional<double>{} : std::optional<double>{0.25};
+  add_operand(c, x);
+  for (int64_t p = draw_in(0, op == "layer_norm" ? 2 : 1); p > 0; --p) add_operand(c, a.normalized_shape);
+}
+
+// embedding: ids of 0-2 dims into the whole table or a rank's vocab range of it.
+void draw_embedding(const std::string&, Case& c) {
+  const int64_t vocab = draw_in(1, 6), dim = draw_in(1, 3);
+  int64_t rows = vocab;
+  if (coin()) {
+    c.attrs.range = draw_range(vocab);
+    rows = c.attrs.range->size;
+  }
+  c.xs = {draw_ids(draw_shape(draw_in(0, 2)), vocab), draw_values({rows, dim}, false)};
+  c.types = {"int64", "float"};
+}
+
+// The losses and their parts: scores [N, C] with targets in [0, C), an ignore_index now and then
+// (one of the targets, never every one), a reduction; with a class range now and then (nll_loss
+// and pick_target: the rank's classes, the scores then the rank's columns).
+void draw_loss(const std::string& op, Case& c) {
+  OpAttrs& a = c.attrs;
+  const int64_t n = draw_in(1, 4), classes = draw_in(1, 5);
+  Nd target = draw_ids({n}, classes);
+  if (coin()) {
+    const auto t = static_cast<int64_t>(draw_in(0, n - 1));
+    a.ignore_index = static_cast<int64_t>(target.at(t));
+    // Never every target: the last one is another class, or the index matches none.
+    bool all = true;
+    for (double v : target.v) all &= static_cast<int64_t>(v) == *a.ignore_index;
+    if (all) a.ignore_index = op == "count_targets" || coin() ? -100 : classes;
+  }
+  a.sum_reduction = coin();
+  int64_t columns = classes;
+  if ((op == "pick_target" || op == "nll_loss") && coin()) {
+    a.range = draw_range(classes);
+    columns = a.range->size;
+  }
+  if (op == "count_targets") {
+    a.float32 = coin();
+    c.xs = {target};
+    c.types = {"int64"};
+    return;
+  }
+  c.xs = {draw_values({n, columns}, false), target};
+  c.types = {"float", "int64"};
+}
+
+// ---------------------------------------------------------------------------------------------
+// The rows: one per op with a kernel, by name, in the catalog's (alphabetical) order. Each draws
+// the op's case and builds its definition from the drawn attributes and operand 0's rank.
+
+using Attrs = const OpAttrs&;
+using Draw = void (*)(const std::string& op, Case& c);
+using Define = Definition (*)(Attrs a, int64_t rank);
+struct Row {
+  const char* op;
+  Draw draw;
+  Define define;
+};
+
+double sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
+
+// view, reshape: the operand's elements in the shape `a.shape` (its -1 filled in).
+Definition reshape_to(Attrs a) { return view([a](const Dims& in) { return filled(a.shape, count_of(in)); }); }
+
+const Row kRows[] = {
+    {"abs", draw_nonlinear,
+     [](Attrs, int64_t) {
+       return unary([](double x) { return std::abs(x); }, [](double x) { return x > 0 ? 1.0 : x < 0 ? -1.0 : 0.0; });
+     }},
+    {"add", draw_binary,
+     [](Attrs a, int64_t) {
+       return elementwise(a.value, [](double x, double y) { return x + y; },
+                          [](double, double, size_t) { return 1.0; });
+     }},
+    {"amax", draw_reduction, [](Attrs a, int64_t) { return extremum(a, true); }},
+    {"amin", draw_reduction, [](Attrs a, int64_t) { return extremum(a, false); }},
+    {"bmm", draw_bmm, [](Attrs, int64_t) { return matmul(); }},
+    {"cat", draw_join, [](Attrs a, int64_t rank) { return join(wrap(*a.dim, rank), false); }},
+    {"count_targets", draw_loss, [](Attrs a, int64_t) { return count_targets(a.ignore_index); }},
+    {"cross_entropy", draw_loss, [](Attrs a, int64_t) { return loss(a, true); }},
+    {"div", draw_binary,
+     [](Attrs a, int64_t) {
+       return elementwise(a.value, [](double x, double y) { return x / y; },
+                          [](double x, double y, size_t i) { return i == 0 ? 1.0 / y : -x / (y * y); });
+     }},
+    {"embedding", draw_embedding, [](Attrs a, int64_t) { return embedding(a.range); }},
+    {"exp", draw_pointwise,
+     [](Attrs, int64_t) { return unary([](double x) { return std::exp(x); }, [](double x) { return std::exp(x); }); }},
+    {"expand", draw_expand, [](Attrs a, int64_t) { return expand(a.shape); }},
+    {"flatten", draw_flatten,
+     [](Attrs a, int64_t rank) {
+       return view([a, rank](const Dims& in) {
+         if (rank == 0) return Dims{1};
+         const int64_t s = wrap(a.start_dim, rank), e = wrap(a.end_dim, rank);
+         Dims out(in.begin(), in.begin() + s);
+         int64_t merged = 1;
+         for (int64_t d = s; d <= e; ++d) merged *= in[static_cast<size_t>(d)];
+         out.push_back(merged);
+         out.insert(out.end(), in.begin() + e + 1, in.end());
+         return out;
+       });
+     }},
+    {"gelu", draw_nonlinear, [](Attrs a, int64_t) { return gelu(a.tanh); }},
+    {"layer_norm", draw_norm,
+     [](Attrs a, int64_t) { return norm(true, a.normalized_shape.size(), a.eps.value_or(1e-5)); }},
+    {"linear", draw_linear, [](Attrs, int64_t) { return linear(); }},
+    {"log", draw_nonlinear,
+     [](Attrs, int64_t) { return unary([](double x) { return std::log(x); }, [](double x) { return 1.0 / x; }); }},
+    {"log_softmax", draw_along_dim, [](Attrs a, int64_t rank) { return log_softmax(wrap(*a.dim, rank)); }},
+    {"masked_fill", draw_where, [](Attrs a, int64_t) { return masked_fill(a.fill); }},
+    {"matmul", draw_matmul, [](Attrs, int64_t) { return matmul(); }},
+    {"mean", draw_reduction, [](Attrs a, int64_t) { return sum_or_mean(a, true); }},
+    {"mm", draw_mm, [](Attrs, int64_t) { return matmul(); }},
+    {"mul", draw_binary,
+     [](Attrs a, int64_t) {
+       return elementwise(a.value, [](double x, double y) { return x * y; },
+                          [](double x, double y, size_t i) { return i == 0 ? y : x; });
+     }},
+    {"narrow", draw_narrow, [](Attrs a, int64_t rank) { return narrow(wrap(*a.dim, rank), a.start, a.length); }},
+    {"neg", draw_pointwise,
+     [](Attrs, int64_t) { return unary([](double x) { return -x; }, [](double) { return -1.0; }); }},
+    {"nll_loss", draw_loss, [](Attrs a, int64_t) { return loss(a, false); }},
+    {"permute", draw_permute,
+     [](Attrs a, int64_t rank) {
+       Dims perm;
+       for (int64_t d : a.dims) perm.push_back(wrap(d, rank));
+       return permutation(perm);
+     }},
+    {"pick_target", draw_loss, [](Attrs a, int64_t) { return pick_target(a); }},
+    {"pow", draw_nonlinear,
+     [](Attrs a, int64_t) {
+       const double e = a.exponent;
+       return unary([e](double x) { return std::pow(x, e); }, [e](double x) { return e * std::pow(x, e - 1.0); });
+     }},
+    {"relu", draw_pointwise,
+     [](Attrs, int64_t) {
+       return unary([](double x) { return x > 0 ? x : 0.0; }, [](double x) { return x > 0 ? 1.0 : 0.0; });
+     }},
+    {"reshape", draw_reshape, [](Attrs a, int64_t) { return reshape_to(a); }},
+    {"rms_norm", draw_norm,
+     [](Attrs a, int64_t) {
+       return norm(false, a.normalized_shape.size(), a.eps.value_or(std::numeric_limits<double>::epsilon()));
+     }},
+    {"rsqrt", draw_nonlinear,
+     [](Attrs, int64_t) {
+       return unary([](double x) { return 1.0 / std::sqrt(x); }, [](double x) { return -0.5 / (x * std::sqrt(x)); });
+     }},
+    {"scale", draw_pointwise,
+     [](Attrs a, int64_t) {
+       const double c = a.value;
+       return unary([c](double x) { return c * x; }, [c](double) { return c; });
+     }},
+    {"sigmoid", draw_nonlinear,
+     [](Attrs, int64_t) { return unary(sigmoid, [](double x) { return sigmoid(x) * (1.0 - sigmoid(x)); }); }},
+    {"silu", draw_nonlinear,
+     [](Attrs, int64_t) {
+       return unary([](double x) { return x * sigmoid(x); },
+                    [](double x) { return sigmoid(x) * (1.0 + x * (1.0 - sigmoid(x))); });
+     }},
+    {"sin", draw_pointwise,
+     [](Attrs, int64_t) { return unary([](double x) { return std::sin(x); }, [](double x) { return std::cos(x); }); }},
+    {"softmax", draw_along_dim, [](Attrs a, int64_t rank) { return softmax(wrap(*a.dim, rank)); }},
+    {"sqrt", draw_nonlinear,
+     [](Attrs, int64_t) {
+       return unary([](double x) { return std::sqrt(x); }, [](double x) { return 0.5 / std::sqrt(x); });
+     }},
+    {"squeeze", draw_squeeze,
+     [](Attrs a, int64_t rank) {
+       return view([a, rank](const Dims& in) {
+         Dims out;
+         for (int64_t d = 0; d < rank; ++d)
+           if (in[static_cast<size_t>(d)] != 1 || (a.dim && wrap(*a.dim, rank) != d))
+             out.push_back(in[static_cast<size_t>(d)]);
+         return out;
+       });
+     }},
+    {"stack", draw_join, [](Attrs a, int64_t rank) { return join(wrap(*a.dim, rank + 1), true); }},
+    {"sub", draw_binary,
+     [](Attrs a, int64_t) {
+       return elementwise(a.value, [](double x, double y) { return x - y; },
+                          [](double, double, size_t i) { return i == 0 ? 1.0 : -1.0; });
+     }},
+    {"sum", draw_reduction, [](Attrs a, int64_t) { return sum_or_mean(a, false); }},
+    {"tanh", draw_pointwise,
+     [](Attrs, int64_t) {
+       return unary([](double x) { return std::tanh(x); }, [](double x) { return 1.0 - std::tanh(x) * std::tanh(x); });
+     }},
+    {"transpose", draw_transpose,
+     [](Attrs a, int64_t rank) {
+       Dims perm;
+       for (int64_t d = 0; d < rank; ++d) perm.push_back(d);
+       std::swap(perm[static_cast<size_t>(wrap(a.dim0, rank))], perm[static_cast<size_t>(wrap(a.dim1, rank))]);
+       return permutation(perm);
+     }},
+    {"tril", draw_triangle, [](Attrs a, int64_t) { return triangle(true, a.diagonal); }},
+    {"triu", draw_triangle, [](Attrs a, int64_t) { return triangle(false, a.diagonal); }},
+    {"unflatten", draw_unflatten,
+     [](Attrs a, int64_t rank) {
+       return view([a, rank](const Dims& in) {
+         const int64_t d = wrap(*a.dim, rank);
+         const Dims sizes = filled(a.sizes, in[static_cast<size_t>(d)]);
+         Dims out(in.begin(), in.begin() + d);
+         out.insert(out.end(), sizes.begin(), sizes.end());
+         out.insert(out.end(), in.begin() + d + 1, in.end());
+         return out;
+       });
+     }},
+    {"unsqueeze", draw_unsqueeze,
+     [](Attrs a, int64_t rank) {
+       return view([a, rank](const Dims& in) {
+         Dims out = in;
+         out.insert(out.begin() + wrap(*a.dim, rank + 1), 1);
+         return out;
+       });
+     }},
+    {"view", draw_reshape, [](Attrs a, int64_t) { return reshape_to(a); }},
+    {"where", draw_where, [](Attrs, int64_t) { return where_def(); }},
+};
+
+// The rows by OpId (null: none), checked against the catalog at first use: std::logic_error naming
+// the op where a row is missing or names an op without a kernel, at every use.
+const std::vector<const Row*>& table() {
+  static const std::vector<const Row*> rows = rows_by_op_id(kRows, "properties/definitions.cpp", "definition");
+  return rows;
+}
+
+const Row& row_of(OpId op) {
+  const auto& t = table();
+  if (op >= t.size() || !t[op])
+    throw std::invalid_argument("no definition for op \"" + (op < t.size() ? std::string(op_schema(op).name)
+                                                                            : std::to_string(op)) + "\"");
+  return *t[op];
+}
+
+}  // namespace
+
+Definition definition(OpId op, const OpAttrs& a, int64_t rank) { return row_of(op).define(a, rank); }
+
+Case draw_case(OpId op) {
+  Case c;
+  row_of(op).draw(op_schema(op).name, c);
+  return c;
+}
+
+}  // namespace meshsim::kernel_nd
+
+namespace meshsim {
+
+bool has_definition(OpId op) { return op < kernel_nd::table().size() && kernel_nd::table()[op]; }
+
+}  // namespace meshsim

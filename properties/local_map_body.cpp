@@ -1,0 +1,336 @@
+// The local_map program generator's layer ops and transformer-layer ops of a body
+// (properties/local_map_body.h).
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <numeric>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <rapidcheck.h>
+
+#include "core/layout.h"
+#include "core/placement.h"
+#include "properties/generators.h"
+#include "properties/local_map_body.h"
+#include "properties/program_parts.h"
+
+namespace meshsim::gen::body {
+
+using namespace parts;
+
+bool LocalMapBuilder::try_layer_kind(const BodyValue& x) {
+  const size_t rank = x.shape.size();
+  const auto r = static_cast<int64_t>(rank);
+  BodyValue y = renamed(x);
+  const int pick = *rc::gen::inRange(0, 12);
+  if (pick == 11 && rank >= 1) {  // chunk in two along a dim no axis shards; the first piece goes on
+    const int64_t d = *rc::gen::inRange<int64_t>(0, r);
+    if (sharded(x, d)) return false;
+    const int64_t n = x.shape[static_cast<size_t>(d)];
+    const int64_t first = n == 0 ? 0 : (n + 1) / 2;
+    const int pieces = n <= 1 ? 1 : 2;
+    y.shape[static_cast<size_t>(d)] = first;
+    if (!within_bounds("narrow", {}, {{x.bound, x.rounded}}, x.bound, y.rounded)) return false;
+    y.bound = x.bound;
+    const std::string rest = fresh();
+    json outs = pieces == 1 ? json::array({y.name}) : json::array({y.name, rest});
+    json refs = pieces == 1 ? json::array({y.name}) : json::array({y.name, rest});
+    json twins = pieces == 1 ? json::array({"d_" + y.name}) : json::array({"d_" + y.name, "d_" + rest});
+    body.push_back({{"outs", outs}, {"op", "chunk"}, {"args", {x.name}}, {"chunks", pieces}, {"dim", d}});
+    reference.push_back({{"outs", refs}, {"op", "chunk"}, {"args", {x.ref}}, {"chunks", pieces}, {"dim", d}});
+    twin_ops.push_back({{"outs", twins}, {"op", "chunk"}, {"args", {x.twin}}, {"chunks", pieces}, {"dim", d}});
+    y.ref = y.name;
+    y.twin = "d_" + y.name;
+    pool.push_back(y);
+    return true;
+  }
+  auto move_shards = [&](const std::function<int64_t(int64_t)>& to) {
+    for (size_t b = 0; b < y.reading.size(); ++b)
+      if (y.reading[b] == Reading::Shard) y.shard_dim[b] = to(y.shard_dim[b]);
+  };
+  if (pick == 0 && rank >= 1) {  // permute
+    std::vector<int64_t> dims(rank);
+    std::iota(dims.begin(), dims.end(), 0);
+    for (int64_t i = r - 1; i > 0; --i) std::swap(dims[i], dims[*rc::gen::inRange<int64_t>(0, i + 1)]);
+    for (size_t j = 0; j < rank; ++j) y.shape[j] = x.shape[static_cast<size_t>(dims[j])];
+    move_shards([&](int64_t d) { return std::find(dims.begin(), dims.end(), d) - dims.begin(); });
+    return local_unary(y, "permute", x, {{"dims", dims}}, x.bound);
+  }
+  if (pick == 1 && rank < 3) {  // unsqueeze
+    const int64_t d = *rc::gen::inRange<int64_t>(0, r + 1);
+    y.shape.insert(y.shape.begin() + d, 1);
+    move_shards([&](int64_t e) { return e >= d ? e + 1 : e; });
+    return local_unary(y, "unsqueeze", x, {{"dim", *rc::gen::arbitrary<bool>() ? d : d - r - 1}}, x.bound);
+  }
+  if (pick == 2) {  // squeeze a size-1 dim no axis shards
+    for (int64_t d = 0; d < r; ++d)
+      if (x.shape[static_cast<size_t>(d)] == 1 && !sharded(x, d)) {
+        y.shape.erase(y.shape.begin() + d);
+        move_shards([&](int64_t e) { return e > d ? e - 1 : e; });
+        return local_unary(y, "squeeze", x, {{"dim", d}}, x.bound);
+      }
+    return false;
+  }
+  if (pick == 3 && rank >= 2 && unsharded(x)) {  // flatten, or a view or reshape merging the first two dims
+    y.shape = {x.shape[0] * x.shape[1]};
+    y.shape.insert(y.shape.end(), x.shape.begin() + 2, x.shape.end());
+    if (*rc::gen::arbitrary<bool>()) return local_unary(y, "flatten", x, {{"start_dim", 0}, {"end_dim", 1}}, x.bound);
+    return local_unary(y, op_of(GenClass::Reshape), x, {{"shape", y.shape}}, x.bound);
+  }
+  if (pick == 4 && rank >= 1 && rank < 3 && unsharded(x)) {  // unflatten the last dim into [n, 1]
+    const int64_t n = x.shape.back();
+    y.shape.back() = n;
+    y.shape.push_back(1);
+    return local_unary(y, "unflatten", x, {{"dim", -1}, {"sizes", Shape{-1, 1}}}, x.bound);
+  }
+  if (pick == 5 && rank < 3 && unsharded(x)) {  // expand with a new leading dim
+    y.shape.insert(y.shape.begin(), 2);
+    Shape target = y.shape;
+    return local_unary(y, "expand", x, {{"shape", target}}, x.bound);
+  }
+  if (pick == 6 && rank >= 1) {  // narrow a dim no axis shards
+    const int64_t d = *rc::gen::inRange<int64_t>(0, r);
+    if (sharded(x, d)) return false;
+    const int64_t n = x.shape[static_cast<size_t>(d)], start = *rc::gen::inRange<int64_t>(0, n + 1);
+    const int64_t length = *rc::gen::inRange<int64_t>(0, n - start + 1);
+    y.shape[static_cast<size_t>(d)] = length;
+    return local_unary(y, "narrow", x, {{"dim", d}, {"start", start}, {"length", length}}, x.bound);
+  }
+  if ((pick == 7 || pick == 8) && rank >= 1 && rank < 3) {  // cat along a dim no axis shards, or stack
+    std::vector<const BodyValue*> partners;
+    for (const auto& v : pool) {
+      bool fits = v.shape == x.shape;
+      for (size_t b = 0; b < x.reading.size() && fits; ++b) fits = same_reading(x, v, b);
+      if (fits) partners.push_back(&v);
+    }
+    if (partners.empty()) return false;
+    const BodyValue z = *partners.at(static_cast<size_t>(*rc::gen::inRange<int>(0, static_cast<int>(partners.size()))));
+    if (!within_bounds("cat", {}, {{x.bound, x.rounded}, {z.bound, z.rounded}}, std::max(x.bound, z.bound), y.rounded))
+      return false;
+    y.label = local_label({&x, &z});
+    y.bound = std::max(x.bound, z.bound);
+    y.floor = std::min(x.floor, z.floor);
+    if (pick == 7) {
+      const int64_t d = *rc::gen::inRange<int64_t>(0, r);
+      if (sharded(x, d)) return false;
+      y.shape[static_cast<size_t>(d)] *= 2;
+      add_local(y, "cat", {x, z}, {{"dim", d}});
+      return true;
+    }
+    const int64_t d = *rc::gen::inRange<int64_t>(0, r + 1);
+    y.shape.insert(y.shape.begin() + d, 2);
+    move_shards([&](int64_t e) { return e >= d ? e + 1 : e; });
+    add_local(y, "stack", {x, z}, {{"dim", d}});
+    return true;
+  }
+  if (pick == 9 && rank == 2) {  // matmul, or bmm of the two unsqueezed, by mm's rows
+    const size_t axes = x.reading.size();
+    const BodyValue* z_ptr = mm_product(y, x, "matmul");
+    if (!z_ptr) return false;
+    const BodyValue z = *z_ptr;
+    if (*rc::gen::arbitrary<bool>()) {
+      add_local(y, "matmul", {x, z});
+      return true;
+    }
+    BodyValue ux = x, uz = z;
+    ux.name = fresh();
+    uz.name = fresh();
+    ux.shape.insert(ux.shape.begin(), 1);
+    uz.shape.insert(uz.shape.begin(), 1);
+    for (auto* v : {&ux, &uz})
+      for (size_t b = 0; b < axes; ++b)
+        if (v->reading[b] == Reading::Shard) ++v->shard_dim[b];
+    add_local(ux, "unsqueeze", {x}, {{"dim", 0}});
+    add_local(uz, "unsqueeze", {z}, {{"dim", 0}});
+    y.shape.insert(y.shape.begin(), 1);
+    for (size_t b = 0; b < axes; ++b)
+      if (y.reading[b] == Reading::Shard) ++y.shard_dim[b];
+    add_local(y, "bmm", {pool[pool.size() - 2], pool.back()});
+    return true;
+  }
+  if (pick == 10 && rank >= 1 && !x.has_partial() && numel(x.shape) > 0) {  // amax, amin over a dim no axis shards
+    const int64_t d = *rc::gen::inRange<int64_t>(0, r);
+    if (sharded(x, d)) return false;
+    const bool keepdim = *rc::gen::arbitrary<bool>();
+    if (keepdim) y.shape[static_cast<size_t>(d)] = 1;
+    else y.shape.erase(y.shape.begin() + d);
+    if (!keepdim) move_shards([&](int64_t e) { return e > d ? e - 1 : e; });
+    return local_unary(y, op_of(GenClass::Extremum), x, {{"dim", d}, {"keepdim", keepdim}}, x.bound);
+  }
+  return false;
+}
+
+BodyValue LocalMapBuilder::region_arg(const Shape& shape, const std::vector<std::pair<Reading, int64_t>>& reading, const std::string& dtype,
+                     int64_t high) {
+  Spec spec;
+  for (const auto& [r, d] : reading)
+    spec.push_back(r == Reading::Shard ? Placement::shard(d) : *rc::gen::inRange(0, 4) == 0 ? Placement::reduced() : Placement::replicate());
+  const std::string name = "q" + std::to_string(extra_args.size());
+  json decl = typed_input(name, shape, spec, dtype, high);
+  extra_inputs.push_back(decl);
+  extra_args.push_back(name);
+  return entered(name, shape, spec);
+}
+
+bool LocalMapBuilder::try_nn_kind(const BodyValue& x) {
+  const size_t rank = x.shape.size();
+  const auto r = static_cast<int64_t>(rank);
+  BodyValue y = renamed(x);
+  const int pick = *rc::gen::inRange(0, 8);
+  if (pick == 0) return local_pointwise(y, GenClass::UnaryLayer, x);  // the non-linear pointwise ops
+  if (pick == 1) {  // log_softmax along a dim no axis shards
+    if (rank == 0 || x.has_partial()) return false;
+    const int64_t d = dim_of(x);
+    if (sharded(x, wrap(d, rank))) return false;
+    return local_unary(y, "log_softmax", x, {{"dim", d}}, 2 * x.bound + std::log(std::max<double>(1, static_cast<double>(x.shape[static_cast<size_t>(wrap(d, rank))]))));
+  }
+  if (pick == 2) {  // tril, triu: the last two dims whole on every rank (Partial passes: linear)
+    if (rank < 2 || sharded(x, r - 1) || sharded(x, r - 2)) return false;
+    return local_unary(y, op_of(GenClass::Triangle), x, {{"diagonal", *rc::gen::inRange<int64_t>(-2, 3)}}, x.bound);
+  }
+  if (pick == 3) {  // where(mask, x, u) with u read alike (Partial x and u of one kind: linear), masked_fill
+    const BodyValue mask = region_arg(x.shape, alike(x), "bool");
+    if (*rc::gen::arbitrary<bool>()) {
+      if (x.has_partial()) return false;
+      const double value = *rc::gen::element(-2.0, 0.0, 3.5);
+      if (!within_bounds("masked_fill", {}, {{x.bound, x.rounded}}, std::max(x.bound, std::abs(value)), y.rounded)) return false;
+      y.label = local_label({&x, &mask});
+      y.bound = std::max(x.bound, std::abs(value));
+      y.floor = 0;
+      add_local(y, "masked_fill", {x, mask}, {{"value", value}});
+      return true;
+    }
+    std::vector<const BodyValue*> partners;
+    for (const auto& v : pool) {
+      bool fits = v.shape == x.shape;
+      for (size_t b = 0; b < x.reading.size() && fits; ++b) fits = same_reading(x, v, b);
+      if (fits) partners.push_back(&v);
+    }
+    const BodyValue u = *partners.at(static_cast<size_t>(*rc::gen::inRange<int>(0, static_cast<int>(partners.size()))));
+    if (!within_bounds("where", {}, {{x.bound, x.rounded}, {u.bound, u.rounded}}, std::max(x.bound, u.bound), y.rounded)) return false;
+    y.label = local_label({&mask, &x, &u});
+    y.bound = std::max(x.bound, u.bound);
+    y.floor = std::min(x.floor, u.floor);
+    add_local(y, "where", {mask, x, u});
+    return true;
+  }
+  if (pick == 4) {  // layer_norm, rms_norm over the last 1-2 dims no axis shards, a replicated weight now and then
+    if (rank == 0 || x.has_partial()) return false;
+    const auto k = static_cast<size_t>(*rc::gen::inRange<int64_t>(1, std::min<int64_t>(r, 2) + 1));
+    for (size_t d = rank - k; d < rank; ++d)
+      if (sharded(x, static_cast<int64_t>(d))) return false;
+    const Shape ns(x.shape.end() - static_cast<std::ptrdiff_t>(k), x.shape.end());
+    if (numel(ns) == 0) return false;  // normalized_shape takes extents >= 1
+    const std::string name = op_of(GenClass::Norm);
+    json extra = {{"normalized_shape", ns}};
+    if (x.rounded || *rc::gen::inRange(0, 3) != 0) extra["eps"] = *rc::gen::element(1e-5, 0.25);
+    std::vector<BodyValue> xs = {x};
+    double bound = std::sqrt(static_cast<double>(std::max<int64_t>(1, numel(ns))));
+    for (const auto& v : pool) {
+      bool replicated = v.shape == ns && !(v.name == x.name);
+      for (auto rd : v.reading) replicated &= rd == Reading::Replicated;
+      if (replicated && *rc::gen::arbitrary<bool>()) {
+        xs.push_back(v);
+        bound *= v.bound;
+        break;
+      }
+    }
+    std::vector<const BodyValue*> ptrs;
+    for (const auto& v : xs) ptrs.push_back(&v);
+    if (!within_bounds(name, extra, {{x.bound, x.rounded}}, bound, y.rounded)) return false;
+    y.label = local_label(ptrs);
+    y.bound = bound;
+    y.floor = 0;
+    add_local(y, name, xs, extra);
+    return true;
+  }
+  if (pick == 5) return embedding(x, y);
+  return loss(x, y);
+}
+
+bool LocalMapBuilder::embedding(const BodyValue& x, BodyValue& y) {
+  if (x.shape.size() != 2 || x.shape[0] == 0) return false;
+  const Shape ids_shape = *rc::gen::arbitrary<bool>() ? Shape{*rc::gen::inRange<int64_t>(1, 7)}
+                                                      : Shape{*rc::gen::inRange<int64_t>(1, 4), *rc::gen::inRange<int64_t>(1, 4)};
+  std::vector<std::pair<Reading, int64_t>> ids_reading;
+  std::optional<size_t> vocab_axis;
+  const auto out_rank = static_cast<int64_t>(ids_shape.size());
+  y.shape = ids_shape;
+  y.shape.push_back(x.shape[1]);
+  for (size_t b = 0; b < x.reading.size(); ++b) {
+    const bool shard_ids = x.reading[b] == Reading::Replicated && *rc::gen::arbitrary<bool>();
+    ids_reading.emplace_back(shard_ids ? Reading::Shard : Reading::Replicated, shard_ids ? 0 : -1);
+    if (x.reading[b] == Reading::Shard && x.shard_dim[b] == 0) {
+      if (vocab_axis) return false;
+      vocab_axis = b;
+      y.reading[b] = Reading::Partial;
+      y.shard_dim[b] = -1;
+    } else if (x.reading[b] == Reading::Shard) {
+      y.shard_dim[b] = out_rank;
+    } else if (shard_ids) {
+      y.reading[b] = Reading::Shard;
+      y.shard_dim[b] = 0;
+    }
+  }
+  const BodyValue ids = region_arg(ids_shape, ids_reading, "int64", x.shape[0]);
+  if (!within_bounds("embedding", {}, {{x.bound, x.rounded}}, x.bound, y.rounded)) return false;
+  y.label = local_label({&ids, &x});
+  y.floor = 0;
+  json extra = json::object();
+  if (vocab_axis) extra = {{"axis", mesh.axes()[*vocab_axis]}, {"vocab", x.shape[0]}};
+  add_local(y, "embedding", {ids, x}, extra);
+  // The reference and the twin look up the whole table.
+  reference.back().erase("axis");
+  reference.back().erase("vocab");
+  twin_ops.back().erase("axis");
+  twin_ops.back().erase("vocab");
+  return true;
+}
+
+bool LocalMapBuilder::loss(const BodyValue& x, BodyValue& y) {
+  if (x.shape.size() != 2 || x.shape[0] == 0 || x.shape[1] == 0) return false;
+  const std::string name = op_of(GenClass::Loss);
+  std::vector<std::pair<Reading, int64_t>> target_reading;
+  std::optional<size_t> class_axis;
+  bool batch_sharded = false;
+  y.shape = {};
+  for (size_t b = 0; b < x.reading.size(); ++b) {
+    target_reading.emplace_back(Reading::Replicated, -1);
+    if (x.reading[b] == Reading::Replicated) continue;
+    if (x.reading[b] == Reading::Partial && name == "cross_entropy") return false;
+    if (x.reading[b] == Reading::Shard && x.shard_dim[b] == 1) {
+      if (name == "cross_entropy" || class_axis) return false;
+      class_axis = b;
+    }
+    if (x.reading[b] == Reading::Shard && x.shard_dim[b] == 0) {
+      batch_sharded = true;
+      target_reading.back() = {Reading::Shard, 0};
+    }
+    y.reading[b] = Reading::Partial;
+    y.shard_dim[b] = -1;
+  }
+  const int64_t n = x.shape[0], classes = x.shape[1];
+  json extra = {{"reduction", batch_sharded || *rc::gen::arbitrary<bool>() ? "sum" : "mean"}};
+  const size_t index = next_input_index();
+  const BodyValue target = region_arg({n}, target_reading, "int64", classes);
+  if (*rc::gen::arbitrary<bool>())
+    if (const auto ignore = ignore_index_for(drawn_ids(seed, index, {n}, classes), *rc::gen::inRange<int64_t>(0, 8)))
+      extra["ignore_index"] = *ignore;
+  const double each = name == "cross_entropy" ? 2 * x.bound + std::log(static_cast<double>(classes)) : x.bound;
+  const double bound = extra["reduction"] == "sum" ? each * static_cast<double>(n) : each;
+  if (name == "cross_entropy" && x.bound > operand_limit("cross_entropy")) return false;
+  if (!within_bounds(name, extra, {{x.bound, x.rounded}}, bound, y.rounded)) return false;
+  y.label = local_label({&x, &target});
+  y.bound = bound;
+  y.floor = 0;
+  json body_extra = extra;
+  if (class_axis) body_extra.update({{"axis", mesh.axes()[*class_axis]}, {"classes", classes}});
+  add_local(y, name, {x, target}, body_extra);
+  reference.back() = op(y.name, name, {x.ref, target.ref}, extra);
+  twin_ops.back() = op("d_" + y.name, name, {x.twin, target.twin}, extra);
+  return true;
+}
+
+}  // namespace meshsim::gen::body

@@ -1,0 +1,317 @@
+// The per-rank kernels: the math of each op on plain tensors, one row per op of the catalog with
+// a kernel (core/ops.h), in a table indexed by the op's id. A rank runs its locals through them and
+// the single-device oracle its global tensors, so a call is one index into the table (the name's
+// one lookup in the catalog aside), not a walk along a chain of names.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include <torch/csrc/autograd/custom_function.h>
+
+#include "core/error.h"
+#include "core/mutants.h"
+#include "core/ops.h"
+#include "sim/local_ops.h"
+
+namespace meshsim {
+
+namespace {
+
+using Xs = std::vector<at::Tensor>;
+
+at::Tensor reduce_sum(const at::Tensor& x, const OpAttrs& attrs) {
+  if (x.dim() == 0) return x.clone();
+  return at::sum(x, reduced_dims(x, attrs), attrs.keepdim);
+}
+
+// mean: on a rank, the local sum over the global count (OpAttrs::mean_divisor), so that a shard
+// of a reduced dim is a P(sum) of the global mean, even and uneven shards alike (an empty shard
+// gives 0, not NaN); on the global tensor (no divisor), at::mean.
+// Under semantics pytorch (local_mean) the value is the rank's local mean, NaN on an empty shard,
+// while the gradient is the global count's, as PyTorch's autograd computes it.
+at::Tensor reduce_mean(const at::Tensor& x, const OpAttrs& attrs) {
+  if (attrs.mean_divisor && attrs.local_mean) {
+    const at::Tensor global = reduce_sum(x, attrs) / static_cast<double>(*attrs.mean_divisor);
+    const at::Tensor local = x.dim() == 0 ? x.detach().clone() : at::mean(x.detach(), reduced_dims(x, attrs), attrs.keepdim);
+    return global + (local - global.detach());
+  }
+  if (attrs.mean_divisor) return reduce_sum(x, attrs) / static_cast<double>(*attrs.mean_divisor);
+  if (x.dim() == 0) return x.clone();
+  return at::mean(x, reduced_dims(x, attrs), attrs.keepdim);
+}
+
+// amax / amin of an empty local: the identity of the reduction (-inf / +inf), so that the ranks'
+// P(max) / P(min) parts reduce to the global value (at::amax refuses an empty reduction).
+at::Tensor reduce_extremum(const at::Tensor& x, const OpAttrs& attrs, bool max) {
+  if (x.dim() == 0) return x.clone();
+  const auto dims = reduced_dims(x, attrs);
+  bool empty = false;
+  for (int64_t d : dims) empty |= x.size(d) == 0;
+  if (empty) {
+    auto shape = x.sizes().vec();
+    for (int64_t d : dims) shape[d] = 1;
+    at::Tensor filled = at::full(shape, max ? -INFINITY : INFINITY, x.options());
+    if (attrs.keepdim) return filled;
+    std::vector<int64_t> kept;
+    for (int64_t d = 0; d < x.dim(); ++d)
+      if (std::find(dims.begin(), dims.end(), d) == dims.end()) kept.push_back(x.size(d));
+    return filled.reshape(kept);
+  }
+  const at::Tensor y = max ? at::amax(x, dims, attrs.keepdim) : at::amin(x, dims, attrs.keepdim);
+  if (!mutant_on(Mutant::ExtremumGradFirstTie) || !x.requires_grad()) return y;
+  // Planted bug: the gradient goes whole to the first tie, as max(dim) sends it to its index.
+  std::vector<int64_t> order, kept_shape;
+  for (int64_t d = 0; d < x.dim(); ++d)
+    if (std::find(dims.begin(), dims.end(), d) == dims.end()) {
+      order.push_back(d);
+      kept_shape.push_back(x.size(d));
+    }
+  order.insert(order.end(), dims.begin(), dims.end());
+  std::vector<int64_t> rows = kept_shape;
+  int64_t reduced = 1;
+  for (int64_t d : dims) reduced *= x.size(d);
+  rows.push_back(reduced);
+  const at::Tensor flat = x.permute(order).reshape(rows);
+  const at::Tensor first = (max ? flat.argmax(-1, true) : flat.argmin(-1, true));
+  const at::Tensor picked = flat.gather(-1, first).reshape(y.sizes());
+  return y.detach() + (picked - picked.detach());
+}
+
+// The shape a view op gives this tensor: the local shape the runtime computed, else the op's own.
+std::vector<int64_t> view_shape(const std::string& op, const OpAttrs& attrs, const at::Tensor& x) {
+  if (attrs.local_shape) return *attrs.local_shape;
+  return infer_shape(op, {x.sizes().vec()}, attrs);
+}
+
+// The view ops but expand: the elements in the view's shape. contiguous: a local is always laid
+// out in row-major order, whatever op made it.
+at::Tensor reshaped(const char* op, const OpAttrs& attrs, const Xs& xs) {
+  return xs.at(0).reshape(view_shape(op, attrs, xs.at(0))).contiguous();
+}
+
+// The second operand of a binary op: the tensor, or the scalar `value` as a 0-d tensor.
+at::Tensor second(const OpAttrs& attrs, const Xs& xs) {
+  if (attrs.scalar && xs.size() == 1) return at::scalar_tensor(attrs.value, xs.at(0).options().requires_grad(false));
+  return xs.at(1);
+}
+
+// gelu whose backward takes its incoming gradient contiguous. libtorch's CPU gelu_backward with
+// approximate none writes nothing into its result when the gradient is laid out otherwise than the
+// input in float32 (pytorch/pytorch#112006; libtorch 1.13 to 2.1 at least): the gradient is then
+// whatever memory held, and a run's trace depends on the allocator. A strided gradient reaches gelu
+// behind a transpose, a matmul's batch dims or a stack. meshsim's determinism property found it
+// (docs/findings.md).
+struct ContiguousGradGelu : torch::autograd::Function<ContiguousGradGelu> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, bool tanh) {
+    ctx->save_for_backward({x});
+    ctx->saved_data["tanh"] = tanh;
+    return at::gelu(x, tanh ? "tanh" : "none");
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const at::Tensor x = ctx->get_saved_variables().at(0);
+    const bool tanh = ctx->saved_data["tanh"].toBool();
+    return {at::gelu_backward(grads.at(0).contiguous(), x, tanh ? "tanh" : "none"), at::Tensor()};
+  }
+};
+
+at::Tensor gelu_op(const at::Tensor& x, bool tanh) {
+  if (!x.requires_grad()) return at::gelu(x, tanh ? "tanh" : "none");
+  return ContiguousGradGelu::apply(x, tanh);
+}
+
+// gelu {approximate}. Planted bug: approximate none differentiated as the tanh approximation
+// (the exact value, the tanh form's gradient).
+at::Tensor gelu(const at::Tensor& x, bool tanh) {
+  if (tanh) return gelu_op(x, true);
+  at::Tensor y = gelu_op(x, false);
+  if (!mutant_on(Mutant::GeluTanhDerivative) || !x.requires_grad()) return y;
+  at::Tensor approx = gelu_op(x, true);
+  return y.detach() + (approx - approx.detach());
+}
+
+// The normalized (trailing) dims of a norm.
+std::vector<int64_t> normalized_dims(const at::Tensor& x, const OpAttrs& attrs) {
+  std::vector<int64_t> dims;
+  for (int64_t d = x.dim() - static_cast<int64_t>(attrs.normalized_shape.size()); d < x.dim(); ++d) dims.push_back(d);
+  return dims;
+}
+
+// rms_norm: x / sqrt(mean(x^2) + eps) * weight, eps by default the dtype's machine epsilon (as
+// torch.nn.functional.rms_norm with eps=None).
+at::Tensor rms_norm(const Xs& xs, const OpAttrs& attrs) {
+  const at::Tensor& x = xs.at(0);
+  const double eps = attrs.eps.value_or(x.scalar_type() == at::kFloat ? std::numeric_limits<float>::epsilon()
+                                                                      : std::numeric_limits<double>::epsilon());
+  at::Tensor y = x * at::rsqrt(x.pow(2).mean(normalized_dims(x, attrs), /*keepdim=*/true) + eps);
+  return xs.size() > 1 ? y * xs[1] : y;
+}
+
+// A vocab- or class-parallel table on a rank: the ids in its range, shifted to local rows (0 for
+// the others), and the mask of those in range. Planted bug: ids outside the range are clamped
+// into it and not masked.
+std::pair<at::Tensor, at::Tensor> local_ids(const at::Tensor& ids, const Chunk& range) {
+  at::Tensor in = (ids >= range.offset).logical_and(ids < range.offset + range.size);
+  if (mutant_on(Mutant::VocabLookupUnmasked) && range.size > 0)
+    return {(ids - range.offset).clamp(0, range.size - 1), at::ones_like(in)};
+  return {at::where(in, ids - range.offset, at::zeros_like(ids)), in};
+}
+
+// embedding(ids, weight): the rows of the weight at the ids; on a vocab-sharded rank (range), the
+// ids in its range and zeros for the others (PyTorch's _MaskPartial).
+at::Tensor embedding(const at::Tensor& ids, const at::Tensor& weight, const OpAttrs& attrs) {
+  if (!attrs.range) return at::embedding(weight, ids);
+  auto [local, in] = local_ids(ids, *attrs.range);
+  if (weight.size(0) == 0) {  // an empty vocab shard (uneven split): every id is another rank's
+    auto shape = ids.sizes().vec();
+    shape.push_back(weight.size(1));
+    return at::zeros(shape, weight.options());
+  }
+  at::Tensor rows = at::embedding(weight, local);
+  return at::where(in.unsqueeze(-1), rows, at::zeros_like(rows));
+}
+
+// -log_probs[n, target[n]], 0 where the target is ignore_index or (range) outside the rank's
+// classes.
+at::Tensor pick_target(const at::Tensor& logp, const at::Tensor& target, const OpAttrs& attrs) {
+  at::Tensor keep = attrs.ignore_index ? target.ne(*attrs.ignore_index) : at::ones_like(target, at::kBool);
+  at::Tensor index = target;
+  if (attrs.range) {
+    auto [local, in] = local_ids(target, *attrs.range);
+    keep = keep.logical_and(in);
+    index = local;
+  }
+  index = at::where(keep, index, at::zeros_like(index));
+  if (logp.size(1) == 0) return at::zeros({logp.size(0)}, logp.options());
+  at::Tensor picked = logp.gather(1, index.unsqueeze(1)).squeeze(1);
+  // where, not a product with the mask: a gradient of inf (a mean over no kept target) stays 0
+  // where nothing was picked, as libtorch's nll_loss gives.
+  return -at::where(keep, picked, at::zeros_like(picked));
+}
+
+// nll_loss on whole tensors (the oracle, a local_map body): libtorch's, or, in a body with a
+// class range, the masked pick summed or averaged over the targets not ignored.
+at::Tensor nll_loss(const at::Tensor& logp, const at::Tensor& target, const OpAttrs& attrs) {
+  if (!attrs.range)
+    return at::nll_loss(logp, target, {}, attrs.sum_reduction ? at::Reduction::Sum : at::Reduction::Mean,
+                        attrs.ignore_index.value_or(-100));
+  at::Tensor loss = pick_target(logp, target, attrs).sum();
+  if (attrs.sum_reduction) return loss;
+  at::Tensor count = attrs.ignore_index ? target.ne(*attrs.ignore_index).sum() : at::scalar_tensor(target.numel());
+  return loss / count.to(logp.scalar_type());
+}
+
+// ---------------------------------------------------------------------------------------------
+// The rows: one per op with a kernel, by name, in the catalog's (alphabetical) order.
+
+using Kernel = at::Tensor (*)(const OpAttrs&, const Xs&);
+struct KernelRow {
+  const char* op;
+  Kernel run;
+};
+
+// contiguous where an op may return a strided result: a local is always laid out in row-major
+// order, whatever op made it.
+const KernelRow kRows[] = {
+    {"abs", [](const OpAttrs&, const Xs& xs) { return at::abs(xs.at(0)); }},
+    {"add", [](const OpAttrs& a, const Xs& xs) { return at::add(xs.at(0), second(a, xs)); }},
+    {"amax", [](const OpAttrs& a, const Xs& xs) { return reduce_extremum(xs.at(0), a, true); }},
+    {"amin", [](const OpAttrs& a, const Xs& xs) { return reduce_extremum(xs.at(0), a, false); }},
+    {"bmm", [](const OpAttrs&, const Xs& xs) { return at::bmm(xs.at(0), xs.at(1)); }},
+    {"cat", [](const OpAttrs& a, const Xs& xs) { return at::cat(xs, a.dim.value_or(0)); }},
+    {"count_targets",
+     [](const OpAttrs& a, const Xs& xs) {
+       at::Tensor keep = a.ignore_index ? xs.at(0).ne(*a.ignore_index) : at::ones_like(xs.at(0), at::kBool);
+       return keep.to(a.float32 ? at::kFloat : at::kDouble);
+     }},
+    {"cross_entropy",
+     [](const OpAttrs& a, const Xs& xs) { return nll_loss(at::log_softmax(xs.at(0), 1), xs.at(1), a); }},
+    {"div", [](const OpAttrs& a, const Xs& xs) { return at::div(xs.at(0), second(a, xs)); }},
+    {"embedding", [](const OpAttrs& a, const Xs& xs) { return embedding(xs.at(0), xs.at(1), a); }},
+    {"exp", [](const OpAttrs&, const Xs& xs) { return at::exp(xs.at(0)); }},
+    {"expand",
+     [](const OpAttrs& a, const Xs& xs) { return xs.at(0).expand(view_shape("expand", a, xs.at(0))).contiguous(); }},
+    {"flatten", [](const OpAttrs& a, const Xs& xs) { return reshaped("flatten", a, xs); }},
+    {"gelu", [](const OpAttrs& a, const Xs& xs) { return gelu(xs.at(0), a.tanh); }},
+    {"layer_norm",
+     [](const OpAttrs& a, const Xs& xs) {
+       const at::Tensor w = xs.size() > 1 ? xs[1] : at::Tensor(), b = xs.size() > 2 ? xs[2] : at::Tensor();
+       return at::layer_norm(xs.at(0), a.normalized_shape, w, b, a.eps.value_or(1e-5));
+     }},
+    // linear runs as one op on a rank and in the oracle; the DTensor runtime runs its parts
+    // (interpreter.cpp), as PyTorch's decomposition of aten.linear does.
+    {"linear",
+     [](const OpAttrs&, const Xs& xs) {
+       at::Tensor y = at::matmul(xs.at(0), xs.at(1).t());
+       return xs.size() > 2 ? y + xs[2] : y.contiguous();
+     }},
+    {"log", [](const OpAttrs&, const Xs& xs) { return at::log(xs.at(0)); }},
+    {"log_softmax", [](const OpAttrs& a, const Xs& xs) { return at::log_softmax(xs.at(0), a.dim.value_or(-1)); }},
+    {"masked_fill", [](const OpAttrs& a, const Xs& xs) { return xs.at(0).masked_fill(xs.at(1), a.fill); }},
+    {"matmul", [](const OpAttrs&, const Xs& xs) { return at::matmul(xs.at(0), xs.at(1)).contiguous(); }},
+    {"mean", [](const OpAttrs& a, const Xs& xs) { return reduce_mean(xs.at(0), a); }},
+    {"mm", [](const OpAttrs&, const Xs& xs) { return at::mm(xs.at(0), xs.at(1)); }},
+    {"mul", [](const OpAttrs& a, const Xs& xs) { return at::mul(xs.at(0), second(a, xs)); }},
+    {"narrow",
+     [](const OpAttrs& a, const Xs& xs) {
+       const int64_t d = a.dim.value_or(0), n = xs.at(0).size(d);
+       return xs.at(0).narrow(d, a.start < 0 ? a.start + n : a.start, a.length).contiguous();
+     }},
+    {"neg", [](const OpAttrs&, const Xs& xs) { return at::neg(xs.at(0)); }},
+    {"nll_loss", [](const OpAttrs& a, const Xs& xs) { return nll_loss(xs.at(0), xs.at(1), a); }},
+    {"permute", [](const OpAttrs& a, const Xs& xs) { return xs.at(0).permute(a.dims).contiguous(); }},
+    {"pick_target", [](const OpAttrs& a, const Xs& xs) { return pick_target(xs.at(0), xs.at(1), a); }},
+    {"pow", [](const OpAttrs& a, const Xs& xs) { return at::pow(xs.at(0), a.exponent); }},
+    {"relu", [](const OpAttrs&, const Xs& xs) { return at::relu(xs.at(0)); }},
+    {"reshape", [](const OpAttrs& a, const Xs& xs) { return reshaped("reshape", a, xs); }},
+    {"rms_norm", [](const OpAttrs& a, const Xs& xs) { return rms_norm(xs, a); }},
+    {"rsqrt", [](const OpAttrs&, const Xs& xs) { return at::rsqrt(xs.at(0)); }},
+    {"scale", [](const OpAttrs& a, const Xs& xs) { return at::mul(xs.at(0), a.value); }},
+    {"sigmoid", [](const OpAttrs&, const Xs& xs) { return at::sigmoid(xs.at(0)); }},
+    {"silu", [](const OpAttrs&, const Xs& xs) { return at::silu(xs.at(0)); }},
+    {"sin", [](const OpAttrs&, const Xs& xs) { return at::sin(xs.at(0)); }},
+    {"softmax", [](const OpAttrs& a, const Xs& xs) { return at::softmax(xs.at(0), a.dim.value_or(-1)); }},
+    {"sqrt", [](const OpAttrs&, const Xs& xs) { return at::sqrt(xs.at(0)); }},
+    {"squeeze", [](const OpAttrs& a, const Xs& xs) { return reshaped("squeeze", a, xs); }},
+    {"stack", [](const OpAttrs& a, const Xs& xs) { return at::stack(xs, a.dim.value_or(0)); }},
+    {"sub", [](const OpAttrs& a, const Xs& xs) { return at::sub(xs.at(0), second(a, xs)); }},
+    {"sum", [](const OpAttrs& a, const Xs& xs) { return reduce_sum(xs.at(0), a); }},
+    {"tanh", [](const OpAttrs&, const Xs& xs) { return at::tanh(xs.at(0)); }},
+    {"transpose",
+     [](const OpAttrs& a, const Xs& xs) { return at::transpose(xs.at(0), a.dim0, a.dim1).contiguous(); }},
+    {"tril", [](const OpAttrs& a, const Xs& xs) { return at::tril(xs.at(0), a.diagonal); }},
+    {"triu", [](const OpAttrs& a, const Xs& xs) { return at::triu(xs.at(0), a.diagonal); }},
+    {"unflatten", [](const OpAttrs& a, const Xs& xs) { return reshaped("unflatten", a, xs); }},
+    {"unsqueeze", [](const OpAttrs& a, const Xs& xs) { return reshaped("unsqueeze", a, xs); }},
+    {"view", [](const OpAttrs& a, const Xs& xs) { return reshaped("view", a, xs); }},
+    {"where", [](const OpAttrs&, const Xs& xs) { return at::where(xs.at(0), xs.at(1), xs.at(2)); }},
+};
+
+// The rows by OpId (null: no kernel), checked against the catalog at first use, and again at every
+// later call when that failed (a throwing static initializer is retried).
+const std::vector<const KernelRow*>& kernel_table() {
+  static const std::vector<const KernelRow*> table = rows_by_op_id(kRows, "sim/kernels.cpp", "kernel");
+  return table;
+}
+
+[[noreturn]] void no_kernel(std::string_view op) {
+  throw SemanticError(ErrorKind::UnsupportedOp, "op \"" + std::string(op) + "\" has no local implementation");
+}
+
+}  // namespace
+
+bool has_kernel(OpId op) { return op < kernel_table().size() && kernel_table()[op]; }
+
+at::Tensor local_op(OpId op, const OpAttrs& attrs, const std::vector<at::Tensor>& xs) {
+  const auto& table = kernel_table();
+  if (op >= table.size() || !table[op]) no_kernel(op < table.size() ? op_schema(op).name : std::to_string(op));
+  return table[op]->run(attrs, xs);
+}
+
+at::Tensor local_op(const std::string& op, const OpAttrs& attrs, const std::vector<at::Tensor>& xs) {
+  const OpSchema* s = find_op(op);
+  if (!s) no_kernel(op);
+  return local_op(s->id, attrs, xs);
+}
+
+}  // namespace meshsim
