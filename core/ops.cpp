@@ -20,6 +20,7 @@ constexpr OperandType kInt = OperandType::Int64, kBool = OperandType::Bool, kAny
 
 ValueRange same(ValueRange x, const nlohmann::json&) { return {x.bound, 0}; }
 ValueRange unit_or_less(ValueRange x, const nlohmann::json&) { return {std::min(1.0, x.bound), 0}; }
+ValueRange unit(ValueRange, const nlohmann::json&) { return {1.0, 0}; }
 ValueRange exp_range(ValueRange x, const nlohmann::json&) { return {std::exp(x.bound), std::exp(-x.bound)}; }
 ValueRange sigmoid_range(ValueRange x, const nlohmann::json&) { return {std::min(1.0, x.bound), 1 / (1 + std::exp(x.bound))}; }
 ValueRange log_range(ValueRange x, const nlohmann::json&) {
@@ -143,6 +144,7 @@ std::vector<OpSchema> build() {
                       "torch.chunk: pieces of ceil(extent / chunks) along dim (`outs` names them)"),
                    kEverywhere, 0),
            GenClass::Split),
+      with(op("cos", x(), {}, "nonlinear_unary", false, "cosine"), GenClass::Unary, {g, false, false, unit}),
       op("count_targets", {{"target", kInt}}, {{"ignore_index", T::Int, false}}, "count_targets", false,
          "1 where a target counts towards a mean loss (not ignore_index), else 0 (cross_entropy's parts)"),
       with(op("cross_entropy", {{"input"}, {"target", kInt}}, loss_attrs(false), "", false,

@@ -397,6 +397,8 @@ const Row kRows[] = {
     {"amin", draw_reduction, [](Attrs a, int64_t) { return extremum(a, false); }},
     {"bmm", draw_bmm, [](Attrs, int64_t) { return matmul(); }},
     {"cat", draw_join, [](Attrs a, int64_t rank) { return join(wrap(*a.dim, rank), false); }},
+    {"cos", draw_pointwise,
+     [](Attrs, int64_t) { return unary([](double x) { return std::cos(x); }, [](double x) { return -std::sin(x); }); }},
     {"count_targets", draw_loss, [](Attrs a, int64_t) { return count_targets(a.ignore_index); }},
     {"cross_entropy", draw_loss, [](Attrs a, int64_t) { return loss(a, true); }},
     {"div", draw_binary,

@@ -219,6 +219,7 @@ const KernelRow kRows[] = {
     {"amin", [](const OpAttrs& a, const Xs& xs) { return reduce_extremum(xs.at(0), a, false); }},
     {"bmm", [](const OpAttrs&, const Xs& xs) { return at::bmm(xs.at(0), xs.at(1)); }},
     {"cat", [](const OpAttrs& a, const Xs& xs) { return at::cat(xs, a.dim.value_or(0)); }},
+    {"cos", [](const OpAttrs&, const Xs& xs) { return at::cos(xs.at(0)); }},
     {"count_targets",
      [](const OpAttrs& a, const Xs& xs) {
        at::Tensor keep = a.ignore_index ? xs.at(0).ne(*a.ignore_index) : at::ones_like(xs.at(0), at::kBool);
