@@ -225,7 +225,9 @@ bool LocalMapBuilder::try_nn_kind(const BodyValue& x) {
     if (numel(ns) == 0) return false;  // normalized_shape takes extents >= 1
     const std::string name = op_of(GenClass::Norm);
     json extra = {{"normalized_shape", ns}};
-    if (x.rounded || *rc::gen::inRange(0, 3) != 0) extra["eps"] = *rc::gen::element(1e-5, 0.25);
+    // A rounded operand takes the large eps (programs.cpp says why).
+    if (x.rounded) extra["eps"] = 0.25;
+    else if (*rc::gen::inRange(0, 3) != 0) extra["eps"] = *rc::gen::element(1e-5, 0.25);
     std::vector<BodyValue> xs = {x};
     double bound = std::sqrt(static_cast<double>(std::max<int64_t>(1, numel(ns))));
     for (const auto& v : pool) {

@@ -334,8 +334,12 @@ struct DTensorBuilder {
         const Shape ns(x.shape.end() - static_cast<std::ptrdiff_t>(k), x.shape.end());
         if (numel(ns) == 0) return false;  // normalized_shape takes extents >= 1
         json extra = {{"normalized_shape", ns}};
-        // rms_norm's default eps is the dtype's: a rounded zero row would be scaled by 1e8.
-        if (x.rounded || (name == "rms_norm" ? *rc::gen::inRange(0, 3) != 0 : *rc::gen::arbitrary<bool>()))
+        // rms_norm's default eps is the dtype's: a rounded zero row would be scaled by 1e8. A rounded
+        // operand takes the large eps: a row of values equal but for rounding (one element, always)
+        // has its rounding scaled by 1 / sqrt(eps), 316 for 1e-5, past the comparison's 1e-12
+        // (`meshsim check --seed 6 --cases 10000`, docs/findings.md section 11).
+        if (x.rounded) extra["eps"] = 0.25;
+        else if (name == "rms_norm" ? *rc::gen::inRange(0, 3) != 0 : *rc::gen::arbitrary<bool>())
           extra["eps"] = *rc::gen::element(1e-5, 0.25);
         std::vector<DValue> params;
         for (int p = *rc::gen::inRange(0, optional_operands(name) + 1); p > 0; --p) params.push_back(float_input(ns));

@@ -196,13 +196,14 @@ int attr_forms(const std::string& name) {
 // losses and the embedding have the planted bugs of the most kinds; the extrema's ties.
 int copies_of(const RuleFamily& f, const std::string& o) {
   if (o == "matmul" || o == "bmm") return 4;
-  if (o == "embedding" || o == "pick_target" || f.name == "norm") return 4;
+  if (o == "embedding" || o == "pick_target") return 4;
+  if (f.name == "norm") return 6;  // weight and bias, each sharded or not, over batch or sequence dims
   if (o == "log_softmax") return 8;  // loss parallel besides the rows
   if (attr_forms(o) > 1) return attr_forms(o);  // gelu: three forms of `approximate`
   if (o == "where") return 4;  // three operands, each whole or broadcast: the most rows
   // amax, amin: their gradient's split among ties shows only where the extremum ties.
   if (op_schema(o).gen == GenClass::Extremum) return 4;
-  if (f.name == "view") return 3;  // six ops, each merging or splitting dims a shard may sit in
+  if (f.name == "view") return 4;  // six ops, each merging or splitting dims a shard may sit in
   if (o == "div" || f.name == "expand" || f.name == "cat" || f.name == "stack") return 2;
   return 1;
 }
