@@ -19,7 +19,10 @@ std::vector<int64_t> reduced_dims(const at::Tensor& x, const OpAttrs& attrs) {
   return dims;
 }
 
-bool is_split_op(const std::string& op) { return op == "split" || op == "chunk"; }
+bool is_split_op(const std::string& op) {
+  const OpSchema* s = find_op(op);
+  return s && s->gen == GenClass::Split;
+}
 
 std::vector<OpAttrs> split_as_narrows(const OpDecl& decl, const std::vector<int64_t>& shape) {
   const OpAttrs a = op_attrs(decl);
