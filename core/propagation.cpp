@@ -4,10 +4,12 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
 #include "core/coverage.h"
+#include "core/explain.h"
 #include "core/error.h"
 #include "core/rules/common.h"
 
@@ -75,70 +77,172 @@ std::vector<RuleRow> rule_rows(const std::string& op, const std::vector<int64_t>
 
 namespace {
 
-// The row of one mesh axis for operands `given`, by the order stated in propagation.h.
-const RuleRow* choose_row(const std::vector<RuleRow>& rows, const std::vector<Placement>& given, int64_t n,
-                          const std::vector<int64_t>& bytes, bool replicate_first = false) {
-  for (const auto& row : rows)
-    if (row_cost(given, row.ins, n, bytes, false) == std::pair<int64_t, int64_t>{0, 0}) return &row;
+int64_t bytes_of(const Shape& s) { return numel(s) * 8; }
+
+// The row of one mesh axis for operands `given`, by the order stated in propagation.h, and how it
+// was reached (a kHow* text of core/explain.h); index -1 when no row is legal.
+struct Choice {
+  int index = -1;
+  const char* how = kHowNoneLegal;
+};
+
+bool excluded_partial(const RuleRow& row) { return row.out.is_partial() && !is_linear(row.out.op); }
+
+Choice choose_row(const std::vector<RuleRow>& rows, const std::vector<Placement>& given, int64_t n,
+                  const std::vector<int64_t>& bytes, bool replicate_first) {
+  const int count = static_cast<int>(rows.size());
+  for (int i = 0; i < count; ++i)
+    if (row_cost(given, rows[i].ins, n, bytes, false) == std::pair<int64_t, int64_t>{0, 0}) return {i, kHowExactFit};
   if (given.size() == 1)
-    for (const auto& row : rows)
-      if (row.ins[0] == Placement::replicate()) return &row;
+    for (int i = 0; i < count; ++i)
+      if (rows[i].ins[0] == Placement::replicate()) return {i, kHowOneOperand};
   // The norms replace the input's placement by R, the others staying as they are (PyTorch's
   // native_layer_norm strategy), rather than moving a shard to another dim.
   if (replicate_first)
-    for (const auto& row : rows) {
+    for (int i = 0; i < count; ++i) {
+      const RuleRow& row = rows[i];
       if (row.ins[0] != Placement::replicate()) continue;
       std::vector<Placement> rest(given.begin() + 1, given.end()), want(row.ins.begin() + 1, row.ins.end());
-      if (row_cost(rest, want, n, std::vector<int64_t>(bytes.begin() + 1, bytes.end()), false).first == 0) return &row;
+      if (row_cost(rest, want, n, std::vector<int64_t>(bytes.begin() + 1, bytes.end()), false).first == 0)
+        return {i, kHowReplicateFirst};
     }
   // A row giving P(max) or P(min) is taken only by operands already there: making a replica
   // P(max) to fit it would cut the gradient path (P(max) has no cotangent).
-  const RuleRow* best = nullptr;
+  Choice best;
   std::pair<int64_t, int64_t> best_cost{std::numeric_limits<int64_t>::max(), 0};
-  for (const auto& row : rows) {
-    if (row.out.is_partial() && !is_linear(row.out.op)) continue;
-    auto cost = row_cost(given, row.ins, n, bytes, false);
+  for (int i = 0; i < count; ++i) {
+    if (excluded_partial(rows[i])) continue;
+    auto cost = row_cost(given, rows[i].ins, n, bytes, false);
     if (cost.first >= 0 && cost < best_cost) {
-      best = &row;
+      best = {i, kHowCheapest};
       best_cost = cost;
     }
   }
   return best;
 }
 
-int64_t bytes_of(const Shape& s) { return numel(s) * 8; }
+std::string bytes_str(int64_t b) { return std::to_string(b) + " B"; }
 
-}  // namespace
+// Every candidate of one axis with its cost, its moves and its verdict, once the choice is made.
+std::vector<RowCandidate> candidates_of(const std::vector<RuleRow>& rows, const std::vector<Placement>& given, int64_t n,
+                                        const std::vector<int64_t>& bytes, const Choice& choice) {
+  std::vector<RowCandidate> out;
+  for (const auto& row : rows) {
+    RowCandidate c;
+    c.row = row.str();
+    c.rule = std::string(row.rule);
+    c.ins = row.ins;
+    c.out = row.out;
+    std::tie(c.bytes, c.changed) = row_cost(given, row.ins, n, bytes, false);
+    c.legal = c.bytes >= 0;
+    for (size_t i = 0; i < given.size(); ++i)
+      if (!same_for_rule(given[i], row.ins[i]))
+        c.moves.push_back("operand " + std::to_string(i) + " " + describe_move(given[i], row.ins[i], n, bytes[i]));
+    out.push_back(std::move(c));
+  }
+  auto needs = [](const RowCandidate& c) {
+    std::string s;
+    for (const auto& m : c.moves) s += (s.empty() ? "" : "; ") + m;
+    return s.empty() ? std::string("nothing moves") : "needs " + s;
+  };
+  auto first_illegal = [](const RowCandidate& c) {
+    for (const auto& m : c.moves)
+      if (const auto at = m.find(": illegal ("); at != std::string::npos)
+        return "illegal: " + m.substr(0, at) + " " + m.substr(at + 10);
+    return std::string("illegal");
+  };
+  const RowCandidate* best = choice.index >= 0 ? &out[choice.index] : nullptr;
+  const std::string how = choice.how;
+  for (size_t i = 0; i < out.size(); ++i) {
+    RowCandidate& c = out[i];
+    const RuleRow& row = rows[i];
+    const bool earlier = choice.index >= 0 && static_cast<int>(i) > choice.index;
+    if (static_cast<int>(i) == choice.index) {
+      c.chosen = true;
+      if (how == kHowExactFit) c.verdict = "fits the operands as they are";
+      else if (how == kHowOneOperand) c.verdict = "the one operand fits no row: the row taking R, " + needs(c);
+      else if (how == kHowReplicateFirst) c.verdict = "a norm replicates its input, the others as they are: " + needs(c);
+      else c.verdict = "cheapest: " + needs(c);
+      continue;
+    }
+    if (!c.legal) {
+      c.verdict = first_illegal(c);
+    } else if (how == kHowExactFit) {
+      c.verdict = c.bytes == 0 && c.changed == 0 ? "fits too, an earlier row won"
+                                                 : needs(c) + ", and a row fits the operands as they are";
+    } else if (how == kHowOneOperand) {
+      c.verdict = row.ins[0] == Placement::replicate()
+                      ? "takes R too, an earlier row won"
+                      : "takes " + row.ins[0].str() + ": an operand alone that fits no row is replicated";
+    } else if (how == kHowReplicateFirst) {
+      c.verdict = row.ins[0] != Placement::replicate()
+                      ? "does not take the input as R: a norm replicates its input first"
+                      : earlier ? "takes R too, an earlier row won" : "would move the other operands: " + needs(c);
+    } else if (excluded_partial(row)) {
+      c.verdict = "gives " + row.out.str() + ", which has no cotangent (taken only by operands already there)";
+    } else if (!best) {
+      c.verdict = needs(c);
+    } else if (c.bytes > best->bytes) {
+      c.verdict = "costs more (" + bytes_str(c.bytes) + " vs " + bytes_str(best->bytes) + ")";
+    } else if (c.bytes == best->bytes && c.changed > best->changed) {
+      c.verdict = "changes more operands (" + std::to_string(c.changed) + " vs " + std::to_string(best->changed) +
+                  ") at equal bytes (" + bytes_str(c.bytes) + ")";
+    } else {
+      c.verdict = "tie at equal cost, an earlier row won";
+    }
+  }
+  return out;
+}
 
-ShardingDecision propagate(const std::string& op, const Mesh& mesh, const std::vector<Spec>& specs,
-                           const std::vector<Shape>& shapes, const OpAttrs& attrs) {
+// propagate(), explained when `ex` is given (the same code either way).
+ShardingDecision decide(const std::string& op, const Mesh& mesh, const std::vector<Spec>& specs,
+                        const std::vector<Shape>& shapes, const OpAttrs& attrs, PropagationExplanation* ex) {
   ShardingDecision d;
   d.out_shape = infer_shape(op, shapes, attrs);
   std::vector<int64_t> bytes;
   for (const auto& s : shapes) bytes.push_back(bytes_of(s));
   const OpAttrs a_res = resolved(op, attrs, static_cast<int64_t>(shapes.at(0).size()), shape_str(shapes.at(0)));
-  const auto rows = family_of(op).rows({shapes, d.out_shape, a_res, op});
+  const Family& family = family_of(op);
+  const auto rows = family.rows({shapes, d.out_shape, a_res, op});
   d.in_specs = specs;
   d.out_spec.assign(mesh.ndim(), Placement::replicate());
-  std::vector<const RuleRow*> chosen;
+  std::vector<int> chosen;
   for (int a = 0; a < mesh.ndim(); ++a) {
     std::vector<Placement> given;
     for (const auto& s : specs) given.push_back(s[a]);
-    const RuleRow* best = choose_row(rows, given, mesh.axis_size(a), bytes, family_of(op).names.name == "norm");
-    if (!best)
-      throw SemanticError(ErrorKind::IllegalRedistribute,
-                          op + ": no legal placement for mesh axis " + mesh.axes()[a]);
+    const Choice choice = choose_row(rows, given, mesh.axis_size(a), bytes, family.names.name == "norm");
+    if (ex) {
+      AxisExplanation ax;
+      ax.axis = a;
+      ax.axis_name = mesh.axes()[a];
+      ax.axis_size = mesh.axis_size(a);
+      ax.given = given;
+      ax.how = choice.how;
+      ax.chosen = choice.index;
+      ax.candidates = candidates_of(rows, given, mesh.axis_size(a), bytes, choice);
+      ex->axes.push_back(std::move(ax));
+    }
+    if (choice.index < 0) {
+      const std::string why = op + ": no legal placement for mesh axis " + mesh.axes()[a];
+      if (ex) {
+        ex->error = why;
+        ex->decision = d;
+        return d;
+      }
+      throw SemanticError(ErrorKind::IllegalRedistribute, why);
+    }
+    const RuleRow& best = rows[choice.index];
     for (size_t i = 0; i < specs.size(); ++i)
-      if (!same_for_rule(specs[i][a], best->ins[i])) d.in_specs[i][a] = best->ins[i];
-    d.out_spec[a] = best->out;
-    chosen.push_back(best);
+      if (!same_for_rule(specs[i][a], best.ins[i])) d.in_specs[i][a] = best.ins[i];
+    d.out_spec[a] = best.out;
+    chosen.push_back(choice.index);
   }
   // A view keeps a shard only where each rank's chunk is the same elements before and after;
   // elsewhere (uneven chunks that do not line up) the operand is gathered on that axis first.
-  if (family_of(op).names.name == "view") {
-    const RuleRow* replicate = nullptr;
-    for (const auto& row : rows)
-      if (row.ins[0] == Placement::replicate()) replicate = &row;
+  if (family.names.name == "view") {
+    int replicate = -1;
+    for (size_t i = 0; i < rows.size(); ++i)
+      if (rows[i].ins[0] == Placement::replicate()) replicate = static_cast<int>(i);
     for (bool changed = true; changed;) {
       changed = false;
       const auto bad = view_layout_mismatches(mesh, d.in_specs[0], d.out_spec, shapes[0], d.out_shape, op, a_res);
@@ -146,16 +250,57 @@ ShardingDecision propagate(const std::string& op, const Mesh& mesh, const std::v
         if (d.in_specs[0][a].is_shard() && bad.count(d.in_specs[0][a].dim)) {
           d.in_specs[0][a] = Placement::replicate();
           d.out_spec[a] = Placement::replicate();
+          if (ex) {
+            AxisExplanation& ax = ex->axes[a];
+            RowCandidate& was = ax.candidates[chosen[a]];
+            was.chosen = false;
+            was.verdict = "the view's layout does not line up (" + was.verdict + "): replaced by R";
+            RowCandidate& now = ax.candidates[replicate];
+            now.chosen = true;
+            now.verdict = "the view's layout does not line up with " + was.row + ": replaced by R" +
+                          (now.moves.empty() ? std::string() : ", " + now.moves.front());
+            ax.how = kHowViewFixUp;
+            ax.chosen = replicate;
+          }
           chosen[a] = replicate;
           changed = true;
         }
     }
   }
   for (int a = 0; a < mesh.ndim(); ++a) {
-    d.rows.push_back(op + ": " + chosen[a]->str());
-    if (coverage_sink()) cover("forward " + op + ": " + std::string(chosen[a]->rule));
+    d.rows.push_back(op + ": " + rows[chosen[a]].str());
+    if (!ex && coverage_sink()) cover("forward " + op + ": " + std::string(rows[chosen[a]].rule));
   }
+  if (ex) ex->decision = d;
   return d;
+}
+
+}  // namespace
+
+std::string describe_move(const Placement& from, const Placement& to, int64_t axis_size, int64_t full_bytes) {
+  const std::string head = from.str() + " -> " + to.str() + ": ";
+  const AxisMove m = axis_move(from, to, axis_size, full_bytes, false);
+  if (m.bytes < 0) {
+    const std::string why = redistribute_illegal_reason({as_rule_input(from)}, {to});
+    const auto at = why.find("is illegal: ");
+    return head + "illegal (" + (at == std::string::npos ? why : why.substr(at + 12)) + ")";
+  }
+  if (m.kind == StepKind::Relabel) return head + "relabel, no communication";
+  if (m.bytes == 0) return head + step_kind_name(m.kind) + ", no communication";
+  return head + step_kind_name(m.kind) + ", " + bytes_str(m.bytes);
+}
+
+ShardingDecision propagate(const std::string& op, const Mesh& mesh, const std::vector<Spec>& specs,
+                           const std::vector<Shape>& shapes, const OpAttrs& attrs) {
+  return decide(op, mesh, specs, shapes, attrs, nullptr);
+}
+
+PropagationExplanation explain_propagation(const std::string& op, const Mesh& mesh, const std::vector<Spec>& specs,
+                                           const std::vector<Shape>& shapes, const OpAttrs& attrs) {
+  PropagationExplanation ex;
+  ex.op = op;
+  decide(op, mesh, specs, shapes, attrs, &ex);
+  return ex;
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -71,26 +71,26 @@ bool same_for_rule(const Placement& given, const Placement& wanted) {
   return as_rule_input(given) == wanted;
 }
 
-namespace {
-
-// The bytes one rank moves to turn `from` into `to` on one axis, or -1 when illegal.
-int64_t axis_cost(const Placement& from, const Placement& to, int64_t n, int64_t bytes, bool gradient) {
+AxisMove axis_move(const Placement& from, const Placement& to, int64_t n, int64_t bytes, bool gradient) {
   Placement f = as_rule_input(from);
-  if (f == to) return 0;
-  if (!redistribute_illegal_reason({f}, {to}, gradient).empty()) return -1;
-  if (f.is_shard()) return collective_bytes(to.is_shard() ? StepKind::AllToAll : StepKind::AllGather, bytes, n);
-  if (f.is_partial())
-    return collective_bytes(to.is_shard() ? StepKind::ReduceScatter : StepKind::AllReduce, bytes, n);
-  return 0;  // R -> S (local chunk), R -> P (local)
+  if (f == to) return {StepKind::Relabel, 0};
+  if (!redistribute_illegal_reason({f}, {to}, gradient).empty()) return {StepKind::Relabel, -1};
+  if (f.is_shard()) {
+    const StepKind k = to.is_shard() ? StepKind::AllToAll : StepKind::AllGather;
+    return {k, collective_bytes(k, bytes, n)};
+  }
+  if (f.is_partial()) {
+    const StepKind k = to.is_shard() ? StepKind::ReduceScatter : StepKind::AllReduce;
+    return {k, collective_bytes(k, bytes, n)};
+  }
+  return {to.is_shard() ? StepKind::LocalChunk : StepKind::PartialFromReplicate, 0};  // R -> S, R -> P: local
 }
-
-}  // namespace
 
 std::pair<int64_t, int64_t> row_cost(const std::vector<Placement>& given, const std::vector<Placement>& want,
                                      int64_t n, const std::vector<int64_t>& bytes, bool gradient) {
   std::pair<int64_t, int64_t> cost{0, 0};
   for (size_t i = 0; i < given.size() && cost.first >= 0; ++i) {
-    int64_t c = axis_cost(given[i], want[i], n, bytes[i], gradient);
+    int64_t c = axis_move(given[i], want[i], n, bytes[i], gradient).bytes;
     cost.first = c < 0 ? -1 : cost.first + c;
     cost.second += same_for_rule(given[i], want[i]) ? 0 : 1;
   }

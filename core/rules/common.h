@@ -28,6 +28,7 @@
 #include "core/mesh.h"
 #include "core/placement.h"
 #include "core/propagation.h"
+#include "core/redistribute.h"
 
 namespace meshsim::rules {
 
@@ -101,6 +102,17 @@ std::vector<RuleRow> pointwise_rows(const RowCtx& c, const std::vector<std::stri
 Placement as_rule_input(const Placement& p);
 
 bool same_for_rule(const Placement& given, const Placement& wanted);
+
+// The step that brings `from` to `to` on one axis as the row cost counts it (all_gather from a
+// shard to anything but a shard, all_to_all between shards, reduce_scatter or all_reduce from a
+// Partial, local_chunk or partial_from_replicate from a replica, relabel when they are the same for
+// the rules) and its bytes per rank (core/cost_model.h) for an operand of `bytes` in full; bytes is
+// -1 when the transition is illegal.
+struct AxisMove {
+  StepKind kind = StepKind::Relabel;
+  int64_t bytes = 0;
+};
+AxisMove axis_move(const Placement& from, const Placement& to, int64_t n, int64_t bytes, bool gradient);
 
 // (bytes moved, operands changed) to bring the operands `given` to a row's operands `want`; bytes
 // is -1 when a transition is illegal. A row the operands fit as they are costs (0, 0).
