@@ -217,6 +217,7 @@ struct UnitResult {
   std::vector<std::pair<std::string, std::string>> counterexample;
   nlohmann::json scenario, options;  // the shrunk failing case's, when it has a scenario
   CoverageCounts coverage;
+  CaseStats stats;  // discards by reason, meshes and shapes tried
 };
 
 nlohmann::json to_json(const UnitResult& r) {
@@ -226,7 +227,8 @@ nlohmann::json to_json(const UnitResult& r) {
           {"cases", r.progress.cases}, {"discards", r.progress.discards},
           {"shrinks", r.progress.shrinks}, {"description", r.description},
           {"counterexample", ce},   {"scenario", r.scenario},
-          {"options", r.options},   {"coverage", r.coverage}};
+          {"options", r.options},   {"coverage", r.coverage},
+          {"stats", meshsim::to_json(r.stats)}};
 }
 
 UnitResult unit_result_from_json(const nlohmann::json& j) {
@@ -239,6 +241,7 @@ UnitResult unit_result_from_json(const nlohmann::json& j) {
   r.scenario = j.at("scenario");
   r.options = j.at("options");
   r.coverage = j.at("coverage").get<CoverageCounts>();
+  r.stats = case_stats_from_json(j.at("stats"));
   return r;
 }
 
@@ -248,6 +251,7 @@ UnitResult run_unit(const Property& p, const Unit& u, size_t position, uint64_t 
   r.unit = position;
   PropertyOutcome o = run_property(p, seed, u.cases, show, coverage ? &r.coverage : nullptr, u.chunk);
   r.progress = o.progress;
+  r.stats = o.stats;
   if (o.status == PropertyOutcome::Status::Failed) r.status = "fail";
   if (o.status == PropertyOutcome::Status::GaveUp) r.status = "gave_up";
   r.description = o.description;
@@ -392,6 +396,7 @@ struct PropertyReport {
   const UnitResult* failing = nullptr;
   int failing_chunk = -1;
   CoverageCounts coverage;
+  CaseStats stats;
   Counterexample ce;
   std::string ce_error;  // why the counterexample could not be written
 };
@@ -408,6 +413,7 @@ std::vector<PropertyReport> reports_of(const std::vector<Property>& props, const
     rep.progress.discards += r.progress.discards;
     rep.progress.shrinks += r.progress.shrinks;
     for (const auto& [key, n] : r.coverage) rep.coverage[key] += n;
+    rep.stats.merge(r.stats);
     rep.units.push_back({{"unit", u.chunk + 1}, {"cases", r.progress.cases}, {"status", r.status}});
     if (r.status != "pass") {
       rep.status = r.status;
@@ -417,6 +423,76 @@ std::vector<PropertyReport> reports_of(const std::vector<Property>& props, const
   }
   for (const auto& u : units) ++reports[u.property].unit_count;
   return reports;
+}
+
+// What a property tried, for the report: its discards by reason (most first), the meshes its cases
+// ran on (the most used, with a count of the others) and the ranks and extents of their inputs.
+std::vector<std::string> tried_lines(const CaseStats& s, int cases, int discards) {
+  std::vector<std::string> out;
+  auto most_first = [](const std::map<std::string, int64_t>& counts) {
+    std::vector<std::pair<std::string, int64_t>> v(counts.begin(), counts.end());
+    std::stable_sort(v.begin(), v.end(), [](const auto& a, const auto& b) { return a.second > b.second; });
+    return v;
+  };
+  if (discards > 0) {
+    std::string line = "discarded " + std::to_string(discards) + ":";
+    const char* sep = " ";
+    for (const auto& [reason, n] : most_first(s.discards)) {
+      line += sep + std::to_string(n) + " " + reason;
+      sep = ", ";
+    }
+    out.push_back(line);
+  }
+  if (s.meshes.empty()) {
+    if (cases > 0) out.push_back("meshes and shapes: not noted (no scenario or layout in its cases)");
+    return out;
+  }
+  size_t min_axes = SIZE_MAX, max_axes = 0;
+  int64_t min_ranks = INT64_MAX, max_ranks = 0;
+  for (const auto& [key, n] : s.meshes) {
+    if (key.find_first_not_of("0123456789x") != std::string::npos) continue;  // "0-d"
+    int64_t ranks = 1;  // a key is the axis sizes joined by 'x' ("2x3")
+    std::stringstream in(key);
+    for (std::string size; std::getline(in, size, 'x');) ranks *= std::stoll(size);
+    const size_t axes = static_cast<size_t>(std::count(key.begin(), key.end(), 'x')) + 1;
+    min_axes = std::min(min_axes, axes), max_axes = std::max(max_axes, axes);
+    min_ranks = std::min(min_ranks, ranks), max_ranks = std::max(max_ranks, ranks);
+  }
+  auto range = [](auto lo, auto hi) { return lo == hi ? std::to_string(lo) : std::to_string(lo) + " to " + std::to_string(hi); };
+  std::string meshes = "meshes: " + std::to_string(s.meshes.size()) + " shapes";
+  if (max_axes > 0)
+    meshes += ", " + range(min_axes, max_axes) + (max_axes == 1 ? " axis, " : " axes, ") + range(min_ranks, max_ranks) +
+              (max_ranks == 1 ? " rank" : " ranks");
+  meshes += ";";
+  const auto ranked = most_first(s.meshes);
+  const size_t shown = std::min<size_t>(ranked.size(), 6);
+  for (size_t i = 0; i < shown; ++i)
+    meshes += (i ? ", " : " ") + ranked[i].first + " (" + std::to_string(ranked[i].second) + ")";
+  if (ranked.size() > shown) meshes += " and " + std::to_string(ranked.size() - shown) + " more";
+  out.push_back(meshes);
+  std::string shapes;
+  if (!s.ranks.empty())
+    shapes = "inputs of rank " + range(s.ranks.begin()->first, s.ranks.rbegin()->first) + ", extents " +
+             range(s.extent_min < 0 ? 0 : s.extent_min, s.extent_max < 0 ? 0 : s.extent_max) + ", ";
+  else
+    shapes = "no inputs, ";
+  shapes += "uneven shards in " + std::to_string(s.uneven) + " of " + std::to_string(s.described) + " cases";
+  if (s.described < cases) shapes += " (" + std::to_string(cases - s.described) + " more noted no layout)";
+  out.push_back(shapes);
+  return out;
+}
+
+// The same in meshsim.check/1: "discard_reasons", "meshes" and "shapes" of a property.
+void add_tried(nlohmann::json& jp, const CaseStats& s) {
+  jp["discard_reasons"] = s.discards;
+  jp["meshes"] = s.meshes;
+  nlohmann::json ranks = nlohmann::json::object();
+  for (const auto& [r, n] : s.ranks) ranks[std::to_string(r)] = n;
+  jp["shapes"] = {{"cases", s.described},
+                  {"ranks", ranks},
+                  {"extent_min", s.extent_min < 0 ? nlohmann::json(nullptr) : nlohmann::json(s.extent_min)},
+                  {"extent_max", s.extent_max < 0 ? nlohmann::json(nullptr) : nlohmann::json(s.extent_max)},
+                  {"uneven_cases", s.uneven}};
 }
 
 // RapidCheck's description without source paths ("properties.cpp:82:") or its macro text.
@@ -648,9 +724,14 @@ int cmd_check(const CheckArgs& args, std::ostream& out) {
     nlohmann::json jp = {{"name", name},         {"checks", rep.property->checks}, {"status", rep.status},
                          {"cases", rep.progress.cases}, {"discards", rep.progress.discards},
                          {"shrinks", rep.progress.shrinks}, {"units", rep.units}};
+    add_tried(jp, rep.stats);
+    const auto tried = tried_lines(rep.stats, rep.progress.cases, rep.progress.discards);
     if (rep.status == "pass") {
       ++passed;
-      if (!args.json) out << "  ok    " << name << "  (" << rep.progress.cases << " cases, " << rep.progress.discards << " discards)\n";
+      if (!args.json) {
+        out << "  ok    " << name << "  (" << rep.progress.cases << " cases, " << rep.progress.discards << " discards)\n";
+        for (const auto& l : tried) out << "        " << l << "\n";
+      }
       jprops.push_back(jp);
       continue;
     }
@@ -667,6 +748,7 @@ int cmd_check(const CheckArgs& args, std::ostream& out) {
       out << (rep.status == "fail" ? "  FAIL  " : "  GAVE UP  ") << name << " after " << rep.progress.cases << " cases ("
           << rep.progress.shrinks << " shrinks tried)\n";
       for (const auto& l : text) out << "        " << l << "\n";
+      for (const auto& l : tried) out << "        " << l << "\n";
     }
     nlohmann::json jf = {{"unit", rep.failing_chunk + 1},
                          {"description", in_meshsim_words(rep.failing->description)},

@@ -11,6 +11,7 @@
 #include "properties/generators.h"
 #include "properties/kernels.h"
 #include "properties/programs.h"
+#include "properties/runner.h"
 #include "traces/trace.h"
 
 #include <torch/csrc/autograd/autograd.h>
@@ -54,6 +55,7 @@ nlohmann::json draw_options() {
 // Runs a generated scenario against the oracle, with the planted bug of the check run on and the
 // rules it exercises covered; a failing case is kept for the trace.
 CheckedRun run_generated(const nlohmann::json& doc) {
+  note_case_scenario(doc);  // the meshes and shapes the report lists
   Scenario sc = parse_scenario(doc, "<generated>");
   RunOptions options = sc.options;
   options.mutant = planted_mutant();
@@ -66,6 +68,7 @@ CheckedRun run_generated(const nlohmann::json& doc) {
 // The events of the fake mesh's run of a generated scenario alone (no oracle), with the planted
 // bug of the check run on and its rules covered.
 std::vector<Event> run_events(const nlohmann::json& doc) {
+  note_case_scenario(doc);
   const Scenario sc = parse_scenario(doc, "<generated>");
   RunOptions options = sc.options;
   options.mutant = planted_mutant();
@@ -81,6 +84,15 @@ void assert_scenario_passes(const nlohmann::json& doc) {
                                                        : run.result["error"].dump();
     RC_FAIL(run.result["status"].get<std::string>() + ": " + why);
   }
+}
+
+// Why p -> q or q -> p is illegal, as a discard's reason: the rule, not the placements (a count
+// per rule), "" when both are legal.
+std::string illegal_pair_reason(const Spec& p, const Spec& q) {
+  std::string why = redistribute_illegal_reason(p, q);
+  if (why.empty()) why = redistribute_illegal_reason(q, p);
+  const auto rule = why.find("is illegal: ");
+  return "illegal redistribution: " + (rule == std::string::npos ? why : why.substr(rule + 12));
 }
 
 // cotangent(cotangent(p)) == p on S(d), R, P(sum) and Rd.
@@ -106,7 +118,8 @@ void redistribute_roundtrip() {
   const auto placement = grad ? gen::differentiable_placement(rank) : gen::any_placement(rank);
   const Spec p = gen::strided_now_and_then(mesh, *gen::spec(mesh, placement), shape);
   const Spec q = gen::strided_now_and_then(mesh, *gen::spec(mesh, placement), shape);
-  RC_PRE(redistribute_illegal_reason(p, q).empty() && redistribute_illegal_reason(q, p).empty());
+  discard_unless(redistribute_illegal_reason(p, q).empty() && redistribute_illegal_reason(q, p).empty(),
+                 illegal_pair_reason(p, q));
   // The weight c is laid out as p or independently (its product with z then redistributes z, above or
   // below autograd as drawn, and the backward moves contributions of every kind).
   const Spec pc = *rc::gen::arbitrary<bool>() ? p : *gen::spec(mesh, placement);
@@ -247,7 +260,8 @@ void pytorch_semantics_equivalence() {
   nlohmann::json doc = source == 0   ? gen::single_op_program()
                        : source == 1 ? gen::dtensor_program()
                                      : mixed_gradient_layouts_program();
-  RC_PRE(!has_op(doc["program"], "mean") && !has_op(doc["program"], "local_map"));
+  discard_unless(!has_op(doc["program"], "mean"), "a mean (pytorch#162692, differs by design)");
+  discard_unless(!has_op(doc["program"], "local_map"), "a local_map (plain local code under pytorch)");
   doc["options"]["semantics"] = "pytorch";
   doc["options"]["partial_from_replicate"] = "divide";  // rank0 is refused under pytorch
   // The strict Reduced policy refuses Rd mixed with other placements, and the generators keep
@@ -267,7 +281,7 @@ void pytorch_semantics_equivalence() {
     const CheckedRun meshsim = run_generated(own);
     latest_failure() = failed;
     if (meshsim.result["status"] == "error" && meshsim.result["error"]["kind"] == run.result["error"]["kind"])
-      RC_DISCARD("an error of the program under both profiles");
+      discard_case("an error of the program under both profiles: " + run.result["error"]["kind"].get<std::string>());
   }
   assert_check(run, "forward_equivalence");
   assert_check(run, "gradient_equivalence");
@@ -335,12 +349,13 @@ double pairing(const Mesh& mesh, const Spec& spec, const Locals& primal, const L
 // forward under the pairing of primals with their cotangents. No finite differences.
 void adjoint_identity() {
   const Mesh mesh = *gen::mesh();
-  RC_PRE(mesh.size() <= 64);
+  discard_unless(mesh.size() <= 64, "mesh of more than 64 ranks");
   const Shape shape = *gen::shape(1, 3);
   const auto rank = static_cast<int64_t>(shape.size());
   const Spec p = gen::strided_now_and_then(mesh, *gen::spec(mesh, gen::differentiable_placement(rank)), shape);
   const Spec q = gen::strided_now_and_then(mesh, *gen::spec(mesh, gen::differentiable_placement(rank)), shape);
-  RC_PRE(redistribute_illegal_reason(p, q).empty());
+  note_case_layout(mesh, {{shape, p}});
+  discard_unless(redistribute_illegal_reason(p, q).empty(), illegal_pair_reason(p, q));
   const uint64_t seed = *rc::gen::inRange<uint64_t>(0, 1000);
   RunOptions options;
   options.partial_from_replicate = *rc::gen::element(PartialFromReplicate::Divide, PartialFromReplicate::Rank0);
@@ -533,7 +548,7 @@ void reduced_never_costs_more() {
   doc["options"]["reduced_propagation"] = "intersection";
   const nlohmann::json plain = reduced_as_replicate(doc);
   const bool has_reduced = plain != doc;
-  RC_PRE(has_reduced);
+  discard_unless(has_reduced, "no Rd drawn");
   const CheckedRun reduced = run_generated(doc);
   for (const char* check : {"forward_equivalence", "gradient_equivalence"}) assert_check(reduced, check);
   const std::vector<Event> replicated = run_events(plain);  // its values are the dtensor properties' concern
@@ -546,12 +561,12 @@ void reduced_never_costs_more() {
             (i < a.size() ? a[i] : "(none)") + " vs " + (i < b.size() ? b[i] : "(none)"));
   }
   const bool made_partial = makes_a_gradient_partial(reduced);
-  RC_PRE(!made_partial);
+  discard_unless(!made_partial, "a replicated or sharded gradient made Partial (Rd costs more there)");
   // Padded collectives: a reduce_scatter of a dim smaller than its group moves the padded chunks,
   // more than an all_reduce of the whole (a dim of 1 over 3 ranks: 2/3 x 3 rows against 2 x 2/3 x
   // 1 row), so the comparison holds for values laid out evenly (Rd and R lay them out alike).
   const bool even = evenly_laid_out(reduced);
-  RC_PRE(even);
+  discard_unless(even, "uneven layout (padded collectives)");
   const int64_t rd = bytes_moved(reduced.events), r = bytes_moved(replicated);
   if (rd > r) {
     latest_failure() = {doc, reduced.result["options"]};

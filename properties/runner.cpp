@@ -1,6 +1,9 @@
 #include "properties/runner.h"
 
+#include <algorithm>
 #include <iostream>
+#include <regex>
+#include <set>
 #include <sstream>
 
 #include <rapidcheck.h>
@@ -8,38 +11,211 @@
 
 namespace meshsim {
 
+// ---------------------------------------------------------------------------------------------
+// What the cases tried: the current case's layouts, noted while it runs, merged into the run's
+// CaseStats when it ends with a verdict.
+
+void CaseStats::merge(const CaseStats& o) {
+  for (const auto& [k, n] : o.discards) discards[k] += n;
+  for (const auto& [k, n] : o.meshes) meshes[k] += n;
+  for (const auto& [k, n] : o.ranks) ranks[k] += n;
+  if (o.extent_min >= 0) extent_min = extent_min < 0 ? o.extent_min : std::min(extent_min, o.extent_min);
+  extent_max = std::max(extent_max, o.extent_max);
+  uneven += o.uneven;
+  described += o.described;
+}
+
+nlohmann::json to_json(const CaseStats& s) {
+  nlohmann::json ranks = nlohmann::json::object();
+  for (const auto& [r, n] : s.ranks) ranks[std::to_string(r)] = n;
+  return {{"discards", s.discards}, {"meshes", s.meshes},         {"ranks", ranks},
+          {"extent_min", s.extent_min}, {"extent_max", s.extent_max}, {"uneven", s.uneven},
+          {"described", s.described}};
+}
+
+CaseStats case_stats_from_json(const nlohmann::json& j) {
+  CaseStats s;
+  s.discards = j.at("discards").get<std::map<std::string, int64_t>>();
+  s.meshes = j.at("meshes").get<std::map<std::string, int64_t>>();
+  for (const auto& [r, n] : j.at("ranks").items()) s.ranks[std::stoll(r)] = n.get<int64_t>();
+  s.extent_min = j.at("extent_min").get<int64_t>();
+  s.extent_max = j.at("extent_max").get<int64_t>();
+  s.uneven = j.at("uneven").get<int64_t>();
+  s.described = j.at("described").get<int64_t>();
+  return s;
+}
+
 namespace {
+
+// The layouts one case noted (a case may run several scenarios: each mesh and rank once).
+struct CaseRecord {
+  std::set<std::string> meshes;
+  std::set<int64_t> ranks;
+  int64_t extent_min = -1, extent_max = -1;
+  bool uneven = false, described = false;
+
+  void clear() { *this = CaseRecord{}; }
+  void add_to(CaseStats& s) const {
+    if (!described) return;
+    ++s.described;
+    for (const auto& m : meshes) ++s.meshes[m];
+    for (auto r : ranks) ++s.ranks[r];
+    if (extent_min >= 0) s.extent_min = s.extent_min < 0 ? extent_min : std::min(s.extent_min, extent_min);
+    s.extent_max = std::max(s.extent_max, extent_max);
+    s.uneven += uneven ? 1 : 0;
+  }
+  void mesh(const std::vector<int64_t>& sizes) {
+    described = true;
+    std::string key;
+    for (auto n : sizes) key += (key.empty() ? "" : "x") + std::to_string(n);
+    meshes.insert(key.empty() ? "0-d" : key);
+  }
+  // An input: its rank, its extents, and whether a sharded dim divides unevenly over its ranks
+  // (the product of the sizes of the mesh axes that shard it; `spec` may be empty: unknown).
+  void input(const std::vector<int64_t>& mesh, const Shape& shape, const Spec& spec) {
+    described = true;
+    const auto rank = static_cast<int64_t>(shape.size());
+    ranks.insert(rank);
+    for (auto e : shape) {
+      extent_min = extent_min < 0 ? e : std::min(extent_min, e);
+      extent_max = std::max(extent_max, e);
+    }
+    if (spec.size() != mesh.size()) return;
+    for (int64_t d = 0; d < rank; ++d) {
+      int64_t parts = 1;
+      for (size_t a = 0; a < spec.size(); ++a)
+        if (spec[a].is_shard() && (spec[a].dim == d || spec[a].dim + rank == d)) parts *= mesh[a];
+      if (parts > 1 && shape[static_cast<size_t>(d)] % parts != 0) uneven = true;
+    }
+  }
+};
+
+CaseRecord*& current_case() {
+  static thread_local CaseRecord* record = nullptr;
+  return record;
+}
 
 class Listener : public rc::detail::TestListener {
  public:
-  Listener(Progress& p, const std::function<void(const Progress&)>& cb, CoverageSink& sink, CoverageCounts* counts)
-      : progress_(p), cb_(cb), sink_(sink), counts_(counts) {}
+  Listener(Progress& p, CaseStats& stats, CaseRecord& record, const std::function<void(const Progress&)>& cb,
+           CoverageSink& sink, CoverageCounts* counts)
+      : progress_(p), stats_(stats), record_(record), cb_(cb), sink_(sink), counts_(counts) {}
   void onTestCaseFinished(const rc::detail::CaseDescription& d) override {
     if (d.result.type == rc::detail::CaseResult::Type::Discard) {
       ++progress_.discards;
+      ++stats_.discards[discard_reason_of(d.result.description)];
     } else {
       ++progress_.cases;
       if (counts_)
         for (const auto& key : sink_) ++(*counts_)[key];
+      record_.add_to(stats_);
     }
     sink_.clear();
+    record_.clear();
     if (cb_) cb_(progress_);
   }
   void onShrinkTried(const rc::detail::CaseDescription&, bool) override {
     ++progress_.shrinks;
     sink_.clear();
+    record_.clear();
     if (cb_) cb_(progress_);
   }
   void onTestFinished(const rc::detail::TestMetadata&, const rc::detail::TestResult&) override {}
 
  private:
   Progress& progress_;
+  CaseStats& stats_;
+  CaseRecord& record_;
   const std::function<void(const Progress&)>& cb_;
   CoverageSink& sink_;
   CoverageCounts* counts_;
 };
 
 }  // namespace
+
+void note_case_scenario(const nlohmann::json& doc) {
+  CaseRecord* record = current_case();
+  if (!record || !doc.is_object()) return;
+  std::vector<int64_t> mesh;
+  try {
+    mesh = doc.at("mesh").at("shape").get<std::vector<int64_t>>();
+  } catch (const std::exception&) {
+    return;  // not a scenario: nothing to note
+  }
+  record->mesh(mesh);
+  for (const auto& in : doc.value("inputs", nlohmann::json::array())) {
+    Shape shape;
+    Spec spec;
+    try {
+      shape = in.at("shape").get<Shape>();
+    } catch (const std::exception&) {
+      continue;
+    }
+    // A from_local input's shape is each rank's local shape: the same on every rank.
+    if (!in.value("from_local", false)) try {
+        for (const auto& p : in.at("placements")) spec.push_back(parse_placement(p.get<std::string>()));
+      } catch (const std::exception&) {
+        spec.clear();
+      }
+    record->input(mesh, shape, spec);
+  }
+}
+
+void note_case_layout(const Mesh& mesh, const std::vector<std::pair<Shape, Spec>>& inputs) {
+  CaseRecord* record = current_case();
+  if (!record) return;
+  record->mesh(mesh.shape());
+  for (const auto& [shape, spec] : inputs) record->input(mesh.shape(), shape, spec);
+}
+
+[[noreturn]] void discard_case(const std::string& reason) {
+  throw rc::detail::CaseResult(rc::detail::CaseResult::Type::Discard, reason);
+}
+
+void discard_unless(bool holds, const std::string& reason) {
+  if (!holds) discard_case(reason);
+}
+
+std::string discard_reason_of(const std::string& description) {
+  std::vector<std::string> lines;
+  std::istringstream in(description);
+  for (std::string l; std::getline(in, l);) lines.push_back(l);
+  auto trimmed = [](std::string s) {
+    const auto b = s.find_first_not_of(" \t\r");
+    const auto e = s.find_last_not_of(" \t\r");
+    return b == std::string::npos ? std::string() : s.substr(b, e - b + 1);
+  };
+  if (lines.empty()) return "no reason given";
+  static const std::string generation = "Generation failed with message:";
+  if (lines[0].rfind(generation, 0) == 0) {
+    for (size_t i = 1; i < lines.size(); ++i)
+      if (!trimmed(lines[i]).empty()) return "generation failed: " + trimmed(lines[i]);
+    return "generation failed";
+  }
+  // RapidCheck's macros: "FILE:LINE:", the macro's text, a blank line, then the message (RC_DISCARD)
+  // or "Expands to:" and the values (RC_PRE).
+  size_t i = 0;
+  const std::string& first = lines[0];
+  static const std::regex source_line(".*:[0-9]+:\\s*");
+  if (lines.size() > 1 && std::regex_match(first, source_line)) i = 1;
+  const std::string macro = trimmed(lines[i]);
+  auto inside = [&](const std::string& name) {
+    std::string s = macro.substr(name.size() + 1);
+    if (!s.empty() && s.back() == ')') s.pop_back();
+    return trimmed(s);
+  };
+  if (i == 1 && macro.rfind("RC_PRE(", 0) == 0) return "precondition " + inside("RC_PRE");
+  if (i == 1 && macro.rfind("RC_DISCARD(", 0) == 0) {
+    std::string message;
+    for (size_t k = i + 1; k < lines.size(); ++k)
+      if (!trimmed(lines[k]).empty()) message += (message.empty() ? "" : " ") + trimmed(lines[k]);
+    return message.empty() ? inside("RC_DISCARD") : message;
+  }
+  std::string all;
+  for (const auto& l : lines)
+    if (!trimmed(l).empty()) all += (all.empty() ? "" : " ") + trimmed(l);
+  return all.empty() ? "no reason given" : all;
+}
 
 uint64_t property_seed(uint64_t seed, const std::string& name) {
   uint64_t h = 1469598103934665603ULL;
@@ -89,7 +265,9 @@ PropertyOutcome run_property(const Property& property, uint64_t seed, int cases,
   metadata.description = property.checks;
   CoverageSink sink;
   ScopedOverride<CoverageSink*> covering(case_coverage(), coverage ? &sink : nullptr);
-  Listener listener(out.progress, on_progress, sink, coverage);
+  CaseRecord record;
+  ScopedOverride<CaseRecord*> noting(current_case(), &record);
+  Listener listener(out.progress, out.stats, record, on_progress, sink, coverage);
   latest_failure() = {};
   const auto result = rc::detail::checkProperty(rc::detail::toProperty(property.body), metadata, params, listener);
   rc::detail::FailureResult failure;

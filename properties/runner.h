@@ -7,6 +7,10 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
+#include "core/layout.h"
+#include "core/mesh.h"
 #include "properties/properties.h"
 
 namespace meshsim {
@@ -17,9 +21,43 @@ struct Progress {
   int shrinks = 0;   // shrinks tried
 };
 
+// What a run of a property tried, for `meshsim check`'s report: its discards by reason, and the
+// meshes and input shapes of its cases (those that ran to a verdict; discarded cases and shrink
+// runs are not counted). Every count is a function of the seed and the case count.
+struct CaseStats {
+  std::map<std::string, int64_t> discards;  // reason -> cases discarded for it
+  std::map<std::string, int64_t> meshes;    // mesh shape ("2x3") -> cases that ran on it
+  std::map<int64_t, int64_t> ranks;         // input tensor rank -> cases with an input of that rank
+  int64_t extent_min = -1, extent_max = -1;  // over every dimension of every input (-1: none seen)
+  int64_t uneven = 0;     // cases with an input whose sharded dim does not divide evenly over its ranks
+  int64_t described = 0;  // cases that noted their layouts (note_case_scenario, note_case_layout)
+  void merge(const CaseStats& other);
+};
+nlohmann::json to_json(const CaseStats& stats);
+CaseStats case_stats_from_json(const nlohmann::json& j);
+
+// The layouts of the current test case, noted by the properties' common points: every scenario a
+// case runs (run_generated and run_events in properties.cpp, the scenario property) and the layouts
+// of properties without a scenario document. A case that runs several scenarios counts once per
+// distinct mesh. Nothing is noted outside run_property.
+void note_case_scenario(const nlohmann::json& scenario);
+void note_case_layout(const Mesh& mesh, const std::vector<std::pair<Shape, Spec>>& inputs);
+
+// Discards the current case for `reason` (a short phrase the report counts: the same reason for
+// every case discarded for the same cause) unless `holds`. RC_PRE and RC_DISCARD work too:
+// their reason is read from RapidCheck's description (discard_reason_of).
+void discard_unless(bool holds, const std::string& reason);
+[[noreturn]] void discard_case(const std::string& reason);
+
+// The reason of a discarded case from RapidCheck's description of it: RC_DISCARD's message,
+// "precondition COND" for RC_PRE(COND), "generation failed: ..." for a generator that gave up;
+// the description itself for discard_case.
+std::string discard_reason_of(const std::string& description);
+
 struct PropertyOutcome {
   enum class Status { Passed, Failed, GaveUp } status = Status::Passed;
   Progress progress;
+  CaseStats stats;
   std::string description;  // why it failed or gave up
   std::vector<std::pair<std::string, std::string>> counterexample;  // (type, value), shrunk
   Failure failure;          // the scenario of the shrunk counterexample, when it has one

@@ -9,9 +9,10 @@
 //   are (they reach a local_map without in_placements, or to_local: its local code is written for
 //   its layout); the run options redistribute, reduced_propagation, partial_from_replicate and the
 //   data seed. `semantics` is the user's: under another the same program means something else.
-// - a variant the semantics refuse or that is invalid input (an error, exit 2 or 3) is a discard:
-//   a mesh too small for a view, an Rd where the reduced policy refuses it. Only the scenario as
-//   written must not be refused.
+// - a variant the semantics refuse or that is invalid input (an error, exit 2 or 3) is a discard,
+//   counted by its error kind ("the variant is refused: illegal_redistribute"): a mesh too small for
+//   a view, an Rd where the reduced policy refuses it. Only the scenario as written must not be
+//   refused.
 // - the verdict: status pass; "unchecked" where the scenario as written is unchecked too (its
 //   local_map has no reference: the oracle has no value to compare).
 #include "properties/scenario_property.h"
@@ -26,6 +27,7 @@
 #include "core/error.h"
 #include "core/scenario.h"
 #include "oracles/check.h"
+#include "properties/runner.h"
 
 namespace meshsim {
 
@@ -141,8 +143,9 @@ void check_case(const std::string& path, const json& original, bool original_unc
   try {
     sc = parse_scenario(doc, path);
   } catch (const InputError&) {
-    RC_DISCARD("the variant is not a valid scenario");
+    discard_case("the variant is not a valid scenario");
   }
+  note_case_scenario(doc);
   RunOptions options = sc.options;
   options.mutant = planted_mutant();
   CheckedRun run;
@@ -152,7 +155,8 @@ void check_case(const std::string& path, const json& original, bool original_unc
   }
   const std::string status = run.result.value("status", "");
   if (status == "pass" || (status == "unchecked" && original_unchecked)) return;
-  if (status == "error" && !as_written) RC_DISCARD("the variant is refused or invalid");
+  if (status == "error" && !as_written)
+    discard_case("the variant is refused: " + run.result["error"].value("kind", std::string("error")));
   latest_failure() = {doc, options.to_json()};
   RC_FAIL(std::string(as_written ? "the scenario as written: " : "a variant: ") + status + ": " + failures_of(run.result));
 }
