@@ -35,6 +35,8 @@ const std::vector<MutantInfo>& mutant_catalog() {
        "a view keeps a shard of a non-leading dim of a merged group (flatten of [a, b] sharded on b)"},
       {Mutant::Float32RandomReductionOrder, "float32_random_reduction_order",
        "collectives reduce float32 in an order that depends on a hidden random choice"},
+      {Mutant::FunctionBackwardWrongFactor, "function_backward_wrong_factor",
+       "a built-in Function's backward scales its gradient by 2 (local_square returns 4 x g, not 2 x g)"},
       {Mutant::GeluTanhDerivative, "gelu_tanh_derivative",
        "gelu {approximate: none} differentiated with the tanh approximation's derivative"},
       {Mutant::GradAccumulationMixedLayouts, "grad_accumulation_mixed_layouts",

@@ -24,6 +24,7 @@ enum class Mutant {
   ExtremumGradFirstTie,            // amax/amin: the gradient goes whole to the first tied element
   FlattenKeepsInnerShard,          // a view keeps a shard of a non-leading dim of a merged group
   Float32RandomReductionOrder,     // collectives reduce float32 in a hidden random order
+  FunctionBackwardWrongFactor,     // a built-in Function's backward (local_square) scales its gradient by 2
   GeluTanhDerivative,              // gelu {approximate: none} differentiated as the tanh approximation
   GradAccumulationMixedLayouts,    // pytorch semantics: a gradient contribution in another layout added unmoved
   LossParallelLocalMax,            // loss parallel: each rank shifts its logits by its own max (no all_reduce(max))

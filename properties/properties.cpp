@@ -8,6 +8,7 @@
 #include "core/redistribute.h"
 #include "core/scenario.h"
 #include "oracles/check.h"
+#include "properties/function_backward.h"
 #include "properties/generators.h"
 #include "properties/kernels.h"
 #include "properties/programs.h"
@@ -729,6 +730,10 @@ const std::vector<Property>& property_catalog() {
        dtensor_forward_equivalence},
       {"dtensor_gradient_equivalence", "random DTensor programs of 1-8 ops: input gradients equal the oracle's",
        dtensor_gradient_equivalence},
+      {"function_backward_matches_reference",
+       "every registered Function's backward (built-in and plugin) equals central finite differences of its "
+       "reference on one rank, element by element; a Function without a reference is skipped (a discard)",
+       function_backward_matches_reference},
       {"kernels_match_definitions", "every op's kernel and its gradients equal the op's definition, element by element",
        kernels_match_definitions},
       {"local_code_verdict",

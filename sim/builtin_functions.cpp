@@ -4,6 +4,7 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include "core/error.h"
+#include "core/mutants.h"
 #include "sim/communicator.h"
 #include "sim/local_map.h"
 
@@ -21,7 +22,9 @@ struct LocalSquare : public torch::autograd::Function<LocalSquare> {
     return {xs[0] * xs[0]};
   }
   static variable_list backward(AutogradContext* ctx, variable_list g) {
-    return {2 * ctx->get_saved_variables()[0] * g[0]};
+    // The planted bug function_backward_wrong_factor: the gradient scaled by 2 (4x for 2x).
+    const double factor = mutant_on(Mutant::FunctionBackwardWrongFactor) ? 4 : 2;
+    return {factor * ctx->get_saved_variables()[0] * g[0]};
   }
 };
 
@@ -73,20 +76,21 @@ void register_builtins() {
   register_scenario_function("local_square", [](BodyContext& ctx, const std::vector<LTensor>& xs, const OpDecl& op) {
     only_arg(xs, op, "local_square");
     return ctx.call<LocalSquare>(xs, op.attrs, op.out);
-  });
+  }, {1, false});
   register_function_reference("local_square", [](const std::vector<at::Tensor>& xs, const nlohmann::json&) {
     return xs.at(0) * xs.at(0);
   });
   register_scenario_function("opaque_all_reduce", [](BodyContext& ctx, const std::vector<LTensor>& xs, const OpDecl& op) {
     const LTensor& x = only_arg(xs, op, "opaque_all_reduce");
     return ctx.call_group<OpaqueAllReduce>(x, axis_of(ctx, op, "opaque_all_reduce"), op.attrs, op.out);
-  });
+  }, {1, true});
   register_scenario_function("opaque_all_reduce_unregistered",
                              [](BodyContext& ctx, const std::vector<LTensor>& xs, const OpDecl& op) {
                                const LTensor& x = only_arg(xs, op, "opaque_all_reduce_unregistered");
                                return ctx.call_group<OpaqueAllReduceUnregistered>(
                                    x, axis_of(ctx, op, "opaque_all_reduce_unregistered"), op.attrs, op.out);
-                             });
+                             },
+                             {1, true});
 }
 
 std::map<std::string, FunctionReference>& references() {
@@ -97,6 +101,11 @@ std::map<std::string, FunctionReference>& references() {
 std::map<std::string, FunctionInvoker>& functions() {
   static std::map<std::string, FunctionInvoker> f;
   return f;
+}
+
+std::map<std::string, FunctionSignature>& signatures() {
+  static std::map<std::string, FunctionSignature> s;
+  return s;
 }
 
 // The built-ins go in first, so that a Function of the user's of the same name replaces them.
@@ -115,9 +124,16 @@ void ensure_builtins() {
 
 }  // namespace
 
-void register_scenario_function(const std::string& name, FunctionInvoker invoker) {
+void register_scenario_function(const std::string& name, FunctionInvoker invoker, FunctionSignature signature) {
   ensure_builtins();
   functions()[name] = std::move(invoker);
+  signatures()[name] = signature;
+}
+
+FunctionSignature scenario_function_signature(const std::string& name) {
+  ensure_builtins();
+  auto it = signatures().find(name);
+  return it == signatures().end() ? FunctionSignature{} : it->second;
 }
 
 const FunctionInvoker* find_scenario_function(const std::string& name) {
