@@ -31,6 +31,7 @@
 
 #include "core/mutants.h"
 #include "properties/properties.h"
+#include "properties/runner.h"
 #include "sim/local_map.h"
 #include "sim/runtime.h"
 
@@ -194,6 +195,9 @@ void function_backward_matches_reference() {
   for (auto& d : shape) d = *rc::gen::inRange<int64_t>(1, 5);
   std::vector<at::Tensor> inputs;
   for (int i = 0; i < arity; ++i) inputs.push_back(draw_input(shape));
+  // For the report: the one-rank mesh, each input replicated there.
+  note_case_layout(Mesh({kAxis}, {1}),
+                   std::vector<std::pair<Shape, Spec>>(static_cast<size_t>(arity), {shape, Spec{Placement::replicate()}}));
 
   // The call as a scenario writes it: the op object, with the axis a communicating call names.
   nlohmann::json attrs = {{"op", "call"}, {"function", name}, {"out", "y"}, {"args", nlohmann::json::array()}};
