@@ -12,6 +12,7 @@
 #include "core/resources.h"
 #include "cli/check.h"
 #include "cli/emit.h"
+#include "cli/explain.h"
 #include "cli/plugin.h"
 #include "meshsim/meshsim.h"
 
@@ -120,6 +121,14 @@ int main(int argc, char** argv) {
   // One value per --option, so that scenario files may follow it.
   run_cmd->add_option("--option", run.options, "Override a scenario option, key=value (repeatable)")
       ->allow_extra_args(false);
+  run_cmd->add_flag("--quiet", run.quiet,
+                    "Print the verdict, the first divergence, the failures and the communication table only");
+  run_cmd->add_flag("--no-implicit", run.no_implicit,
+                    "Fail a run whose planner inserts communication the program did not ask for (option "
+                    "implicit=error), listing every implicit redistribution with its reason");
+  run_cmd->add_flag("--localize", run.localize,
+                    "Keep every intermediate gradient in the run (option localize=always); by default a failing run "
+                    "is run a second time to find its first divergence");
   add_limits(run_cmd, limits, max_memory);
 
   cli::CheckArgs check;
@@ -194,6 +203,21 @@ int main(int argc, char** argv) {
                  "scripts/gen_op_table.sh writes it there)")
       ->excludes(ops_json);
 
+  cli::ExplainArgs explain;
+  auto* explain_cmd = app.add_subcommand(
+      "explain",
+      "Explain an op's placements (per mesh axis: the rule row chosen, every candidate with its cost and why it "
+      "lost, the redistributions it needed) or how a value's placement came to be, op by op");
+  explain_cmd->add_option("file", explain.file, "Scenario file (meshsim.scenario/1)")->required();
+  explain_cmd->add_option(
+      "--op", explain.op, "The op: its JSON path (/program/15) or its output's name (l0_q)");
+  explain_cmd->add_option(
+      "--value", explain.value, "A value: the chain of ops, from the inputs, that gave it its placements");
+  explain_cmd->add_flag("--json", explain.json, "Print the explanation as JSON (meshsim.explain/1)");
+  explain_cmd->add_option("--option", explain.options, "Override a scenario option, key=value (repeatable)")
+      ->allow_extra_args(false);
+  add_limits(explain_cmd, limits, max_memory);
+
   ValidateConfig validate;
   auto* validate_cmd = app.add_subcommand(
       "validate", "Run a scenario on a real engine (one process per rank) and compare every rank with the simulation");
@@ -233,7 +257,10 @@ int main(int argc, char** argv) {
   // With --json, an error that stops the command is a document on stdout too (status "error"), in
   // the command's own format, besides its line on stderr.
   auto json_error = [&](ErrorKind kind, const std::string& message, const std::string& file, const std::string& path) {
-    const char* format = *validate_cmd && validate.json ? "meshsim.validate/1" : *check_cmd && check.json ? "meshsim.check/1" : nullptr;
+    const char* format = *validate_cmd && validate.json ? "meshsim.validate/1"
+                         : *check_cmd && check.json     ? "meshsim.check/1"
+                         : *explain_cmd && explain.json ? "meshsim.explain/1"
+                                                        : nullptr;
     if (!format) return;
     nlohmann::json doc = {{"format", format}, {"status", "error"},
                           {"error", {{"kind", error_kind_name(kind)}, {"message", message}}}};
@@ -257,6 +284,7 @@ int main(int argc, char** argv) {
     if (*replay_cmd) return cli::cmd_replay(replay);
     if (*ops_cmd) return cli::cmd_ops(ops, std::cout);
     if (*render_cmd) return cli::cmd_render(render);
+    if (*explain_cmd) return cli::cmd_explain(explain, std::cout);
     if (*validate_cmd) return cli::cmd_validate(validate);
   } catch (const InputError& e) {
     std::cerr << "meshsim: " << e.what() << "\n";
@@ -271,7 +299,8 @@ int main(int argc, char** argv) {
     return 1;
   } catch (const SemanticError& e) {
     // FILE: PATH: kind: message, as `meshsim run` says it, where the file is known.
-    const std::string file = *validate_cmd ? validate.file : *render_cmd ? render.file : *replay_cmd ? replay.trace : "";
+    const std::string file = *validate_cmd ? validate.file : *render_cmd ? render.file : *replay_cmd ? replay.trace
+                             : *explain_cmd ? explain.file : "";
     std::cerr << cli::error_line(file, e.path(), error_kind_name(e.kind()), e.what()) << "\n";
     json_error(e.kind(), e.what(), file, e.path());
     return exit_code_for(e.kind());

@@ -169,7 +169,7 @@ std::vector<RowCandidate> candidates_of(const std::vector<RuleRow>& rows, const 
       c.verdict = first_illegal(c);
     } else if (how == kHowExactFit) {
       c.verdict = c.bytes == 0 && c.changed == 0 ? "fits too, an earlier row won"
-                                                 : needs(c) + ", and a row fits the operands as they are";
+                                                 : needs(c) + "; a row the operands fit as they are won";
     } else if (how == kHowOneOperand) {
       c.verdict = row.ins[0] == Placement::replicate()
                       ? "takes R too, an earlier row won"

@@ -362,10 +362,12 @@ void report_progress(size_t done, size_t total, const std::string& what) {
   if (g_progress) g_progress(done, total, what);
 }
 
-SimRun run_distributed(const Scenario& sc, const RunOptions& options) {
+SimRun run_distributed(const Scenario& sc, const RunOptions& options,
+                       std::function<void(const OpApplication&)> observer) {
   SimRun run;
   run.runtime = std::make_unique<Runtime>(sc.mesh, options);
   Runtime& rt = *run.runtime;
+  if (observer) rt.set_op_observer(std::move(observer));
   std::vector<DTensor> inputs = make_inputs(sc, options, run.input_globals);
   std::vector<DTensor> grad_leaves;
   for (const auto& t : inputs) {

@@ -2,6 +2,7 @@
 // global data (for the oracle) and the inputs' gradients.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -51,6 +52,8 @@ using ProgressHook = void (*)(size_t done, size_t total, const std::string& what
 void set_progress_hook(ProgressHook hook);
 void report_progress(size_t done, size_t total, const std::string& what);
 
-SimRun run_distributed(const Scenario& sc, const RunOptions& options);
+// `observer`, when given, sees every rule application of the forward (Runtime::set_op_observer).
+SimRun run_distributed(const Scenario& sc, const RunOptions& options,
+                       std::function<void(const OpApplication&)> observer = {});
 
 }  // namespace meshsim

@@ -315,6 +315,11 @@ DTensor Runtime::apply_op(const std::string& op, const OpAttrs& attrs, const std
     given.push_back(a.spec);
     shapes.push_back(a.shape);
   }
+  if (observer_) {
+    OpApplication app{op, attrs, {}, given, shapes, out_name};
+    for (const auto& a : args) app.args.push_back(a.name);
+    observer_(app);
+  }
   ShardingDecision d = decide(op, attrs, given, shapes);
   plant_rule_bugs(op, given, d);
   // Above autograd, an operand that does not fit the rule goes through a Redistribute node, whose

@@ -5,6 +5,7 @@
 // gradient placement hook) before libtorch adds contributions together.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -29,6 +30,17 @@ class Recorder {
 
  private:
   std::vector<Event> events_;
+};
+
+// One rule application of the forward (Runtime::apply_op), as propagation is asked it: the op, its
+// attributes, its operands' names, specs and global shapes as given, and the result's name.
+struct OpApplication {
+  std::string op;
+  OpAttrs attrs;
+  std::vector<std::string> args;
+  std::vector<Spec> given;
+  std::vector<Shape> shapes;
+  std::string out;
 };
 
 class Runtime {
@@ -92,6 +104,10 @@ class Runtime {
   void flag_check_failure(const std::string& check, const std::string& what) { check_failures_.emplace_back(check, what); }
   const std::vector<std::pair<std::string, std::string>>& check_failures() const { return check_failures_; }
 
+  // Called with every rule application before its decision (`meshsim explain` keeps them); none by
+  // default.
+  void set_op_observer(std::function<void(const OpApplication&)> observer) { observer_ = std::move(observer); }
+
   // Sharding decisions are cached by op, attributes, operand specs and shapes.
   struct Stats {
     int64_t propagation_requests = 0;
@@ -142,6 +158,7 @@ class Runtime {
   std::vector<std::string> untracked_;
   std::vector<std::pair<std::string, std::string>> check_failures_;
   Stats stats_;
+  std::function<void(const OpApplication&)> observer_;
 
   void plant_rule_bugs(const std::string& op, const std::vector<Spec>& given, ShardingDecision& d) const;
   ShardingDecision decide(const std::string& op, const OpAttrs& attrs, const std::vector<Spec>& specs,
