@@ -190,7 +190,8 @@ std::vector<const Event*> steps_of(const SimRun& run, const std::string& value) 
 }
 
 std::string step_line(const Event& e) {
-  std::string s = e.name + " over " + e.axis + ", " + (e.in_specs.empty() ? "?" : e.in_specs[0]) + " -> " + e.out_spec;
+  std::string s = e.name + " over " + e.axis;
+  if (!e.in_specs.empty() && !e.out_spec.empty()) s += ", " + e.in_specs[0] + " -> " + e.out_spec;  // not local code's
   if (e.kind == "collective") s += ", " + std::to_string(e.bytes) + " B";
   else s += ", no communication";
   return s;
@@ -357,8 +358,9 @@ void explain_op_text(std::ostream& out, const Explained& x, size_t k) {
   if (kind == "local_map") {
     out << "  a local_map: its body runs per rank on LTensors; placements are its in/out placements, no rule row\n";
     for (size_t i = 0; i < op.args.size(); ++i)
-      out << "  in " << op.args[i] << ": "
-          << (op.in_placements.empty() ? std::string("as it is") : spec_str(op.in_placements.at(i))) << "\n";
+      out << "  in " << value_str(x, op.args[i]) << ": "
+          << (op.in_placements.empty() ? std::string("as it is") : "in_placements " + spec_str(op.in_placements.at(i)))
+          << "\n";
     for (size_t i = 0; i < op.out_placements.size() && i < outs.size(); ++i)
       out << "  out " << outs[i] << ": " << spec_str(op.out_placements[i]) << "\n";
     const auto& bodies = x.run.runtime->body_values();
