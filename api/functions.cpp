@@ -165,7 +165,7 @@ void register_function(FunctionDef def) {
     const Strategy* strategy = find_variance_tracking_strategy(strategy_key(shared->name));
     return ctx.call_rank_local(strategy_key(shared->name), strategy ? std::optional<Strategy>(*strategy) : std::nullopt,
                                xs, op.attrs, op.out, [f, attrs](const std::vector<at::Tensor>& in) { return f(in, attrs); });
-  }, FunctionSignature{shared->arity, static_cast<bool>(shared->group)});
+  }, FunctionSignature{shared->arity});
 }
 
 std::vector<std::string> function_names() {

@@ -199,10 +199,11 @@ void function_backward_matches_reference() {
   note_case_layout(Mesh({kAxis}, {1}),
                    std::vector<std::pair<Shape, Spec>>(static_cast<size_t>(arity), {shape, Spec{Placement::replicate()}}));
 
-  // The call as a scenario writes it: the op object, with the axis a communicating call names.
+  // The call as a scenario writes it: the op object, with the mesh axis a communicating call names
+  // (a rank-local Function ignores it, as it is meshsim's field).
   nlohmann::json attrs = {{"op", "call"}, {"function", name}, {"out", "y"}, {"args", nlohmann::json::array()}};
   for (int i = 0; i < arity; ++i) attrs["args"].push_back("x" + std::to_string(i));
-  if (signature.communicating) attrs["axis"] = kAxis;
+  attrs["axis"] = kAxis;
 
   // The Function on a one-rank mesh, plain local code (its own forward and backward only), with
   // the check run's planted bug on.

@@ -76,21 +76,21 @@ void register_builtins() {
   register_scenario_function("local_square", [](BodyContext& ctx, const std::vector<LTensor>& xs, const OpDecl& op) {
     only_arg(xs, op, "local_square");
     return ctx.call<LocalSquare>(xs, op.attrs, op.out);
-  }, {1, false});
+  }, {1});
   register_function_reference("local_square", [](const std::vector<at::Tensor>& xs, const nlohmann::json&) {
     return xs.at(0) * xs.at(0);
   });
   register_scenario_function("opaque_all_reduce", [](BodyContext& ctx, const std::vector<LTensor>& xs, const OpDecl& op) {
     const LTensor& x = only_arg(xs, op, "opaque_all_reduce");
     return ctx.call_group<OpaqueAllReduce>(x, axis_of(ctx, op, "opaque_all_reduce"), op.attrs, op.out);
-  }, {1, true});
+  }, {1});
   register_scenario_function("opaque_all_reduce_unregistered",
                              [](BodyContext& ctx, const std::vector<LTensor>& xs, const OpDecl& op) {
                                const LTensor& x = only_arg(xs, op, "opaque_all_reduce_unregistered");
                                return ctx.call_group<OpaqueAllReduceUnregistered>(
                                    x, axis_of(ctx, op, "opaque_all_reduce_unregistered"), op.attrs, op.out);
                              },
-                             {1, true});
+                             {1});
 }
 
 std::map<std::string, FunctionReference>& references() {

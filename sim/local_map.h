@@ -116,15 +116,13 @@ void check_exclusive(const Mesh& mesh, const LTensor& t, const std::string& what
 // Functions a scenario can `call` by name (the built-ins are registered on first use).
 using FunctionInvoker = std::function<LTensor(BodyContext&, const std::vector<LTensor>&, const OpDecl&)>;
 // What a Function's definition says of its calls, for callers without a scenario (the property
-// function_backward_matches_reference): how many args a call passes (-1: any), and whether it runs
-// on the groups of the mesh axis its call names ("axis").
+// function_backward_matches_reference): how many args a call passes (-1: any).
 struct FunctionSignature {
   int arity = 1;
-  bool communicating = false;
 };
 void register_scenario_function(const std::string& name, FunctionInvoker invoker, FunctionSignature signature = {});
 const FunctionInvoker* find_scenario_function(const std::string& name);
-// The signature registered with the Function; the default ({1, false}) for an unknown name.
+// The signature registered with the Function; the default (1 arg) for an unknown name.
 FunctionSignature scenario_function_signature(const std::string& name);
 // Every registered Function (built-ins and the user's, plugins included), sorted.
 std::vector<std::string> scenario_function_names();
