@@ -137,6 +137,13 @@ TEST_F(CheckReport, DiscardsCountedByReason) {
   EXPECT_TRUE(contains(o.out, "  ok    redistribute_roundtrip  (50 cases, ")) << o.out;
   EXPECT_TRUE(contains(o.out, expected + "\n")) << expected << "\n" << o.out;
 
+  // JUnit's testcase carries the same lines in its system-out.
+  ASSERT_EQ(meshsim("check --seed 1 --cases 50 --property redistribute_roundtrip --junit r.xml").code, 0);
+  const std::string xml = read_text(dir / "r.xml");
+  EXPECT_TRUE(contains(xml, "<system-out>50 cases, " + std::to_string(p.at("discards").get<int>()) + " discards\n" +
+                                expected.substr(8) + "\nmeshes: "))
+      << xml;
+
   // The same seed, the same counts.
   EXPECT_EQ(property(check_json("--seed 1 --cases 50 --property redistribute_roundtrip"), "redistribute_roundtrip"), p);
 }
