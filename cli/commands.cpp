@@ -17,6 +17,7 @@
 #include "core/error.h"
 #include "core/scenario.h"
 #include "oracles/check.h"
+#include "oracles/localize.h"
 #include "sim/interpreter.h"
 #include "sim/local_map.h"
 #include "traces/render.h"
@@ -96,9 +97,112 @@ const nlohmann::json& members(const nlohmann::json& r, const char* key) {
   return it != r.end() && (it->is_object() || it->is_array()) ? *it : none;
 }
 
+// The named values of a scenario in program order: the inputs, then each op's results (a
+// local_map's body values before its results).
+std::vector<std::string> program_order(const Scenario& sc) {
+  std::vector<std::string> out;
+  for (const auto& in : sc.inputs) out.push_back(in.name);
+  for (const auto& op : sc.program) {
+    for (const auto& b : op.body) {
+      if (!b.outs.empty()) out.insert(out.end(), b.outs.begin(), b.outs.end());
+      else out.push_back(b.out);
+    }
+    if (!op.outs.empty()) out.insert(out.end(), op.outs.begin(), op.outs.end());
+    else out.push_back(op.out);
+  }
+  return out;
+}
+
+int64_t int_of(const nlohmann::json& obj, const char* key) {
+  auto it = obj.find(key);
+  return it != obj.end() && it->is_number_integer() ? it->get<int64_t>() : 0;
+}
+
+// "3,840"
+std::string grouped(int64_t n) {
+  std::string digits = std::to_string(n < 0 ? -n : n), out;
+  for (size_t i = 0; i < digits.size(); ++i) {
+    if (i && (digits.size() - i) % 3 == 0) out += ',';
+    out += digits[i];
+  }
+  return (n < 0 ? "-" : "") + out;
+}
+
+// A table line without trailing blanks.
+std::string trimmed(std::string line) {
+  const bool newline = !line.empty() && line.back() == '\n';
+  while (!line.empty() && (line.back() == '\n' || line.back() == ' ')) line.pop_back();
+  return line + (newline ? "\n" : "");
+}
+
+// The communication table (result "communication") and the implicit redistributions that cost
+// communication, each with its reason.
+void print_communication(const nlohmann::json& r) {
+  const nlohmann::json& comm = members(r, "communication");
+  if (comm.empty()) return;
+  const nlohmann::json& axes = members(comm, "by_axis");
+  if (axes.empty()) {
+    std::cout << "  communication: none\n";
+  } else {
+    std::cout << "  communication per rank (cost model bytes):\n";
+    char line[200];
+    std::snprintf(line, sizeof line, "    %-8s %-9s %-15s %6s %10s  %s\n", "axis", "phase", "collective", "count", "bytes",
+                  "implicit");
+    std::cout << line;
+    auto implicit_cell = [](const nlohmann::json& row) {
+      const int64_t n = int_of(row, "implicit_count");
+      return n ? std::to_string(n) + " (" + grouped(int_of(row, "implicit_bytes")) + " B)" : std::string();
+    };
+    for (const auto& row : axes) {
+      std::snprintf(line, sizeof line, "    %-8s %-9s %-15s %6lld %10s  %s\n", text_of(row, "axis").c_str(),
+                    text_of(row, "phase").c_str(), text_of(row, "collective").c_str(),
+                    static_cast<long long>(int_of(row, "count")), grouped(int_of(row, "bytes")).c_str(),
+                    implicit_cell(row).c_str());
+      std::cout << trimmed(line);
+    }
+    std::snprintf(line, sizeof line, "    %-34s %6lld %10s  %s\n", "total", static_cast<long long>(int_of(comm, "count")),
+                  grouped(int_of(comm, "bytes")).c_str(), implicit_cell(comm).c_str());
+    std::cout << trimmed(line);
+    // The ops that move the most, up to five.
+    std::vector<const nlohmann::json*> ops;
+    for (const auto& o : members(comm, "by_op")) ops.push_back(&o);
+    std::stable_sort(ops.begin(), ops.end(),
+                     [](const nlohmann::json* a, const nlohmann::json* b) { return int_of(*a, "bytes") > int_of(*b, "bytes"); });
+    if (ops.size() > 1) {
+      std::cout << "    most per op:";
+      for (size_t i = 0; i < ops.size() && i < 5; ++i) {
+        const nlohmann::json& o = *ops[i];
+        std::cout << (i ? "," : "") << " " << (o["op"].is_string() ? text_of(o, "op") + " " + text_of(o, "out") : "the seed")
+                  << " (" << text_of(o, "name") << ") " << grouped(int_of(o, "bytes")) << " B";
+      }
+      std::cout << "\n";
+    }
+  }
+  size_t local_only = 0;
+  std::vector<const nlohmann::json*> costly;
+  for (const auto& m : members(r, "implicit")) {
+    if (members(m, "collectives").empty()) ++local_only;
+    else costly.push_back(&m);
+  }
+  if (costly.empty() && !local_only) return;
+  std::cout << "  implicit redistributions (the planner's, not the program's): " << costly.size() << " communicating";
+  if (local_only) std::cout << ", " << local_only << " local (no communication)";
+  std::cout << "\n";
+  for (const auto* m : costly) {
+    std::string cost;
+    for (const auto& c : members(*m, "collectives"))
+      cost += (cost.empty() ? "" : ", ") + text_of(c, "phase") + " " + text_of(c, "op") + " over " + text_of(c, "axis") +
+              " " + grouped(int_of(c, "bytes")) + " B";
+    std::string reason = text_of(*m, "reason", "");
+    if (reason.rfind("implicit: ", 0) == 0) reason = reason.substr(10);
+    std::cout << "    " << reason << " (" << cost << ")\n";
+  }
+}
+
 // The human summary of a result; a result without values, collectives, grads or an error
-// (a run that raised) prints what it has.
-void print_summary(const Scenario& sc, const RunOptions& options, const nlohmann::json& r) {
+// (a run that raised) prints what it has. Quiet: the verdict, the first divergence, the
+// communication table, the checks and the failures.
+void print_summary(const Scenario& sc, const RunOptions& options, const nlohmann::json& r, bool quiet = false) {
   std::cout << sc.name << ": " << text_of(r, "status") << "   (mesh " << sc.mesh.str() << ", seed " << options.seed
             << ")\n";
   if (text_of(r, "status") == "error") {
@@ -106,29 +210,45 @@ void print_summary(const Scenario& sc, const RunOptions& options, const nlohmann
     std::cout << "  error " << text_of(e, "kind") << ": " << text_of(e, "message", "") << "\n";
     return;
   }
-  for (const auto& [name, v] : members(r, "values").items()) {
-    if (!v.is_object()) continue;
-    if (v.contains("placements"))
-      std::cout << "  value " << name << " " << join_specs(v["placements"]) << " shape " << v.value("shape", nlohmann::json()).dump() << "\n";
-    else if (v.value("variance", "") == "unchecked")  // plain local code: no sets kept
-      std::cout << "  value " << name << " (local code, unchecked)\n";
-    else  // an LTensor of a local_map body
-      std::cout << "  value " << name << " (local_map body) variant " << join_specs(v.value("variant", nlohmann::json()))
-                << " reduced " << join_specs(v.value("reduced", nlohmann::json()))
-                << (v.value("untracked", false) ? " UNTRACKED" : "") << "\n";
+  // What a person needs first: where the run first goes wrong.
+  const nlohmann::json& d = members(r, "first_divergence");
+  if (!d.empty()) {
+    if (d.contains("error")) std::cout << "  first divergence: not found: " << text_of(d, "error", "") << "\n";
+    else std::cout << "  " << divergence_line(d) << "\n";
   }
-  for (const auto& c : members(r, "collectives")) {
-    if (!c.is_object()) continue;
-    const auto bytes = c.find("bytes");
-    std::cout << "  " << text_of(c, "phase") << " " << text_of(c, "op") << " over " << text_of(c, "axis") << ", "
-              << (bytes != c.end() && bytes->is_number() ? bytes->dump() : "?") << " B per rank (" << text_of(c, "value")
-              << ")\n";
+  if (!quiet) {
+    const nlohmann::json& values = members(r, "values");
+    std::vector<std::string> order;
+    for (const auto& n : program_order(sc))
+      if (values.contains(n) && std::find(order.begin(), order.end(), n) == order.end()) order.push_back(n);
+    for (const auto& [name, v] : values.items())
+      if (std::find(order.begin(), order.end(), name) == order.end()) order.push_back(name);
+    for (const auto& name : order) {
+      const nlohmann::json& v = values[name];
+      if (!v.is_object()) continue;
+      if (v.contains("placements"))
+        std::cout << "  value " << name << " " << join_specs(v["placements"]) << " shape " << v.value("shape", nlohmann::json()).dump() << "\n";
+      else if (v.value("variance", "") == "unchecked")  // plain local code: no sets kept
+        std::cout << "  value " << name << " (local code, unchecked)\n";
+      else  // an LTensor of a local_map body
+        std::cout << "  value " << name << " (local_map body) variant " << join_specs(v.value("variant", nlohmann::json()))
+                  << " reduced " << join_specs(v.value("reduced", nlohmann::json()))
+                  << (v.value("untracked", false) ? " UNTRACKED" : "") << "\n";
+    }
+    for (const auto& c : members(r, "collectives")) {
+      if (!c.is_object()) continue;
+      const auto bytes = c.find("bytes");
+      std::cout << "  " << text_of(c, "phase") << " " << text_of(c, "op") << " over " << text_of(c, "axis") << ", "
+                << (bytes != c.end() && bytes->is_number() ? bytes->dump() : "?") << " B per rank ("
+                << text_of(c, "value") << ")" << (c.value("implicit", false) ? " implicit" : "") << "\n";
+    }
+    for (const auto& [name, g] : members(r, "grads").items()) {
+      if (!g.is_object()) continue;
+      std::cout << "  grad " << name << " " << join_specs(g.value("placements", nlohmann::json())) << " (cotangent "
+                << join_specs(g.value("cotangent", nlohmann::json())) << ")\n";
+    }
   }
-  for (const auto& [name, g] : members(r, "grads").items()) {
-    if (!g.is_object()) continue;
-    std::cout << "  grad " << name << " " << join_specs(g.value("placements", nlohmann::json())) << " (cotangent "
-              << join_specs(g.value("cotangent", nlohmann::json())) << ")\n";
-  }
+  print_communication(r);
   std::cout << "  checks:";
   for (const auto& [name, ok] : members(r, "checks").items())  // null: the check did not (fully) run
     std::cout << " " << name << "=" << (ok == true ? "ok" : ok.is_null() ? "unchecked" : "FAIL");
@@ -198,6 +318,8 @@ FileRun run_file(Runnable r, const RunArgs& args) {
   FileRun f{std::move(r.sc), {}, {}, std::nullopt, {}, "", 0};
   f.expect = parse_expectation(f.sc);  // before the run: a malformed block is unusable input
   f.options = with_overrides(r.options, args.options);
+  if (args.no_implicit) f.options.implicit = ImplicitPolicy::Error;
+  if (args.localize) f.options.localize = Localize::Always;
   check_resources(f.sc, f.options, g_limits);
   f.run = check_scenario(f.sc, f.options, /*keep_values=*/!args.values_dir.empty());
   f.exit_code = f.run.exit_code;
@@ -320,7 +442,7 @@ int run_single(const RunArgs& args) {
     std::cout << f.result().dump(2) << "\n";
     if (!f.strict_problem.empty()) std::cerr << f.strict_problem << "\n";
   } else {
-    print_summary(f.sc, f.options, f.run.result);
+    print_summary(f.sc, f.options, f.run.result, args.quiet);
     print_verdicts(f);
   }
   // An error that the expect block does not accept is said where errors are looked for.

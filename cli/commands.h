@@ -47,6 +47,9 @@ struct RunArgs {
   std::string values_dir;               // --values DIR
   bool values_per_rank = false;         // --values-per-rank
   std::vector<std::string> options;  // key=value
+  bool quiet = false;        // --quiet: the verdict, the first divergence, failures, the communication table
+  bool no_implicit = false;  // --no-implicit: option implicit=error
+  bool localize = false;     // --localize: option localize=always (the first divergence searched in the run itself)
 };
 int cmd_run(const RunArgs& args);
 

@@ -118,8 +118,9 @@ std::optional<Expectation> parse_expectation(const Scenario& sc) {
   if (sc.expect.is_null()) return std::nullopt;
   const ExpectReader r(sc.file);
   const json& e = r.object(sc.expect, "/expect");
-  r.only_keys(e, "/expect", {"status", "error", "checks", "collectives", "failures", "exit"});
-  if (e.empty()) r.fail("/expect", "expected at least one of status, error, checks, collectives, failures, exit");
+  r.only_keys(e, "/expect", {"status", "error", "checks", "collectives", "failures", "exit", "implicit"});
+  if (e.empty())
+    r.fail("/expect", "expected at least one of status, error, checks, collectives, failures, exit, implicit");
   Expectation out;
   if (e.contains("status")) out.status = r.one_of(e["status"], "/expect/status", kStatuses);
   if (e.contains("error")) {
@@ -148,6 +149,7 @@ std::optional<Expectation> parse_expectation(const Scenario& sc) {
     if (code > 3) r.fail(path, "expected an exit code of meshsim run: 0, 1, 2 or 3, got " + e["exit"].dump());
     out.exit = static_cast<int>(code);
   }
+  if (e.contains("implicit")) out.implicit = r.count(e["implicit"], "/expect/implicit");
   return out;
 }
 
@@ -202,6 +204,19 @@ std::vector<std::string> unmet_expectations(const Expectation& e, const json& re
     if (!found)
       unmet.push_back("/expect/failures/" + std::to_string(i) + ": no failure contains \"" + e.failures[i] + "\"" +
                       (failures.empty() ? " (the run has no failures)" : ""));
+  }
+  if (e.implicit) {
+    int64_t found = 0;
+    std::string first;
+    for (const auto& m : part(result, "implicit", kNoArray))
+      if (m.is_object() && m.contains("collectives") && m["collectives"].is_array() && !m["collectives"].empty()) {
+        ++found;
+        if (first.empty()) first = text(m.value("reason", json("")));
+      }
+    if (found != *e.implicit)
+      unmet.push_back("/expect/implicit: expected " + std::to_string(*e.implicit) +
+                      " implicit redistributions that communicate, found " + std::to_string(found) +
+                      (first.empty() ? "" : " (the first: " + first + ")"));
   }
   if (e.exit && *e.exit != exit_code)
     unmet.push_back("/expect/exit: expected " + std::to_string(*e.exit) + ", found " + std::to_string(exit_code));

@@ -31,6 +31,9 @@ struct Expectation {
   std::vector<CollectiveExpectation> collectives;
   std::vector<std::string> failures;  // each must be a substring of some failure text
   std::optional<int> exit;            // the run's own exit code (contract 1), before expect and --strict
+  // How many redistributions the planner inserted that communicate (result "implicit" entries with
+  // collectives); "implicit": 0 says the program asks for all of its communication.
+  std::optional<int64_t> implicit;
 };
 
 // The scenario's expect block (null when it has none: std::nullopt). Throws InputError naming the

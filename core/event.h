@@ -23,7 +23,13 @@ struct Event {
   std::vector<std::vector<int64_t>> local_shapes;  // per rank
   std::vector<std::string> hashes;    // per rank, hex of the local tensor's bytes
   std::string note;                   // free text, e.g. "grad hook: P(sum) -> R"
+  // Set where the planner, not the program, asked for this step: why (the op, the operand and the
+  // placements no rule took, the row chosen). Empty for the program's own redistributions and
+  // collectives and for the gradient contract (the hook). An annotation of the run: written to
+  // traces when set, but not compared by replay (traces written before it existed replay alike).
+  std::string implicit;
 
+  // Every field but the `implicit` annotation.
   bool operator==(const Event& o) const {
     return seq == o.seq && phase == o.phase && kind == o.kind && name == o.name &&
            value == o.value && args == o.args && in_specs == o.in_specs &&

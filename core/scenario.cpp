@@ -42,12 +42,15 @@ constexpr Choice<ReducedPropagation> kReducedPropagations[] = {
 constexpr Choice<PartialFromReplicate> kPartialFromReplicate[] = {
     {"divide", PartialFromReplicate::Divide}, {"rank0", PartialFromReplicate::Rank0}};
 constexpr Choice<Semantics> kSemantics[] = {{"meshsim", Semantics::Meshsim}, {"pytorch", Semantics::Pytorch}};
+constexpr Choice<ImplicitPolicy> kImplicitPolicies[] = {{"allow", ImplicitPolicy::Allow}, {"error", ImplicitPolicy::Error}};
+constexpr Choice<Localize> kLocalize[] = {
+    {"on_failure", Localize::OnFailure}, {"always", Localize::Always}, {"never", Localize::Never}};
 constexpr Choice<DType> kDTypes[] = {{"float64", DType::Float64}, {"float32", DType::Float32}};
 constexpr Choice<ElementType> kElementTypes[] = {
     {"float", ElementType::Float}, {"bool", ElementType::Bool}, {"int64", ElementType::Int64}};
 
 constexpr const char* kOptionKeys =
-    "redistribute, reduced_propagation, partial_from_replicate, seed, dtype, mutant, semantics";
+    "redistribute, reduced_propagation, partial_from_replicate, seed, dtype, mutant, semantics, implicit, localize";
 
 template <class E, size_t N>
 const char* name_of(E value, const Choice<E> (&choices)[N]) {
@@ -631,13 +634,18 @@ ElementType parse_element_type(const std::string& text) {
 }
 
 json RunOptions::to_json() const {
-  return {{"redistribute", redistribute_mode_name(redistribute)},
-          {"reduced_propagation", reduced_propagation_name(reduced_propagation)},
-          {"partial_from_replicate", partial_from_replicate_name(partial_from_replicate)},
-          {"seed", seed},
-          {"dtype", dtype_name(dtype)},
-          {"mutant", mutant.empty() ? json(nullptr) : json(mutant)},
-          {"semantics", semantics_name(semantics)}};
+  json out = {{"redistribute", redistribute_mode_name(redistribute)},
+              {"reduced_propagation", reduced_propagation_name(reduced_propagation)},
+              {"partial_from_replicate", partial_from_replicate_name(partial_from_replicate)},
+              {"seed", seed},
+              {"dtype", dtype_name(dtype)},
+              {"mutant", mutant.empty() ? json(nullptr) : json(mutant)},
+              {"semantics", semantics_name(semantics)}};
+  // The checking options only where they differ from the default (traces of runs without them
+  // read as they always did).
+  if (implicit != ImplicitPolicy::Allow) out["implicit"] = name_of(implicit, kImplicitPolicies);
+  if (localize != Localize::OnFailure) out["localize"] = name_of(localize, kLocalize);
+  return out;
 }
 
 RunOptions with_overrides(RunOptions options, const std::vector<std::string>& overrides) {
@@ -669,6 +677,10 @@ void set_option(RunOptions& options, const std::string& key, const json& value) 
     options.mutant = mutant_option(value);
   else if (key == "semantics")
     options.semantics = pick(key, value, kSemantics);
+  else if (key == "implicit")
+    options.implicit = pick(key, value, kImplicitPolicies);
+  else if (key == "localize")
+    options.localize = pick(key, value, kLocalize);
   else
     throw std::invalid_argument("unknown option " + in_quotes(key) + " (known: " + kOptionKeys +
                                 ")");

@@ -21,6 +21,14 @@ namespace meshsim {
 enum class RedistributeMode { AboveAutograd, BelowAutograd };
 enum class ReducedPropagation { Intersection, Union, Strict };
 enum class DType { Float64, Float32 };
+// What a run does with a redistribution the planner inserts (an operand that fits no rule row):
+// allow it (marked implicit in the result), or fail the run listing every one (JAX's shard_map
+// refuses what it cannot type alike).
+enum class ImplicitPolicy { Allow, Error };
+// When a failing run looks for the op where values or gradients first go wrong (result
+// "first_divergence"): on failure (a second, instrumented run), always (in the run itself: every
+// intermediate gradient kept), or never.
+enum class Localize { OnFailure, Always, Never };
 // The element type of an input or a created value: float (the run's dtype), bool (masks and
 // conditions) or int64 (ids and targets). Only float values carry gradients or Partial placements.
 enum class ElementType { Float, Bool, Int64 };
@@ -41,6 +49,8 @@ struct RunOptions {
   DType dtype = DType::Float64;
   std::string mutant;  // empty: none
   Semantics semantics = Semantics::Meshsim;  // whose rules: meshsim's, or PyTorch DTensor's as released
+  ImplicitPolicy implicit = ImplicitPolicy::Allow;
+  Localize localize = Localize::OnFailure;
 
   nlohmann::json to_json() const;
 };

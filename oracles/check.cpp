@@ -2,7 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
+#include <map>
+#include <tuple>
 #include <set>
 
 #include "core/cotangent.h"
@@ -10,6 +13,7 @@
 #include "core/mutants.h"
 #include "core/ops.h"
 #include "core/semantics.h"
+#include "oracles/localize.h"
 #include "oracles/mismatch.h"
 #include "oracles/oracle.h"
 #include "sim/data.h"
@@ -81,11 +85,121 @@ std::string layout_problem(const Mesh& mesh, const DTensor& v) {
   return {};
 }
 
-nlohmann::json collectives_json(const std::vector<Event>& events) {
+// The program op an event belongs to: its JSON path ("/program/15"), or null (inputs, the seed).
+nlohmann::json program_op_json(const std::vector<int>& ops, size_t i) {
+  return i < ops.size() && ops[i] >= 0 ? nlohmann::json("/program/" + std::to_string(ops[i])) : nlohmann::json(nullptr);
+}
+
+nlohmann::json collectives_json(const std::vector<Event>& events, const std::vector<int>& ops) {
   nlohmann::json out = nlohmann::json::array();
-  for (const auto& e : events)
-    if (e.kind == "collective")
-      out.push_back({{"phase", e.phase}, {"op", e.name}, {"axis", e.axis}, {"bytes", e.bytes}, {"value", e.value}});
+  for (size_t i = 0; i < events.size(); ++i) {
+    const Event& e = events[i];
+    if (e.kind != "collective") continue;
+    nlohmann::json c = {{"phase", e.phase}, {"op", e.name},           {"axis", e.axis},
+                        {"bytes", e.bytes}, {"value", e.value}, {"program_op", program_op_json(ops, i)}};
+    if (!e.implicit.empty()) c["implicit"] = true;
+    out.push_back(c);
+  }
+  return out;
+}
+
+// The communication table (like PyTorch's CommDebugMode): per mesh axis, phase and collective the
+// count and bytes per rank (of them, the planner's implicit ones), and per program op.
+nlohmann::json communication_json(const Scenario& sc, const std::vector<Event>& events, const std::vector<int>& ops) {
+  struct Row {
+    int64_t count = 0, bytes = 0, implicit_count = 0, implicit_bytes = 0;
+  };
+  std::map<std::tuple<std::string, int, std::string>, Row> by_axis;  // (axis, forward first, collective)
+  std::map<int, std::map<std::string, Row>> by_op;                   // op index -> phase -> row
+  int64_t total = 0, implicit_total = 0, count = 0, implicit_count = 0;
+  for (size_t i = 0; i < events.size(); ++i) {
+    const Event& e = events[i];
+    if (e.kind != "collective") continue;
+    const bool imp = !e.implicit.empty();
+    for (Row* row : {&by_axis[{e.axis, e.phase == "forward" ? 0 : 1, e.name}],
+                     &by_op[i < ops.size() ? ops[i] : -1][e.phase]}) {
+      row->count += 1;
+      row->bytes += e.bytes;
+      row->implicit_count += imp;
+      row->implicit_bytes += imp ? e.bytes : 0;
+    }
+    count += 1;
+    total += e.bytes;
+    implicit_count += imp;
+    implicit_total += imp ? e.bytes : 0;
+  }
+  auto row_json = [](const Row& r) {
+    return nlohmann::json{{"count", r.count}, {"bytes", r.bytes}, {"implicit_count", r.implicit_count},
+                          {"implicit_bytes", r.implicit_bytes}};
+  };
+  nlohmann::json axes = nlohmann::json::array();
+  // Axes in the mesh's order.
+  for (const auto& axis : sc.mesh.axes())
+    for (const auto& [key, row] : by_axis) {
+      if (std::get<0>(key) != axis) continue;
+      nlohmann::json j = row_json(row);
+      j["axis"] = axis;
+      j["phase"] = std::get<1>(key) == 0 ? "forward" : "backward";
+      j["collective"] = std::get<2>(key);
+      axes.push_back(j);
+    }
+  nlohmann::json per_op = nlohmann::json::array();
+  for (const auto& [k, phases] : by_op) {
+    nlohmann::json j;
+    if (k >= 0 && static_cast<size_t>(k) < sc.program.size()) {
+      const OpDecl& op = sc.program[static_cast<size_t>(k)];
+      j = {{"op", op.path}, {"name", op.op}, {"out", op.out}};
+    } else {
+      j = {{"op", nullptr}, {"name", "backward seed"}, {"out", nullptr}};
+    }
+    Row sum;
+    for (const auto& [phase, row] : phases) {
+      j[phase] = row_json(row);
+      sum.count += row.count;
+      sum.bytes += row.bytes;
+      sum.implicit_count += row.implicit_count;
+      sum.implicit_bytes += row.implicit_bytes;
+    }
+    const nlohmann::json total_row = row_json(sum);
+    for (const auto& [key, v] : total_row.items()) j[key] = v;
+    per_op.push_back(j);
+  }
+  return {{"count", count},   {"bytes", total}, {"implicit_count", implicit_count},
+          {"implicit_bytes", implicit_total}, {"by_axis", axes}, {"by_op", per_op}};
+}
+
+// Every redistribution the planner inserted, with its reason and the collectives it cost
+// (forward, and the backward of an implicit redistribution above autograd).
+nlohmann::json implicit_json(const std::vector<ImplicitMove>& moves, const std::vector<Event>& events) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const auto& m : moves) {
+    nlohmann::json collectives = nlohmann::json::array();
+    int64_t bytes = 0;
+    for (const auto& e : events)
+      if (e.kind == "collective" && e.implicit == m.reason) {
+        collectives.push_back({{"phase", e.phase}, {"op", e.name}, {"axis", e.axis}, {"bytes", e.bytes}});
+        bytes += e.bytes;
+      }
+    nlohmann::json j = {{"phase", m.phase},
+                        {"program_op", m.program_op >= 0 ? nlohmann::json("/program/" + std::to_string(m.program_op))
+                                                         : nlohmann::json(nullptr)},
+                        {"op", m.op},
+                        {"value", m.value},
+                        {"from", placements_json(m.from)},
+                        {"to", placements_json(m.to)},
+                        {"reason", m.reason},
+                        {"collectives", collectives},
+                        {"bytes", bytes}};
+    if (!m.operand.empty()) j["operand"] = m.operand;
+    j["operand_index"] = m.operand_index;
+    if (!m.rows.empty()) j["rows"] = m.rows;
+    if (!m.alternatives.empty()) {
+      j["alternatives"] = nlohmann::json::array();
+      for (const auto& a : m.alternatives)
+        j["alternatives"].push_back({{"axis", a.axis}, {"row", a.row}, {"bytes", a.bytes}, {"verdict", a.verdict}});
+    }
+    out.push_back(j);
+  }
   return out;
 }
 
@@ -147,8 +261,16 @@ Locals scaled(const Locals& locals, int64_t divisor) {
 }
 
 // The comparisons of a run with its oracle, into the result.
-void compare(const Scenario& sc, const RunOptions& options, const SimRun& run, const OracleRun& oracle,
-             CheckedRun& out) {
+// What the comparison found failing, for the localization.
+struct Failed {
+  std::vector<std::string> values;  // forward, in scenario order
+  bool gradients = false;
+  bool any = false;
+};
+
+Failed compare(const Scenario& sc, const RunOptions& options, const SimRun& run, const OracleRun& oracle,
+               CheckedRun& out) {
+  Failed failed_what;
   nlohmann::json& r = out.result;
   const double tol = comparison_tolerance(sc, options);
 
@@ -180,6 +302,7 @@ void compare(const Scenario& sc, const RunOptions& options, const SimRun& run, c
     if (!pass) {
       message = report_mismatch(name, "value", sc.mesh, v.spec, v.locals, global, ref, tol, problem,
                                 !laid_out || !global.defined(), context, mismatches);
+      failed_what.values.push_back(name);
     }
     forward.add(name, err, pass, message);
   }
@@ -255,11 +378,28 @@ void compare(const Scenario& sc, const RunOptions& options, const SimRun& run, c
   for (const auto& u : run.runtime->untracked()) tracking.add("untracked", 0.0, false, u);
   if (!unchecked.empty()) r["unchecked"] = unchecked;
 
-  r["collectives"] = collectives_json(out.events);
+  const std::vector<int>& event_ops = run.runtime->recorder().event_ops();
+  r["collectives"] = collectives_json(out.events, event_ops);
+  r["communication"] = communication_json(sc, out.events, event_ops);
+  r["implicit"] = implicit_json(run.runtime->implicit_moves(), out.events);
+  // implicit error: every implicit move that communicates fails the run, each named with its reason.
+  Comparison implicit_check;
+  if (options.implicit == ImplicitPolicy::Error)
+    for (const auto& m : r["implicit"])
+      if (!m["collectives"].empty()) {
+        std::string cost;
+        for (const auto& c : m["collectives"])
+          cost += (cost.empty() ? "" : ", ") + c["phase"].get<std::string>() + " " + c["op"].get<std::string>() +
+                  " over " + c["axis"].get<std::string>() + " " + std::to_string(c["bytes"].get<int64_t>()) + " B";
+        std::string reason = m["reason"].get<std::string>();
+        if (reason.rfind("implicit: ", 0) == 0) reason = reason.substr(10);
+        implicit_check.add("implicit", 0.0, false, reason + " (" + cost + ")");
+      }
   r["checks"] = {{"forward_equivalence", forward.verdict()}};
   if (!hookless) r["checks"]["duality"] = duality.verdict();
   if (any_from_local) r["checks"]["from_local"] = from_local.verdict();
   if (run.ran_backward) r["checks"]["gradient_equivalence"] = gradient.verdict();
+  if (options.implicit == ImplicitPolicy::Error) r["checks"]["no_implicit"] = implicit_check.verdict();
   if (run.has_local_map) {
     // Every LTensor passed the exclusivity check after every op and strategy (a violation is an
     // exclusivity_violation error); every value that left a region had tracked sets.
@@ -267,14 +407,16 @@ void compare(const Scenario& sc, const RunOptions& options, const SimRun& run, c
     r["checks"]["variance_tracking"] = tracking.verdict();
   }
   r["max_abs_error"] = error_json(worse(forward.max_error, gradient.max_error));
-  const bool failed = !(forward.ok && gradient.ok && duality.ok && tracking.ok && from_local.ok);
+  const bool failed = !(forward.ok && gradient.ok && duality.ok && tracking.ok && from_local.ok && implicit_check.ok);
+  failed_what.any = failed;
+  failed_what.gradients = !gradient.ok;
   // Nothing failed, but a comparison did not run: not a pass (exit 0 all the same: nothing failed).
   const bool partial = forward.not_run || gradient.not_run;
   r["status"] = failed ? "fail" : partial ? "unchecked" : "pass";
   r["error"] = nullptr;
   if (failed) {
     nlohmann::json failures = nlohmann::json::array();
-    for (const auto* c : {&forward, &gradient, &duality, &tracking, &from_local})
+    for (const auto* c : {&forward, &gradient, &duality, &tracking, &from_local, &implicit_check})
       for (const auto& p : c->problems) failures.push_back(p);
     r["failures"] = failures;
     if (!mismatches.empty()) r["mismatches"] = mismatches;
@@ -285,6 +427,7 @@ void compare(const Scenario& sc, const RunOptions& options, const SimRun& run, c
                 {"propagations", st.propagations},
                 {"cache_hits", st.cache_hits}};
   out.exit_code = failed ? 1 : 0;
+  return failed_what;
 }
 
 // The run's values and input gradients for inspection, with the oracle's where it ran.
@@ -356,6 +499,42 @@ bool exact_op(const OpDecl& op) {
   return exact;
 }
 
+namespace {
+
+// The first divergence of a failing run, into the result. Forward: from the comparison. Backward
+// (values agree, a gradient does not): from the run itself when it kept every gradient (localize
+// always), else from a second run that does, under the same planted bug.
+void localize(const Scenario& sc, const RunOptions& options, SimRun& run, const OracleRun& oracle, const Failed& failed,
+              CheckedRun& out) {
+  nlohmann::json& r = out.result;
+  try {
+    nlohmann::json d = forward_divergence(sc, failed.values, r.value("mismatches", nlohmann::json::array()));
+    if (d.is_null() && failed.gradients && failed.values.empty()) {
+      const double tol = comparison_tolerance(sc, options);
+      if (options.localize == Localize::Always) {
+        d = backward_divergence(sc, run, oracle, tol, options.mutant, options.dtype);
+      } else {
+        RunOptions again = options;
+        again.localize = Localize::Always;
+        report_progress(sc.program.size(), sc.program.size(), "looking for the first divergence");
+        SimRun second;
+        {
+          MutantScope planted(parse_mutant(options.mutant));  // the system under test only
+          second = run_distributed(sc, again);
+        }
+        const OracleRun second_oracle =
+            run_oracle(sc, second.input_globals, options.dtype, nullptr, 0.0, /*keep_graph=*/true);
+        d = backward_divergence(sc, second, second_oracle, tol, options.mutant, options.dtype);
+      }
+    }
+    if (!d.is_null()) r["first_divergence"] = d;
+  } catch (const std::exception& e) {
+    r["first_divergence"] = {{"error", "the search for the first divergence raised: " + first_line(e.what())}};
+  }
+}
+
+}  // namespace
+
 double comparison_tolerance(const Scenario& sc, const RunOptions& options) {
   if (options.dtype == DType::Float32) return 1e-4;
   bool exact = true;
@@ -379,8 +558,36 @@ CheckedRun check_scenario(const Scenario& sc, const RunOptions& options, bool ke
   } catch (const SemanticError& e) {
     semantic_error(out, e);
     return out;
+  } catch (const BackwardRaised& e) {
+    raised(out, options, "the run", e);
+    // The backward node that raised is where the run first went wrong.
+    if (e.program_op >= 0 && static_cast<size_t>(e.program_op) < sc.program.size()) {
+      const OpDecl& op = sc.program[static_cast<size_t>(e.program_op)];
+      std::string where = op.path + " (" + op.op + " \"" + op.out + "\")";
+      nlohmann::json d = {{"phase", "backward"}, {"op", op.path}, {"name", op.op}, {"out", op.out}, {"raised", true}};
+      for (const auto& b : op.body)
+        if (!e.value.empty() && (b.out == e.value || std::count(b.outs.begin(), b.outs.end(), e.value))) {
+          d["body"] = {{"op", b.path}, {"name", b.op}, {"out", b.out}};
+          where = b.path + " (" + b.op + " \"" + b.out + "\" in the local_map " + op.path + ")";
+        }
+      d["message"] = "the backward of " + where + " raised: " + first_line(e.what());
+      r["first_divergence"] = d;
+    }
+    return out;
   } catch (const std::exception& e) {
     raised(out, options, "the run", e);
+    // libtorch refusing a node's gradients names the node, and so the program op that made it.
+    const std::string what = e.what();
+    const auto at = what.find(" at /program/");
+    if (at != std::string::npos) {
+      const size_t k = std::strtoul(what.c_str() + at + 13, nullptr, 10);
+      if (k < sc.program.size()) {
+        const OpDecl& op = sc.program[k];
+        r["first_divergence"] = {{"phase", "backward"}, {"op", op.path}, {"name", op.op}, {"out", op.out}, {"raised", true},
+                                 {"message", "the backward of " + op.path + " (" + op.op + " \"" + op.out +
+                                                 "\") gives a gradient libtorch refuses: " + first_line(what)}};
+      }
+    }
     return out;
   }
   out.events = run.runtime->events();
@@ -404,7 +611,8 @@ CheckedRun check_scenario(const Scenario& sc, const RunOptions& options, bool ke
       at::Tensor t = assemble_checked(sc.mesh, it->second.spec, it->second.locals, problem);
       return problem.empty() ? t : at::Tensor();
     };
-    oracle = run_oracle(sc, run.input_globals, options.dtype, mesh_values, comparison_tolerance(sc, options));
+    oracle = run_oracle(sc, run.input_globals, options.dtype, mesh_values, comparison_tolerance(sc, options),
+                        /*keep_graph=*/options.localize == Localize::Always);
   } catch (const SemanticError& e) {  // a local_map reference libtorch refuses
     semantic_error(out, e);
     keep(nullptr);
@@ -416,13 +624,16 @@ CheckedRun check_scenario(const Scenario& sc, const RunOptions& options, bool ke
   }
   keep(&oracle);
   report_progress(sc.program.size(), sc.program.size(), "the comparison");
+  Failed failed;
   try {
-    compare(sc, options, run, oracle, out);
+    failed = compare(sc, options, run, oracle, out);
   } catch (const std::exception& e) {
     nlohmann::json keep = {{"format", r["format"]}, {"name", r["name"]}};
     r = keep;
     raised(out, options, "the comparison with the oracle", e);
+    return out;
   }
+  if (failed.any && options.localize != Localize::Never) localize(sc, options, run, oracle, failed, out);
   return out;
 }
 

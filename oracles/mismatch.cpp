@@ -159,6 +159,40 @@ std::optional<MismatchFactor> constant_factor(const Mesh& mesh, const at::Tensor
       f.alternatives.assign(sets.begin() + 1, sets.end());
     }
   }
+  // Not a product of axis sizes: the forms a wrong normalization takes (a variance's n - 1, a
+  // std's sqrt(n), a mean's 1/n applied twice), over one axis, in mesh order.
+  // One axis at a time (a normalization is over one group), and only where more than one element
+  // says so (a single element is a multiple of anything).
+  if (f.axes.empty() && c > 0 && at::ne(e, 0).sum().item<int64_t>() >= 2) {
+    std::vector<int> axes;
+    for (int a = 0; a < mesh.ndim(); ++a)
+      if (mesh.axis_size(a) > 1) axes.push_back(a);
+    bool found = false;
+    for (size_t count = 1; count <= axes.size() && count <= 1 && !found; ++count)
+      for (uint32_t mask = 1; mask < (1u << axes.size()) && !found; ++mask) {
+        if (static_cast<size_t>(__builtin_popcount(mask)) != count) continue;
+        double p = 1.0;
+        std::vector<std::string> names;
+        for (size_t i = 0; i < axes.size(); ++i)
+          if (mask & (1u << i)) {
+            p *= static_cast<double>(mesh.axis_size(axes[i]));
+            names.push_back(mesh.axes()[axes[i]]);
+          }
+        const std::pair<double, const char*> forms[] = {
+            {std::sqrt(p), "sqrt(n)"},   {1.0 / std::sqrt(p), "1/sqrt(n)"}, {p - 1, "n-1"},
+            {1.0 / (p - 1), "1/(n-1)"},  {(p - 1) / p, "(n-1)/n"},       {p / (p - 1), "n/(n-1)"},
+            {1.0 / (p * p), "1/n^2"},    {p * p, "n^2"}};
+        for (const auto& [value, form] : forms) {
+          if (value == 1.0 || std::abs(c - value) > 1e-9 * std::abs(value)) continue;
+          f.axes = names;
+          f.form = form;
+          f.ratio = value;
+          f.direction = "actual = " + num(value) + " x expected";
+          found = true;
+          break;
+        }
+      }
+  }
   // One non-zero element is a multiple of anything: only a mesh product says something then.
   if (f.axes.empty() && at::ne(e, 0).sum().item<int64_t>() < 2) return std::nullopt;
   return f;
@@ -173,6 +207,11 @@ std::string join(const std::vector<std::string>& items, const std::string& sep) 
 std::string factor_text(const MismatchFactor& f) {
   std::string out = f.direction + " everywhere";
   if (f.axes.empty()) return out;
+  if (!f.form.empty()) {  // n is the size of the axes named
+    const std::string n = f.axes.size() == 1 ? "the size of mesh axis " + f.axes[0]
+                                             : "the product of the sizes of mesh axes " + join(f.axes, ", ");
+    return out + ": " + f.form + " where n is " + n;
+  }
   out += f.axes.size() == 1 ? ": the size of mesh axis " + f.axes[0]
                             : ": the product of the sizes of mesh axes " + join(f.axes, ", ");
   std::vector<std::string> others;
@@ -228,6 +267,41 @@ std::string replicas_text(const std::vector<ReplicaPair>& pairs, const Spec& spe
   return out;
 }
 
+// Where the shards are uneven, said: per mesh axis that shards a dim unevenly, "dp=3 shards dim 0
+// of 16 unevenly: ranks hold [6, 8], [5, 8], [5, 8]" (the first group along the axis); "" for an
+// even layout.
+std::string uneven_text(const Mesh& mesh, const Spec& spec, const Locals& locals, const at::Tensor& global) {
+  if (static_cast<int>(spec.size()) != mesh.ndim() || static_cast<int64_t>(locals.size()) != mesh.size() ||
+      !global.defined())
+    return "";
+  std::vector<std::string> parts;
+  for (int a = 0; a < mesh.ndim(); ++a) {
+    if (!spec[a].is_shard() || spec[a].dim < 0 || spec[a].dim >= global.dim()) continue;
+    const int64_t n = mesh.axis_size(a), extent = global.size(spec[a].dim);
+    if (n < 2) continue;
+    const auto groups = mesh.groups(a);
+    const auto& group = groups.front();
+    bool uneven = false;
+    std::string held;
+    for (size_t k = 0; k < group.size(); ++k) {
+      const auto& t = locals[static_cast<size_t>(group[k])];
+      if (!t.defined()) return "";
+      uneven |= t.sizes() != locals[static_cast<size_t>(group[0])].sizes();
+      if (k < 8) held += (k ? ", " : "") + shape_str(t.sizes().vec());
+    }
+    if (group.size() > 8) held += ", ...";
+    uneven |= extent % n != 0;
+    if (!uneven) continue;
+    parts.push_back(mesh.axes()[a] + "=" + std::to_string(n) + " shards dim " + std::to_string(spec[a].dim) + " of " +
+                    std::to_string(extent) + " unevenly: ranks " + [&] {
+                      std::string r;
+                      for (size_t k = 0; k < group.size() && k < 8; ++k) r += (k ? ", " : "") + std::to_string(group[k]);
+                      return r;
+                    }() + " hold " + held);
+  }
+  return join(parts, "; ");
+}
+
 std::string message_of(const Mismatch& m, const Spec& spec, const Mesh& mesh) {
   std::vector<std::string> parts;
   if (m.mismatched > 0) {
@@ -249,6 +323,7 @@ std::string message_of(const Mismatch& m, const Spec& spec, const Mesh& mesh) {
                     " from the oracle's");
   }
   if (!m.replicas.empty()) parts.push_back(replicas_text(m.replicas, spec, mesh));
+  if (!parts.empty() && !m.uneven.empty()) parts.push_back(m.uneven);
   if (parts.empty()) return "agrees with the oracle";
   return join(parts, "; ");
 }
@@ -270,6 +345,7 @@ nlohmann::json Mismatch::to_json() const {
   if (factor) {
     f = {{"ratio", number_json(factor->ratio)},
          {"axes", factor->axes},
+         {"form", !factor->form.empty() ? factor->form : factor->ratio >= 1 ? "n" : "1/n"},
          {"alternatives", factor->alternatives},
          {"direction", factor->direction}};
   }
@@ -282,6 +358,7 @@ nlohmann::json Mismatch::to_json() const {
           {"replicas_disagree", replicas_disagree()},
           {"replica_pairs", pairs},
           {"factor", f},
+          {"uneven", uneven.empty() ? nlohmann::json(nullptr) : nlohmann::json(uneven)},
           {"nan", nan.empty() ? nlohmann::json(nullptr) : nlohmann::json(nan)},
           {"message", message}};
 }
@@ -339,6 +416,11 @@ Mismatch describe_mismatch(const Mesh& mesh, const Spec& spec, const Locals& loc
     // Locals that libtorch cannot reduce or compare, or a layout it cannot make: no rank is named.
     m.ranks.clear();
     m.replicas.clear();
+  }
+  try {
+    m.uneven = uneven_text(mesh, spec, locals, expected);
+  } catch (const std::exception&) {
+    m.uneven.clear();
   }
   m.message = message_of(m, spec, mesh);
   return m;

@@ -32,6 +32,9 @@ struct MismatchFactor {
   std::vector<std::string> axes;                       // whose sizes multiply to the ratio (or 1/ratio); may be empty
   std::vector<std::vector<std::string>> alternatives;  // other sets of axes with the same product
   std::string direction;                               // "actual = 4 x expected", "actual = expected / 4"
+  // How the ratio follows from n, the product of the sizes of `axes`: "" for n or 1/n (the ratio
+  // itself), else one of sqrt(n), 1/sqrt(n), n-1, 1/(n-1), (n-1)/n, n/(n-1), n^2, 1/n^2.
+  std::string form;
 };
 
 // Two ranks of a Replicate or Reduced axis whose locals differ (they must be equal).
@@ -51,11 +54,14 @@ struct Mismatch {
   std::vector<ReplicaPair> replicas;  // non-empty: replicas disagree
   std::optional<MismatchFactor> factor;
   std::string nan;      // where a NaN stands on one side only, and why when an empty shard explains it
+  // Where the layout's shards are uneven: "dp=3 shards dim 0 of 16 unevenly: ranks 0, 1, 2 hold
+  // [6, 8], [5, 8], [5, 8]" (they are where a wrong padding or chunking shows); "" when even.
+  std::string uneven;
   std::string message;  // one line, under ~300 characters
 
   bool replicas_disagree() const { return !replicas.empty(); }
   // {"mismatched", "total", "allowed", "max_abs", "max_rel", "ranks", "replicas_disagree",
-  //  "replica_pairs", "factor", "nan", "message"}; NaN and infinity are null.
+  //  "replica_pairs", "factor", "uneven", "nan", "message"}; NaN and infinity are null.
   nlohmann::json to_json() const;
 };
 

@@ -1,11 +1,13 @@
 #include "oracles/oracle.h"
 
 #include <algorithm>
+#include <set>
 
 #include <torch/csrc/autograd/autograd.h>
 
 #include "core/error.h"
 #include "core/ops.h"
+#include "core/scoped.h"
 #include "sim/local_map.h"
 #include "sim/local_ops.h"
 
@@ -24,11 +26,19 @@ bool is_layout_only_op(const std::string& op) {
 // again as a SemanticError naming the op's JSON path: in a local_map's reference, which only the
 // oracle runs, that is invalid input (`invalid_scenario`, exit 2); elsewhere the mesh ran the op
 // and the oracle could not, which check_scenario reports as a failed run.
+// Whether every value is to be its own autograd node (run_oracle's keep_graph).
+thread_local bool g_own_nodes = false;
+
+// `x` itself, or with keep_graph a view of it (its own node, whose gradient is its consumers').
+at::Tensor same_value(const at::Tensor& x) {
+  return g_own_nodes && x.defined() && x.requires_grad() ? x.view_as(x) : x;
+}
+
 at::Tensor global_op(const OpDecl& op, const std::vector<at::Tensor>& xs, bool in_reference) {
-  if (op.op == "redistribute") return xs.at(0);
+  if (op.op == "redistribute") return same_value(xs.at(0));
   // Local code in a DTensor program (between to_local and from_local) read as the global
   // computation it stands for: a collective moves the value between layouts and leaves it as it is.
-  if (is_layout_only_op(op.op)) return xs.at(0);
+  if (is_layout_only_op(op.op)) return same_value(xs.at(0));
   try {
     // A Function called in a reference runs its own reference on the global tensors.
     if (op.op == "call") {
@@ -79,6 +89,12 @@ at::Tensor with_mesh_ties(const OpDecl& op, const at::Tensor& x, const at::Tenso
   return y.detach() + (split - split.detach());
 }
 
+std::string join_names(const std::vector<std::string>& names) {
+  std::string out;
+  for (const auto& n : names) out += (out.empty() ? "" : ", ") + n;
+  return out;
+}
+
 // A local_map's `reference`: the same computation on global tensors. Without one, its results
 // are unknown (undefined tensors), and so is everything computed from them.
 std::vector<at::Tensor> reference(const OpDecl& op, const std::vector<at::Tensor>& args) {
@@ -91,13 +107,19 @@ std::vector<at::Tensor> reference(const OpDecl& op, const std::vector<at::Tensor
   if (op.reference.empty()) {
     // Returns may name arguments directly; anything else is unknown without a reference.
     std::vector<at::Tensor> out;
-    for (const auto& r : op.returns) out.push_back(env.count(r) && known ? env[r] : at::Tensor());
+    for (const auto& r : op.returns) out.push_back(env.count(r) && known ? same_value(env[r]) : at::Tensor());
     return out;
   }
   for (const auto& r : op.reference) {
     std::vector<at::Tensor> xs;
     bool defined = true;
-    for (const auto& a : r.args) {
+    for (size_t i = 0; i < r.args.size(); ++i) {
+      const std::string& a = r.args[i];
+      if (!env.count(a))
+        throw SemanticError(ErrorKind::InvalidScenario,
+                            r.path + "/args/" + std::to_string(i) + ": the local_map reference reads \"" + a +
+                                "\", which neither the local_map's args (" + join_names(op.args) +
+                                ") nor an earlier op of its reference define");
       xs.push_back(env.at(a));
       defined &= env.at(a).defined();
     }
@@ -110,15 +132,23 @@ std::vector<at::Tensor> reference(const OpDecl& op, const std::vector<at::Tensor
     env[r.out] = !defined ? at::Tensor() : global_op(r, xs, true);
   }
   std::vector<at::Tensor> out;
-  for (const auto& r : op.returns) out.push_back(env.at(r));
+  for (size_t k = 0; k < op.returns.size(); ++k) {
+    if (!env.count(op.returns[k]))
+      throw SemanticError(ErrorKind::InvalidScenario,
+                          op.path + "/returns/" + std::to_string(k) + ": the local_map returns \"" + op.returns[k] +
+                              "\", which its reference does not define (the reference computes the returns from the "
+                              "args on global tensors, under the same names)");
+    out.push_back(same_value(env.at(op.returns[k])));
+  }
   return out;
 }
 
 }  // namespace
 
 OracleRun run_oracle(const Scenario& sc, const std::map<std::string, at::Tensor>& input_globals, DType dtype,
-                     const MeshValues& mesh, double tolerance) {
+                     const MeshValues& mesh, double tolerance, bool keep_graph) {
   OracleRun run;
+  ScopedOverride<bool> own_nodes(g_own_nodes, keep_graph);
   std::vector<at::Tensor> leaves;
   std::vector<std::string> leaf_names;
   for (const auto& in : sc.inputs) {
@@ -159,16 +189,42 @@ OracleRun run_oracle(const Scenario& sc, const std::map<std::string, at::Tensor>
     if (!loss.defined()) {
       // Unknown without a local_map reference: no oracle gradients.
     } else if (loss.requires_grad()) {
-      auto grads = torch::autograd::grad({loss}, leaves, {at::ones_like(loss)}, false, false, true);
+      std::vector<at::Tensor> wrt = leaves;
+      std::vector<std::string> watched;
+      if (keep_graph) {
+        std::set<std::string> inputs(leaf_names.begin(), leaf_names.end());
+        for (const auto& [name, t] : run.values)
+          if (!inputs.count(name) && t.defined() && t.requires_grad()) {
+            watched.push_back(name);
+            wrt.push_back(t);
+          }
+      }
+      auto grads = torch::autograd::grad({loss}, wrt, {at::ones_like(loss)}, keep_graph, false, true);
       for (size_t i = 0; i < leaves.size(); ++i)
         run.grads[leaf_names[i]] = grads[i].defined() ? grads[i] : at::zeros_like(leaves[i]);
+      for (size_t i = 0; i < watched.size(); ++i) run.value_grads[watched[i]] = grads[leaves.size() + i];
     } else {
       for (size_t i = 0; i < leaves.size(); ++i) run.grads[leaf_names[i]] = at::zeros_like(leaves[i]);
     }
   }
+  if (keep_graph) run.live = run.values;
   for (auto& [name, t] : run.values)
     if (t.defined()) t = t.detach();
   return run;
+}
+
+at::Tensor oracle_contribution(const OracleRun& run, const std::vector<std::string>& outs,
+                               const std::vector<at::Tensor>& grads, const std::string& of) {
+  std::vector<at::Tensor> ys, gs;
+  for (size_t i = 0; i < outs.size(); ++i) {
+    auto it = run.live.find(outs[i]);
+    if (it == run.live.end() || !it->second.defined() || !it->second.requires_grad() || !grads.at(i).defined()) continue;
+    ys.push_back(it->second);
+    gs.push_back(grads[i]);
+  }
+  auto x = run.live.find(of);
+  if (ys.empty() || x == run.live.end() || !x->second.defined() || !x->second.requires_grad()) return {};
+  return torch::autograd::grad(ys, {x->second}, gs, /*retain_graph=*/true, false, /*allow_unused=*/true)[0];
 }
 
 }  // namespace meshsim

@@ -15,6 +15,12 @@ namespace meshsim {
 struct OracleRun {
   std::map<std::string, at::Tensor> values;
   std::map<std::string, at::Tensor> grads;  // inputs that require grad
+  // With keep_graph: the gradient of every program value (undefined where none flows), and the
+  // values with their autograd graph, kept for contribution(). Every value is then its own autograd
+  // node (a redistribution is a view of its operand, not the operand itself), so that its gradient
+  // is its consumers' alone.
+  std::map<std::string, at::Tensor> value_grads;
+  std::map<std::string, at::Tensor> live;
 };
 
 // What the oracle may ask of the mesh's run: a program value's global (assembled) tensor, or an
@@ -36,6 +42,12 @@ using MeshValues = std::function<at::Tensor(const std::string& name)>;
 // which the forward check compares: a kernel that splits g otherwise, or a wrong extremum, still
 // fails. Exact programs (tolerance 0) never take it.
 OracleRun run_oracle(const Scenario& sc, const std::map<std::string, at::Tensor>& input_globals,
-                     DType dtype = DType::Float64, const MeshValues& mesh = nullptr, double tolerance = 0.0);
+                     DType dtype = DType::Float64, const MeshValues& mesh = nullptr, double tolerance = 0.0,
+                     bool keep_graph = false);
+
+// After run_oracle(keep_graph): the part of `of`'s gradient that flows from the values `outs` when
+// their gradients are `grads` (one op's contribution); undefined where none flows.
+at::Tensor oracle_contribution(const OracleRun& run, const std::vector<std::string>& outs,
+                               const std::vector<at::Tensor>& grads, const std::string& of);
 
 }  // namespace meshsim

@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "core/ops.h"
 #include "core/mutants.h"
+#include "core/scoped.h"
 #include "sim/data.h"
 #include "sim/local_map.h"
 #include "sim/local_ops.h"
@@ -57,7 +58,8 @@ static bool tracked_local_map(const Runtime& rt, const OpDecl& op) {
   return op.attrs.value("check_variance", !rt.follows(Difference::LocalMapUntracked));
 }
 
-std::vector<DTensor> run_local_map(Runtime& rt, const OpDecl& op, const std::vector<DTensor>& args) {
+std::vector<DTensor> run_local_map(Runtime& rt, const OpDecl& op, const std::vector<DTensor>& args,
+                                   std::map<std::string, LTensor>* body) {
   BodyContext ctx(rt, tracked_local_map(rt, op));
   std::map<std::string, LTensor> env;
   for (size_t i = 0; i < args.size(); ++i) {
@@ -90,6 +92,7 @@ std::vector<DTensor> run_local_map(Runtime& rt, const OpDecl& op, const std::vec
   }
   std::vector<DTensor> outs;
   for (size_t k = 0; k < op.returns.size(); ++k) outs.push_back(ctx.leave(env.at(op.returns[k]), op.out_placements[k], op.outs[k]));
+  if (body) *body = env;
   return outs;
 }
 
@@ -184,6 +187,8 @@ OpAttrs over(int64_t dim, bool keepdim) {
 // cancels in the result), the sum of the exponentials is all_reduced (P(sum) -> R before the log),
 // and the result keeps the class shard.
 DTensor loss_parallel_log_softmax(Runtime& rt, const DTensor& x, int64_t dim, const std::string& out) {
+  // Its all_reduces are the algorithm's own (PyTorch's loss_parallel writes them), not the planner's.
+  ScopedOverride<bool> algorithm(rt.recorder().algorithm, true);
   DTensor m;
   {
     at::NoGradGuard no_grad;
@@ -391,7 +396,8 @@ SimRun run_distributed(const Scenario& sc, const RunOptions& options,
     std::vector<DTensor> args;
     for (const auto& a : op.args) args.push_back(run.values.at(a));
     if (op.op == "local_map") {
-      std::vector<DTensor> outs = run_local_map(rt, op, args);
+      std::vector<DTensor> outs =
+          run_local_map(rt, op, args, options.localize == Localize::Always ? &run.bodies[op.path] : nullptr);
       for (size_t k = 0; k < outs.size(); ++k) {
         run.named.push_back(op.outs[k]);
         run.values[op.outs[k]] = std::move(outs[k]);
@@ -421,6 +427,7 @@ SimRun run_distributed(const Scenario& sc, const RunOptions& options,
   const bool planted = !options.mutant.empty();
   for (const auto& op : sc.program) {
     report_progress(static_cast<size_t>(&op - sc.program.data()), sc.program.size(), op.op);
+    ScopedOverride<int> at(rt.recorder().program_op, static_cast<int>(&op - sc.program.data()));
     try {
       run_op(op);
     } catch (SemanticError& e) {
@@ -446,8 +453,18 @@ SimRun run_distributed(const Scenario& sc, const RunOptions& options,
   if (!sc.backward.empty()) {
     report_progress(sc.program.size(), sc.program.size(), "backward");
     std::vector<std::vector<at::Tensor>> grads;
+    std::vector<DTensor> watched;
+    std::vector<Locals> watched_grads;
+    if (options.localize == Localize::Always) {
+      std::set<std::string> inputs;
+      for (const auto& in : sc.inputs) inputs.insert(in.name);
+      for (const auto& name : run.named)
+        if (!inputs.count(name) && run.values.at(name).requires_grad()) watched.push_back(run.values.at(name));
+    }
     try {
-      grads = rt.backward(run.values.at(sc.backward), grad_leaves);
+      grads = rt.backward(run.values.at(sc.backward), grad_leaves, watched,
+                          options.localize == Localize::Always ? &watched_grads : nullptr);
+      for (size_t i = 0; i < watched_grads.size(); ++i) run.value_grads[watched[i].name] = watched_grads[i];
     } catch (SemanticError& e) {
       if (e.path().empty()) e.set_path("/backward");
       throw;

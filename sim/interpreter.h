@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/scenario.h"
+#include "sim/ltensor.h"
 #include "sim/runtime.h"
 
 namespace meshsim {
@@ -21,13 +22,22 @@ struct SimRun {
   std::vector<std::string> grad_inputs;     // inputs that require grad, in scenario order
   std::map<std::string, Locals> grads;
   std::map<std::string, GradSpec> grad_specs;  // but inputs with no cotangent no gradient reached
+  // options.localize always: the total gradient of every named program value that requires grad
+  // (undefined locals where none flowed), laid out as runtime->grad_spec() names; the backward's
+  // graph is kept for Runtime::contribution().
+  std::map<std::string, Locals> value_grads;
+  // options.localize always: every local_map body's values (its args and its ops' results, with
+  // their graphs), by the local_map's JSON path, for the localization of a wrong gradient inside it.
+  std::map<std::string, std::map<std::string, LTensor>> bodies;
   bool ran_backward = false;
   bool has_local_map = false;  // a tracked one (exclusivity and variance tracking were checked)
 };
 
 // Runs one local_map op: its args enter as LTensors (after redistribution to in_placements), the
 // body runs, the returns leave as DTensors with out_placements.
-std::vector<DTensor> run_local_map(Runtime& rt, const OpDecl& op, const std::vector<DTensor>& args);
+// With `body`, the body's values are kept there.
+std::vector<DTensor> run_local_map(Runtime& rt, const OpDecl& op, const std::vector<DTensor>& args,
+                                   std::map<std::string, LTensor>* body = nullptr);
 // One DTensor op of the program (not local_map or redistribute): a binary op's scalar `value`
 // becomes a replicated 0-d operand, and linear runs as transpose, matmul and add.
 DTensor apply_program_op(Runtime& rt, const OpDecl& op, const std::vector<DTensor>& args);

@@ -1,10 +1,13 @@
 #include "sim/local_map.h"
 
+#include "core/scoped.h"
+
 #include <torch/csrc/autograd/grad_mode.h>
 
 #include "core/coverage.h"
 #include "core/error.h"
 #include "core/mutants.h"
+#include "core/scoped.h"
 #include "sim/communicator.h"
 #include "sim/data.h"
 #include "sim/local_ops.h"
@@ -271,7 +274,10 @@ Locals BodyContext::collective_node(const std::string& name, const LTensor& x, c
     const Locals like = detached(outs);
     const size_t n = x.locals.size();
     const std::string grad_of = x.name;
-    connect("LTensor::" + name, x.locals, outs, [rt, like, n, grad_of, name, out, bwd](variable_list&& g) -> variable_list {
+    const int program_op = rt->recorder().program_op;
+    connect("LTensor::" + name, x.locals, outs,
+            [rt, like, n, grad_of, name, out, bwd, program_op](variable_list&& g) -> variable_list {
+      ScopedOverride<int> at(rt->recorder().program_op, program_op);
       return rt->guarded(n, [&] {
         Locals grads = defined_grads(std::move(g), like);
         if (!bwd.differentiable)
@@ -280,7 +286,7 @@ Locals BodyContext::collective_node(const std::string& name, const LTensor& x, c
         Locals moved = apply_step(rt->mesh(), *bwd.step, grads);
         record_step(*rt, *bwd.step, grads, moved, out, "backward of " + name, grad_of);
         return moved;
-      });
+      }, out);
     });
   }
   return outs;

@@ -1,5 +1,6 @@
 #include "sim/runtime.h"
 
+#include <algorithm>
 #include <functional>
 
 #include <torch/csrc/autograd/autograd.h>
@@ -8,8 +9,10 @@
 
 #include "core/cotangent.h"
 #include "core/error.h"
+#include "core/explain.h"
 #include "core/mutants.h"
 #include "core/reduced_policy.h"
+#include "core/scoped.h"
 #include "core/semantics.h"
 #include "sim/data.h"
 #include "sim/local_ops.h"
@@ -49,8 +52,39 @@ Spec partial_as_replicate(Spec spec) {
 }  // namespace
 
 void Recorder::add(Event e) {
+  if (muted) return;
   e.seq = static_cast<int64_t>(events_.size());
+  if (e.implicit.empty() && !algorithm) e.implicit = implicit;
   events_.push_back(std::move(e));
+  ops_.push_back(program_op);
+}
+
+std::string Runtime::implicit_move(ImplicitMove m) {
+  const std::string at = m.program_op >= 0 ? " at /program/" + std::to_string(m.program_op) : "";
+  std::string why;
+  if (m.phase == "backward") {
+    why = "backward of " + m.op + " \"" + m.value + "\"" + at + ": its rule takes the incoming gradient as " +
+          spec_str(m.to) + ", it arrived " + spec_str(m.from);
+  } else {
+    why = m.op + " \"" + m.value + "\"" + at + ": operand " + std::to_string(m.operand_index) + " \"" + m.operand +
+          "\" " + spec_str(m.from) + " -> " + spec_str(m.to) + ": ";
+    std::string axes;
+    for (size_t a = 0; a < m.from.size(); ++a) {
+      if (m.from[a] == m.to[a]) continue;
+      std::string others;
+      for (const auto& alt : m.alternatives)
+        if (alt.axis == mesh_.axes()[a])
+          others += (others.empty() ? "" : ", ") + ("\"" + alt.row + "\" " + std::to_string(alt.bytes) + " B");
+      axes += (axes.empty() ? "" : "; ") + std::string("over ") + mesh_.axes()[a] + " no row of " + m.op +
+              " takes the operands as they are; the row chosen is \"" + (a < m.rows.size() ? m.rows[a] : "") + "\"" +
+              (others.empty() ? "" : " (the other legal rows: " + others + ")");
+    }
+    why += axes;
+  }
+  m.reason = "implicit: " + why;
+  if (recorder_.muted) return m.reason;  // a re-run's move was recorded the first time
+  implicit_moves_.push_back(m);
+  return implicit_moves_.back().reason;
 }
 
 Runtime::Runtime(Mesh mesh, RunOptions options) : mesh_(std::move(mesh)), options_(std::move(options)) {
@@ -150,7 +184,9 @@ DTensor Runtime::gradient_boundary(const DTensor& y, const std::string& note) {
   const std::string name = y.name;
   const Locals like = detached(out.locals);
   const size_t n = y.locals.size();
+  const int program_op = recorder_.program_op;
   connect("GradientBoundary", y.locals, out.locals, [=](variable_list&& g) -> variable_list {
+    ScopedOverride<int> at(rt->recorder().program_op, program_op);
     return rt->guarded(n, [&] {
       Locals grads = defined_grads(std::move(g), like);
       const GradSpec from = rt->grad_spec(name, primal);
@@ -210,7 +246,12 @@ DTensor Runtime::redistribute(const DTensor& x, const Spec& to_written, const st
     const std::string in_name = x.name;
     const Locals like = detached(y.locals);  // shapes for missing gradients; no cycle
     const size_t n_inputs = x.locals.size();
+    // The backward of an implicit redistribution is implicit too, for the same reason.
+    const std::string implicit = recorder_.implicit;
+    const int program_op = recorder_.program_op;
     connect("Redistribute", x.locals, y.locals, [=](variable_list&& g) -> variable_list {
+      ScopedOverride<std::string> why(rt->recorder().implicit, implicit);
+      ScopedOverride<int> at(rt->recorder().program_op, program_op);
       return rt->guarded(n_inputs, [&] {
         Locals grads = defined_grads(std::move(g), like);
         const std::string note = "backward of redistribute " + spec_str(from) + " -> " + spec_str(to);
@@ -231,7 +272,7 @@ DTensor Runtime::redistribute(const DTensor& x, const Spec& to_written, const st
                                     out_name, note);
         }
         return rt->to_cotangent(std::move(grads), rt->grad_spec(out_name, to), from, in_name, out_name, note);
-      });
+      }, out_name);
     });
   }
   Event e = make_event("op", "redistribute", out_name, y.locals);
@@ -275,6 +316,29 @@ void Runtime::plant_rule_bugs(const std::string& op, const std::vector<Spec>& gi
 }
 
 namespace {
+
+// On each axis where an operand moves from `from` to `to`: the op's other legal rows and their
+// cost, cheapest first (at most three per axis). Nothing when the explanation cannot be made.
+std::vector<ImplicitMove::Alternative> alternatives_of(const std::string& op, const Mesh& mesh,
+                                                       const std::vector<Spec>& given, const std::vector<Shape>& shapes,
+                                                       const OpAttrs& attrs, const Spec& from, const Spec& to) {
+  std::vector<ImplicitMove::Alternative> out;
+  try {
+    const PropagationExplanation ex = explain_propagation(op, mesh, given, shapes, attrs);
+    for (const auto& axis : ex.axes) {
+      if (static_cast<size_t>(axis.axis) >= from.size() || from[axis.axis] == to[axis.axis]) continue;
+      std::vector<const RowCandidate*> others;
+      for (size_t k = 0; k < axis.candidates.size(); ++k)
+        if (static_cast<int>(k) != axis.chosen && axis.candidates[k].legal) others.push_back(&axis.candidates[k]);
+      std::stable_sort(others.begin(), others.end(),
+                       [](const RowCandidate* a, const RowCandidate* b) { return a->bytes < b->bytes; });
+      for (size_t k = 0; k < others.size() && k < 3; ++k)
+        out.push_back({axis.axis_name, others[k]->row, others[k]->verdict, others[k]->bytes});
+    }
+  } catch (const std::exception&) {
+  }
+  return out;
+}
 
 // The operand whose dim the op's per-rank kernel needs the rank's range of, when sharded:
 // embedding's vocab rows (operand 1, dim 0), pick_target's classes (operand 0, dim 1).
@@ -328,10 +392,24 @@ DTensor Runtime::apply_op(const std::string& op, const OpAttrs& attrs, const std
   // straight to the original operand (the hook moves it to that operand's cotangent).
   const bool below = options_.redistribute == RedistributeMode::BelowAutograd;
   std::vector<DTensor> ready;
+  std::vector<std::string> operand_why(args.size());  // the planner's reason where it moved an operand
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string name = out_name + ".arg" + std::to_string(i);
-    if (d.in_specs[i] == args[i].spec) ready.push_back(args[i]);
-    else if (below) ready.push_back(redistribute_locals(args[i], d.in_specs[i], name));
+    if (d.in_specs[i] == args[i].spec) {
+      ready.push_back(args[i]);
+      continue;
+    }
+    // The planner's own move: its steps (and, above autograd, their backward) say why.
+    std::string why;
+    if (!recorder_.algorithm) {
+      ImplicitMove m{recorder_.program_op, op, out_name, args[i].name, static_cast<int>(i), "forward",
+                     args[i].spec, d.in_specs[i], d.rows, "", {}};
+      m.alternatives = alternatives_of(op, mesh_, given, shapes, attrs, args[i].spec, d.in_specs[i]);
+      why = implicit_move(std::move(m));
+    }
+    operand_why[i] = why;
+    ScopedOverride<std::string> implicit(recorder_.implicit, why);
+    if (below) ready.push_back(redistribute_locals(args[i], d.in_specs[i], name));
     else ready.push_back(redistribute(args[i], d.in_specs[i], name));
   }
   const std::vector<DTensor>& sources = below ? args : ready;  // where gradients go
@@ -384,7 +462,11 @@ DTensor Runtime::apply_op(const std::string& op, const OpAttrs& attrs, const std
     }
     const Locals like = detached(y.locals);
     const size_t n_inputs = inputs.size();
+    const int program_op = recorder_.program_op;
+    const bool algorithm = recorder_.algorithm;
     auto backward = [=](variable_list&& g) -> variable_list {
+      ScopedOverride<int> at(rt->recorder().program_op, program_op);
+      ScopedOverride<std::string> explicit_(rt->recorder().implicit, "");
       return rt->guarded(n_inputs, [&] {
         Locals grads = defined_grads(std::move(g), like);
         const GradSpec gin = rt->grad_spec(out_name, out_spec);
@@ -418,10 +500,16 @@ DTensor Runtime::apply_op(const std::string& op, const OpAttrs& attrs, const std
           if (!needs[i]) continue;
           const BackwardDecision& bd = decisions[i];
           Locals gi = grads;
-          if (bd.grad_in != gin.spec)
+          if (bd.grad_in != gin.spec) {
+            std::string why;
+            if (!algorithm)
+              why = rt->implicit_move({program_op, op, out_name, "", static_cast<int>(i), "backward", gin.spec,
+                                       bd.grad_in, {}, "", {}});
+            ScopedOverride<std::string> implicit(rt->recorder().implicit, why);
             gi = rt->run_plan(plan_redistribute(rt->mesh(), gin.spec, bd.grad_in,
                                                 {rt->options().partial_from_replicate, true}),
                               gin.spec, gi, out_name, "backward of " + op + ": incoming gradient");
+          }
           Locals contrib(R);
           for (size_t r = 0; r < R && ready_contrib[i].empty(); ++r) {
             // A local result no operand reaches (an empty vocab shard's zeros) contributes zeros.
@@ -442,6 +530,9 @@ DTensor Runtime::apply_op(const std::string& op, const OpAttrs& attrs, const std
           e.in_specs = {spec_str(bd.grad_in)};
           e.out_spec = spec_str(bd.grad_out);
           rt->recorder().add(std::move(e));
+          // The gradient of an operand the planner moved goes to the moved layout's cotangent (above
+          // autograd) or to the operand's (below): the move's cost, implicit for the same reason.
+          ScopedOverride<std::string> implicit(rt->recorder().implicit, operand_why[i]);
           if (below && mutant_on(Mutant::BelowAutogradSkipsBackward)) {
             // Planted bug: the contribution keeps its layout but is labelled the cotangent.
             rt->record_grad_spec(names[i], {cotangent_spec(source_specs[i]), cotangent_scale_divisor(rt->mesh(), source_specs[i])});
@@ -461,9 +552,13 @@ DTensor Runtime::apply_op(const std::string& op, const OpAttrs& attrs, const std
           for (size_t r = 0; r < R; ++r) result[i * R + r] = contrib[r];
         }
         return result;
-      });
+      }, out_name);
     };
-    connect("DTensor::" + op, inputs, y.locals, backward);
+    // The node's name says where it comes from in libtorch's own messages ("Function ... returned an
+    // invalid gradient").
+    connect("DTensor::" + op + " \"" + out_name + "\"" +
+                (program_op >= 0 ? " at /program/" + std::to_string(program_op) : std::string()),
+            inputs, y.locals, backward);
   }
 
   Event e = make_event("op", op, out_name, y.locals);
@@ -477,7 +572,8 @@ DTensor Runtime::apply_op(const std::string& op, const OpAttrs& attrs, const std
   return y;
 }
 
-std::vector<Locals> Runtime::backward(const DTensor& loss, const std::vector<DTensor>& inputs) {
+std::vector<Locals> Runtime::backward(const DTensor& loss, const std::vector<DTensor>& inputs,
+                                      const std::vector<DTensor>& watched, std::vector<Locals>* watched_grads) {
   phase_ = "backward";
   const GradSpec seed{cotangent_spec(loss.spec), cotangent_scale_divisor(mesh_, loss.spec)};
   at::Tensor ones = at::ones(loss.shape, loss.locals.at(0).options());
@@ -493,12 +589,21 @@ std::vector<Locals> Runtime::backward(const DTensor& loss, const std::vector<DTe
 
   std::vector<at::Tensor> leaves;
   for (const auto& in : inputs) leaves.insert(leaves.end(), in.locals.begin(), in.locals.end());
+  const size_t n_leaves = leaves.size();
+  if (watched_grads)
+    for (const auto& w : watched) leaves.insert(leaves.end(), w.locals.begin(), w.locals.end());
   std::vector<Locals> grads(inputs.size());
   variable_list flat(leaves.size());
   if (loss.requires_grad() && !leaves.empty())
-    flat = torch::autograd::grad(loss.locals, leaves, seeds, /*retain_graph=*/false,
+    flat = torch::autograd::grad(loss.locals, leaves, seeds, /*retain_graph=*/watched_grads != nullptr,
                                  /*create_graph=*/false, /*allow_unused=*/true);
   if (pending_error_) throw *pending_error_;
+  if (watched_grads) {
+    watched_grads->assign(watched.size(), {});
+    size_t k = n_leaves;
+    for (size_t i = 0; i < watched.size(); ++i)
+      for (size_t r = 0; r < watched[i].locals.size(); ++r, ++k) (*watched_grads)[i].push_back(flat[k]);
+  }
   size_t k = 0;
   for (size_t i = 0; i < inputs.size(); ++i) {
     for (size_t r = 0; r < inputs[i].locals.size(); ++r, ++k)
@@ -514,6 +619,24 @@ std::vector<Locals> Runtime::backward(const DTensor& loss, const std::vector<DTe
     recorder_.add(std::move(g));
   }
   return grads;
+}
+
+Locals Runtime::contribution(const std::vector<DTensor>& outs, const std::vector<Locals>& grads, const DTensor& of) {
+  ScopedOverride<bool> mute(recorder_.muted, true);
+  std::vector<at::Tensor> ys, gs;
+  for (size_t i = 0; i < outs.size(); ++i)
+    for (size_t r = 0; r < outs[i].locals.size(); ++r) {
+      if (!outs[i].locals[r].requires_grad() || r >= grads[i].size() || !grads[i][r].defined()) continue;
+      ys.push_back(outs[i].locals[r]);
+      gs.push_back(grads[i][r]);
+    }
+  Locals out(of.locals.size());
+  if (ys.empty() || !of.requires_grad()) return out;
+  const auto saved_problems = tracking_problems_.size();
+  out = torch::autograd::grad(ys, of.locals, gs, /*retain_graph=*/true, /*create_graph=*/false, /*allow_unused=*/true);
+  tracking_problems_.resize(saved_problems);
+  if (pending_error_) throw *pending_error_;
+  return out;
 }
 
 }  // namespace meshsim

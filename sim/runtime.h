@@ -22,14 +22,57 @@
 
 namespace meshsim {
 
-// What the runtime records as it goes, in order.
+// What the runtime records as it goes, in order, with the context each event was recorded in.
 class Recorder {
  public:
+  // Stamps `implicit` (where the event has no reason of its own) and keeps `program_op`; drops the
+  // event while muted.
   void add(Event e);
   const std::vector<Event>& events() const { return events_; }
+  // Per event, the index in the scenario's program of the op it belongs to (a backward node's: the
+  // op that made it); -1 for the inputs and the backward's seed.
+  const std::vector<int>& event_ops() const { return ops_; }
+
+  // The context, set for a scope (ScopedOverride) by the interpreter and the runtime:
+  std::string implicit;   // why the planner inserted the steps recorded now (Event::implicit)
+  int program_op = -1;    // the program op running (forward) or whose backward node runs
+  bool algorithm = false; // an op's own algorithm (loss parallel's all_reduces): never implicit
+  bool muted = false;     // a backward re-run to localize a wrong gradient: records nothing
 
  private:
   std::vector<Event> events_;
+  std::vector<int> ops_;
+};
+
+// What a backward node raised that is not an error of the semantics (libtorch refusing a step: a
+// collective's backward that gathers along the wrong dim), with the program op that made the node
+// and the value it produced.
+struct BackwardRaised : std::runtime_error {
+  BackwardRaised(int op, std::string v, const std::string& what)
+      : std::runtime_error(what), program_op(op), value(std::move(v)) {}
+  int program_op = -1;
+  std::string value;
+};
+
+// A redistribution the planner inserted because an operand's placements fit no rule row of its op
+// as they were (DESIGN.md contract 3, "implicit").
+struct ImplicitMove {
+  int program_op = -1;     // index in the scenario's program
+  std::string op;          // the rule's op ("matmul" for a linear's product)
+  std::string value;       // the op's result
+  std::string operand;     // the operand moved; "" for a backward rule's incoming gradient
+  int operand_index = -1;
+  std::string phase;       // "forward", or "backward" for an incoming gradient a backward rule moved
+  Spec from, to;
+  std::vector<std::string> rows;  // per mesh axis, the row chosen
+  std::string reason;      // the text stamped on its events (Event::implicit)
+  // Forward: on each axis the move changes, the other legal rows of the op and what they would
+  // have cost (core/explain.h), cheapest first.
+  struct Alternative {
+    std::string axis, row, verdict;
+    int64_t bytes = 0;
+  };
+  std::vector<Alternative> alternatives;
 };
 
 // One rule application of the forward (Runtime::apply_op), as propagation is asked it: the op, its
@@ -65,7 +108,15 @@ class Runtime {
   // Backward from `loss`: seeds the all-ones global cotangent laid out as the cotangent of the
   // loss's spec (a Partial cotangent holds it on the coordinate-0 rank of each group, zeros
   // elsewhere) and returns, per input, its per-rank gradient (zeros where none flowed).
-  std::vector<Locals> backward(const DTensor& loss, const std::vector<DTensor>& inputs);
+  // With `watched_grads`, also the total gradient of every `watched` value (zeros where none
+  // flowed: undefined locals), in the layout grad_spec() names, recording no event for them; the
+  // graph is then kept for contribution().
+  std::vector<Locals> backward(const DTensor& loss, const std::vector<DTensor>& inputs,
+                               const std::vector<DTensor>& watched = {}, std::vector<Locals>* watched_grads = nullptr);
+  // After a backward that kept its graph: the part of `of`'s gradient that flows from `outs` when
+  // their gradients are `grads` (one op's contribution), with the recorder muted (nothing is
+  // recorded twice). Undefined locals where none flows.
+  Locals contribution(const std::vector<DTensor>& outs, const std::vector<Locals>& grads, const DTensor& of);
 
   // The tracked layout of the gradient of a value (its cotangent unless a contribution said
   // otherwise); problems found while tracking (two contributions with different layouts).
@@ -75,6 +126,8 @@ class Runtime {
   // raised not_differentiable where the gradient arrived).
   std::optional<GradSpec> input_grad_spec(const std::string& value, const Spec& primal) const;
   const std::vector<std::string>& tracking_problems() const { return tracking_problems_; }
+  // Every redistribution the planner inserted, in the order it was made.
+  const std::vector<ImplicitMove>& implicit_moves() const { return implicit_moves_; }
 
   // LTensors of local_map bodies, for the result: their sets and local shapes.
   struct BodyValue {
@@ -85,6 +138,7 @@ class Runtime {
   };
   template <class L>
   void record_body_value(const L& t) {
+    if (recorder_.muted) return;  // a body op run again to localize a wrong gradient
     BodyValue v;
     for (int a : t.variant) v.variant.push_back(mesh_.axes()[a]);
     for (int a : t.reduced) v.reduced.push_back(mesh_.axes()[a]);
@@ -98,7 +152,9 @@ class Runtime {
   const std::vector<std::string>& body_order() const { return body_order_; }
   // A value whose variance is unknown (a communicating Function without a strategy) left a
   // local_map: the result fails, naming it.
-  void flag_untracked(const std::string& value, const std::string& why) { untracked_.push_back(value + ": " + why); }
+  void flag_untracked(const std::string& value, const std::string& why) {
+    if (!recorder_.muted) untracked_.push_back(value + ": " + why);
+  }
   const std::vector<std::string>& untracked() const { return untracked_; }
   // A check the run itself makes (from_local's run_check), failed: (check name, what is wrong).
   void flag_check_failure(const std::string& check, const std::string& what) { check_failures_.emplace_back(check, what); }
@@ -166,20 +222,28 @@ class Runtime {
   // A redistribution of the locals with no autograd node (below autograd).
   DTensor redistribute_locals(const DTensor& x, const Spec& to, const std::string& out_name);
   std::vector<std::string> tracking_problems_;
+  std::vector<ImplicitMove> implicit_moves_;
+  // Records the move and returns its reason (the text its events carry).
+  std::string implicit_move(ImplicitMove m);
 
  public:
   // A SemanticError raised inside a backward node, raised again after the engine returns.
   std::shared_ptr<SemanticError> pending_error_;
 
   // Runs a node's backward; a SemanticError is kept (its kind survives the engine) and the node
-  // returns no gradients.
+  // returns no gradients. Anything else it raises (libtorch refusing a step) goes on as a
+  // BackwardRaised naming the program op whose node it was.
   template <class F>
-  std::vector<at::Tensor> guarded(size_t n_inputs, F&& body) {
+  std::vector<at::Tensor> guarded(size_t n_inputs, F&& body, const std::string& value = "") {
     try {
       return body();
     } catch (const SemanticError& e) {
       if (!pending_error_) pending_error_ = std::make_shared<SemanticError>(e);
       return std::vector<at::Tensor>(n_inputs);
+    } catch (const BackwardRaised&) {
+      throw;
+    } catch (const std::exception& e) {
+      throw BackwardRaised(recorder_.program_op, value, first_line(e.what()));
     }
   }
 };

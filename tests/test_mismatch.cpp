@@ -190,6 +190,18 @@ TEST(Mismatch, ConstantFactorNamesMeshAxesOrNone) {
   EXPECT_EQ(describe_mismatch(one, spec_of({"R"}), Locals(4, a4), a4, e1, 0.0).factor->axes,
             (std::vector<std::string>{"dp"}));
   EXPECT_FALSE(describe_mismatch(one, spec_of({"R"}), Locals(4, a3), a3, e1, 0.0).factor.has_value());
+  // Forms of a wrong normalization over one axis: sqrt(n), n-1, (n-1)/n (the mesh is dp=2 x tp=3).
+  const Mismatch root = factor_of(expected * std::sqrt(3.0));
+  ASSERT_TRUE(root.factor.has_value()) << root.message;
+  EXPECT_EQ(root.factor->form, "sqrt(n)");
+  EXPECT_EQ(root.factor->axes, (std::vector<std::string>{"tp"}));
+  EXPECT_NE(root.message.find("sqrt(n) where n is the size of mesh axis tp"), std::string::npos) << root.message;
+  EXPECT_EQ(root.to_json()["factor"]["form"], "sqrt(n)");
+  const Mismatch bessel = factor_of(expected * (2.0 / 3.0));
+  ASSERT_TRUE(bessel.factor.has_value()) << bessel.message;
+  EXPECT_EQ(bessel.factor->form, "(n-1)/n");
+  EXPECT_EQ(bessel.factor->axes, (std::vector<std::string>{"tp"}));
+  EXPECT_EQ(tp.to_json()["factor"]["form"], "n");
   // Not a constant multiple: no factor (and a zero where expected is 0 must stay zero).
   EXPECT_FALSE(factor_of(expected + 1.0).factor.has_value());
   EXPECT_FALSE(factor_of(f64({2, 1, -4, 10}, {4})).factor.has_value());
@@ -224,7 +236,9 @@ TEST(Mismatch, NaNFromAnEmptyShardIsExplained) {
   EXPECT_TRUE(own.to_json()["max_abs"].is_null());
   EXPECT_EQ(own.ranks, (std::vector<int64_t>{1}));
   EXPECT_EQ(own.nan, "NaN at [1, 0]: rank 3 holds an empty shard (shape [0, 2]); a mean or a division over it is 0/0");
-  EXPECT_EQ(own.message, "1 of 6 elements differ (rank 1); " + own.nan);
+  // torch.chunk of 3 rows over 4 ranks: the last rank's shard is empty, and the message says so.
+  EXPECT_EQ(own.uneven, "tp=4 shards dim 0 of 3 unevenly: ranks 0, 1, 2, 3 hold [1, 2], [1, 2], [1, 2], [0, 2]");
+  EXPECT_EQ(own.message, "1 of 6 elements differ (rank 1); " + own.nan + "; " + own.uneven);
   // Another value of the run holds the empty shard.
   DTensor xv{"x", {3, 2}, shard, locals};
   const Spec rep = spec_of({"R"});

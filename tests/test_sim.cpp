@@ -624,7 +624,8 @@ TEST(Fsdp, ExampleGathersForwardAndReduceScattersBackward) {
   ASSERT_EQ(r["collectives"].size(), 2u) << r["collectives"].dump();
   auto gathers = collectives(r, "forward", "all_gather");
   ASSERT_EQ(gathers.size(), 1u);
-  EXPECT_EQ(gathers[0], json({{"phase", "forward"}, {"op", "all_gather"}, {"axis", "dp"}, {"bytes", 384}, {"value", "wf"}}));
+  EXPECT_EQ(gathers[0], json({{"phase", "forward"}, {"op", "all_gather"}, {"axis", "dp"}, {"bytes", 384}, {"value", "wf"},
+                              {"program_op", "/program/0"}}));
   auto scatters = collectives(r, "backward", "reduce_scatter");
   ASSERT_EQ(scatters.size(), 1u);
   EXPECT_EQ(scatters[0]["axis"], "dp");

@@ -100,7 +100,7 @@ class Planner {
     const Event& e = t_.events[i];
     // An input's name is its value's: inputs alike differ only by it.
     std::string key = e.phase + '\x1f' + e.kind + '\x1f' + (e.kind == "input" ? "" : e.name) + '\x1f' + e.out_spec +
-                      '\x1f' + e.axis + '\x1f' + std::to_string(e.bytes) + '\x1f' + e.note + '\x1f' +
+                      '\x1f' + e.axis + '\x1f' + std::to_string(e.bytes) + '\x1f' + e.note + '\x1f' + e.implicit + '\x1f' +
                       std::to_string(e.args.size());
     for (const auto& s : e.in_specs) key += '\x1f' + s;
     if (event_fails(e, f_)) key += "\x1f!" + std::to_string(i);
@@ -383,6 +383,13 @@ std::string status_note(const Facts& f, bool list_all_failures) {
   std::string body;
   if (f.status == "fail") {
     body = font(bold("\u2717 the run fails its checks"), kRed, 11);
+    if (!f.first_divergence.empty()) {
+      bool first = true;
+      for (const auto& line : wrap(f.first_divergence, 56)) {
+        body += kBr + font(first ? bold(esc("\u25b6 " + line)) : esc("  " + line), kRed, 10);
+        first = false;
+      }
+    }
     for (const auto& c : f.failed_checks) body += kBr + font(esc("failed: " + c), kRed, 10);
     const auto& listed = list_all_failures ? f.all_failures : f.other_failures;
     const size_t marked = f.all_failures.size() - f.other_failures.size();  // attached to a node

@@ -248,8 +248,10 @@ Attrs step_attrs(const std::string& name, const std::string& html_label, const A
   const StepStyle& s = step_style(name);
   Attrs attrs = {{"label", html_value(html_label)}};
   for (const auto& a : step_shape(name)) attrs.push_back(a);
-  attrs.insert(attrs.end(), {{"style", "filled"},
-                 {"fillcolor", s.fill},
+  // A style in `extra` (an implicit step's dashes) replaces the default one.
+  const bool styled = std::any_of(extra.begin(), extra.end(), [](const auto& a) { return a.first == "style"; });
+  if (!styled) attrs.emplace_back("style", "filled");
+  attrs.insert(attrs.end(), {{"fillcolor", s.fill},
                  {"color", s.line},
                  {"penwidth", is_collective_name(name) ? "1.5" : "1"},
                  {"margin", "0.12,0.04"}});
@@ -416,6 +418,19 @@ Facts facts_of(const Trace& t) {
       }
     }
   }
+  // The first divergence: marked on the node of the value its op makes (a body op's LTensor inside a
+  // local_map), and said first in the note.
+  const json d = r.value("first_divergence", json());
+  if (d.is_object() && !d.contains("error")) {
+    f.first_divergence = "first divergence (" + show(d.value("phase", json("?"))) + "): " + show(d.value("message", json("")));
+    std::string node = show(d.value("out", json("")));
+    if (d.value("body", json()).is_object()) node = show(d["body"].value("out", json("")));
+    if (values.count(node)) {
+      auto& errs = f.value_errors[node];
+      errs.insert(errs.begin(), "\u25b6 first divergence (" + show(d.value("phase", json("?"))) + ")" +
+                                    (d.value("phase", json("")) == "backward" ? ": this op's backward" : ": this value"));
+    }
+  }
   // A value whose variance tracking was lost (an unregistered communicating Function).
   if (r.value("values", json()).is_object()) {
     for (const auto& [name, v] : r["values"].items()) {
@@ -424,6 +439,14 @@ Facts facts_of(const Trace& t) {
     }
   }
   return f;
+}
+
+std::string drawn_name(const Facts& f, const Event& e) {
+  if (e.name != "enter_local_map" && e.name != "leave_local_map") return e.name;
+  const char* want = e.name == "enter_local_map" ? "to_local" : "from_local";
+  for (const auto& op : f.program)
+    if (op.is_object() && op.value("op", json()) == want && op.value("out", json()) == e.value) return want;
+  return e.name;
 }
 
 namespace {
@@ -541,6 +564,8 @@ std::string step_label(const Event& e) {
   if (!e.axis.empty()) label += " " + font(esc(e.axis), kGray);
   if (!e.out_spec.empty() || !e.in_specs.empty()) label += kBr + mono(transition(e), "#222222", 9);
   if (!e.note.empty() && e.phase == "backward") label += kBr + small(note_tag(e.note));
+  // The planner's own move, not the program's: said on the node (its reason is the tooltip).
+  if (!e.implicit.empty()) label += kBr + font(bold("implicit"), kImplicitMark, 9);
   return label;
 }
 

@@ -41,6 +41,8 @@ inline constexpr const char* kMono = "Courier";
 inline constexpr const char* kGray = "#666666";
 inline constexpr const char* kLightGray = "#8c8c8c";
 inline constexpr const char* kRed = "#d7191c";
+// The word "implicit" on a step the planner inserted.
+inline constexpr const char* kImplicitMark = "#b15928";
 inline constexpr const char* kGreen = "#1a9641";
 inline constexpr const char* kBackwardEdge = "#9e4a73";
 inline constexpr const char* kBr = "<BR/>";
@@ -118,11 +120,16 @@ struct Facts {
   std::map<std::string, std::map<int64_t, std::vector<std::string>>> rank_errors;
   std::set<std::string> dtensor_values;  // values drawn at least once as a DTensor
   std::vector<std::string> all_failures, other_failures;
+  std::string first_divergence;  // the result's first_divergence, in one line ("" when none)
   json program = json::array();  // the scenario's program, for implicit operands and sketches
   json inputs = json::array();
 };
 
 Facts facts_of(const Trace& t);
+
+// The name an op event is drawn under: its own, but local code's ends, which run as a local_map's
+// enter and leave do, are drawn as the program wrote them (to_local, from_local).
+std::string drawn_name(const Facts& f, const Event& e);
 
 // Whether a value name is one the runtime made for an op's operand ("y.arg1", "y.in0.dp").
 bool is_implicit(const std::string& name);

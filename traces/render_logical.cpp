@@ -115,7 +115,7 @@ class Logical {
       return;
     }
     // An op that is itself a collective (an LTensor collective in a local_map body).
-    std::string label = bold(e.name);
+    std::string label = bold(drawn_name(f_, e));
     Attrs attrs;
     if (is_collective_name(e.name)) {
       const StepStyle& s = step_style(e.name);
@@ -277,6 +277,7 @@ class Logical {
   }
 
   static Attrs tooltip(const Event& e) {
+    if (!e.implicit.empty()) return {{"tooltip", e.implicit}, {"style", "filled,dashed"}};
     if (e.note.empty()) return {};
     return {{"tooltip", e.note}};
   }

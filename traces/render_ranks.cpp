@@ -399,7 +399,7 @@ class RankView {
     if (e.kind != "collective" || fold_ >= 0) {
       for (size_t s = 0; s < classes(); ++s) {
         const std::string id = rid(s, event_id(e));
-        std::string label = bold(e.name) + " " + mono(local_shape(e, s), "#222222", 9);
+        std::string label = bold(drawn_name(f_, e)) + " " + mono(local_shape(e, s), "#222222", 9);
         emit(s, id, step_attrs(e.name, label, {{"fontsize", "8"}}));
         if (backward) consume(s, cur[s], id);
         else for (const auto& from : cur[s]) edge(from, id, backward);
@@ -451,7 +451,12 @@ class RankView {
       if (e.bytes > 0) label += kBr + font(esc(bytes_str(e.bytes) + "/rank"), style.line, 9);
       // A backward step's note ("backward of redistribute") is its tooltip only: the node stays small.
       Attrs extra = {{"fontsize", "9"}};
-      if (!e.note.empty()) extra.emplace_back("tooltip", e.note);
+      if (!e.implicit.empty()) {  // the planner's move: dashed, its reason the tooltip
+        extra.emplace_back("tooltip", e.implicit);
+        extra.emplace_back("style", "filled,dashed");
+      } else if (!e.note.empty()) {
+        extra.emplace_back("tooltip", e.note);
+      }
       groups_ += node_line(id, step_attrs(e.name, label, extra), "  ");
       if (node_classes.size() > 1) groups_ += "  " + pin + " -> " + quote(id) + " [style=\"invis\"];\n";
       group_style_[id] = {{"color", style.line}, {"penwidth", "1.6"}};

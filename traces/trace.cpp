@@ -15,7 +15,7 @@ namespace {
 // The keys of an event, in the order of Event's fields.
 const std::vector<std::string> kEventKeys = {
     "seq",      "phase", "kind",  "name",         "value",  "args", "in_specs",
-    "out_spec", "axis",  "bytes", "local_shapes", "hashes", "note"};
+    "out_spec", "axis",  "bytes", "local_shapes", "hashes", "note", "implicit"};
 const std::vector<std::string> kTraceKeys = {"format",  "version", "scenario",
                                              "options", "events",  "result"};
 
@@ -116,6 +116,7 @@ std::string field_difference(const std::string& key, const json& a, const json& 
 std::string first_field_difference(const Event& recorded, const Event& replayed) {
   json a = event_to_json(recorded), b = event_to_json(replayed);
   for (const auto& key : kEventKeys) {
+    if (key == "implicit") continue;  // an annotation, not compared (core/event.h)
     if (a[key] != b[key]) return field_difference(key, a[key], b[key]);
   }
   return "";
@@ -139,7 +140,7 @@ uint64_t fnv1a64(const std::string& bytes) {
 }  // namespace
 
 json event_to_json(const Event& e) {
-  return {{"seq", e.seq},
+  json doc = {{"seq", e.seq},
           {"phase", e.phase},
           {"kind", e.kind},
           {"name", e.name},
@@ -152,6 +153,8 @@ json event_to_json(const Event& e) {
           {"local_shapes", e.local_shapes},
           {"hashes", e.hashes},
           {"note", e.note}};
+  if (!e.implicit.empty()) doc["implicit"] = e.implicit;
+  return doc;
 }
 
 Event event_from_json(const json& doc, const std::string& file, const std::string& path) {
@@ -171,6 +174,7 @@ Event event_from_json(const json& doc, const std::string& file, const std::strin
   e.local_shapes = r.shapes("local_shapes");
   e.hashes = r.strings("hashes");
   e.note = r.str("note");
+  if (doc.contains("implicit")) e.implicit = r.str("implicit");  // written only where set
   return e;
 }
 

@@ -28,8 +28,9 @@ struct Trace {
   bool operator!=(const Trace& o) const { return !(*this == o); }
 };
 
-// Every key of an event is always written, empty or not ("note": "", "bytes": 0), for stable diffs;
-// reading requires every key and rejects unknown ones, so a round trip is exact.
+// Every key of an event is always written, empty or not ("note": "", "bytes": 0), for stable diffs,
+// but "implicit", written only where the planner inserted the step (traces without one read alike);
+// reading requires every other key and rejects unknown ones, so a round trip is exact.
 nlohmann::json event_to_json(const Event& event);
 // Throws InputError(file, path + "/key", ...) on a missing, unknown or mistyped key.
 Event event_from_json(const nlohmann::json& doc, const std::string& file, const std::string& path);

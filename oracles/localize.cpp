@@ -1,0 +1,452 @@
+#include "oracles/localize.h"
+
+#include <map>
+#include <set>
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/csrc/autograd/autograd.h>
+
+#include "core/cotangent.h"
+#include "core/ops.h"
+#include "core/scoped.h"
+#include "sim/local_map.h"
+#include "sim/local_ops.h"
+#include "core/mutants.h"
+#include "oracles/mismatch.h"
+#include "sim/data.h"
+
+namespace meshsim {
+
+namespace {
+
+using nlohmann::json;
+
+std::vector<std::string> results_of(const OpDecl& op) {
+  return op.outs.empty() ? std::vector<std::string>{op.out} : op.outs;
+}
+
+// "l0_q = linear(l0_n1_g, l0_wq_g)"
+std::string op_text(const OpDecl& op) {
+  std::string outs;
+  for (const auto& o : results_of(op)) outs += (outs.empty() ? "" : ", ") + o;
+  std::string args;
+  for (const auto& a : op.args) args += (args.empty() ? "" : ", ") + a;
+  return outs + " = " + op.op + "(" + args + ")";
+}
+
+json op_json(const OpDecl& op) {
+  return {{"op", op.path}, {"name", op.op}, {"out", op.out}, {"text", op_text(op)}};
+}
+
+// Which op made each value, and which ops read it, in program order.
+struct Dataflow {
+  std::map<std::string, int> producer;            // absent: an input
+  std::map<std::string, std::vector<int>> consumers;
+  explicit Dataflow(const Scenario& sc) {
+    for (size_t k = 0; k < sc.program.size(); ++k) {
+      const OpDecl& op = sc.program[k];
+      for (const auto& a : op.args) {
+        auto& c = consumers[a];
+        if (c.empty() || c.back() != static_cast<int>(k)) c.push_back(static_cast<int>(k));
+      }
+      for (const auto& o : results_of(op)) producer[o] = static_cast<int>(k);
+    }
+  }
+};
+
+// One gradient compared: the mesh's (assembled, times its divisor) against the oracle's.
+struct GradCompare {
+  bool known = false;  // both sides have it
+  bool agree = true;
+  Mismatch mismatch;
+};
+
+GradCompare compare_grad(const Mesh& mesh, const GradSpec& layout, Locals locals, const DTensor& primal,
+                         at::Tensor ref, double tol) {
+  GradCompare out;
+  if (!ref.defined()) return out;
+  for (size_t r = 0; r < locals.size(); ++r)
+    if (!locals[r].defined()) locals[r] = at::zeros_like(primal.locals.at(r)).detach();
+  Locals scaled;
+  for (const auto& t : locals) scaled.push_back(t.detach() * static_cast<double>(layout.divisor));
+  std::string problem;
+  at::Tensor global;
+  try {
+    global = assemble(mesh, layout.spec, scaled, &problem);
+  } catch (const std::exception& e) {
+    problem = first_line(e.what());
+  }
+  out.known = true;
+  ref = ref.detach();
+  const double err = global.defined() && global.sizes() == ref.sizes() ? max_abs_diff(global, ref)
+                                                                        : std::numeric_limits<double>::infinity();
+  out.agree = problem.empty() && within(err, tol, ref);
+  if (!out.agree) {
+    out.mismatch = describe_mismatch(mesh, layout.spec, scaled, global, ref, tol);
+    if (!problem.empty()) out.mismatch.message = problem + "; " + out.mismatch.message;
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Inside a local_map body: the adjoint test of each op's backward
+
+// The weight of one rank's term in the inner product of an LTensor's values: an axis where the
+// value is invariant (neither variant nor reduced) holds one value on every member of its group, so
+// each member counts 1/n of it; variant and reduced axes count each member whole (a reduced value's
+// cotangent is unreduced: its members add up). Plain local code keeps no sets: every rank whole.
+double weight(const Mesh& mesh, const LTensor& t) {
+  if (t.unchecked) return 1.0;
+  double w = 1.0;
+  for (int a = 0; a < mesh.ndim(); ++a)
+    if (!t.variant.count(a) && !t.reduced.count(a)) w /= static_cast<double>(mesh.axis_size(a));
+  return w;
+}
+
+// Per rank, random values shaped as `like`'s locals, equal across the groups of every axis in
+// `same` (so that they are a possible value, or cotangent, of an LTensor with those sets).
+Locals random_like(const Mesh& mesh, const Locals& like, const AxisSet& same, at::Generator& gen) {
+  Locals out;
+  for (const auto& t : like)
+    out.push_back(at::randn(t.sizes(), gen, at::TensorOptions().dtype(at::kDouble)).to(t.scalar_type()));
+  for (int a : same)
+    for (const auto& group : mesh.groups(a))
+      for (size_t k = 1; k < group.size(); ++k)
+        if (out[group[k]].sizes() == out[group[0]].sizes()) out[group[k]] = out[group[0]].clone();
+  return out;
+}
+
+// The axes where a value is invariant (primal perturbations equal across the group: also reduced),
+// and where its cotangent is (invariant only).
+AxisSet not_variant(const Mesh& mesh, const LTensor& t) {
+  AxisSet out;
+  if (t.unchecked) return out;
+  for (int a = 0; a < mesh.ndim(); ++a)
+    if (!t.variant.count(a)) out.insert(a);
+  return out;
+}
+AxisSet invariant(const Mesh& mesh, const LTensor& t) {
+  AxisSet out;
+  if (t.unchecked) return out;
+  for (int a = 0; a < mesh.ndim(); ++a)
+    if (!t.variant.count(a) && !t.reduced.count(a)) out.insert(a);
+  return out;
+}
+
+double dot(const Locals& a, const Locals& b, double w) {
+  double s = 0.0;
+  for (size_t r = 0; r < a.size(); ++r)
+    if (a[r].defined() && b[r].defined() && a[r].numel())
+      s += (a[r].to(at::kDouble) * b[r].to(at::kDouble)).sum().item<double>();
+  return s * w;
+}
+
+// "4 (the size of tp x dp)" where a ratio is a product of axis sizes.
+std::string ratio_text(const Mesh& mesh, double ratio) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.6g", ratio);
+  std::string out = buf;
+  const bool inverse = std::abs(ratio) < 1 && ratio != 0;
+  const double r = inverse ? 1.0 / std::abs(ratio) : std::abs(ratio);
+  for (int mask = 1; mask < (1 << mesh.ndim()); ++mask) {
+    double p = 1.0;
+    std::string axes;
+    for (int a = 0; a < mesh.ndim(); ++a)
+      if (mask & (1 << a)) {
+        p *= static_cast<double>(mesh.axis_size(a));
+        axes += (axes.empty() ? "" : " x ") + mesh.axes()[a];
+      }
+    if (p > 1 && std::abs(r - p) < 1e-6 * p)
+      return out + (inverse ? " (1 / the size of " : " (the size of ") + axes + ")";
+  }
+  return out;
+}
+
+}  // namespace
+
+json body_divergence(const Scenario& sc, const OpDecl& lm, SimRun& run, const std::string& mutant, DType dtype) {
+  auto found = run.bodies.find(lm.path);
+  if (found == run.bodies.end()) return nullptr;
+  const Mesh& mesh = sc.mesh;
+  std::map<std::string, LTensor>& env = found->second;
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(20261126);
+  // Central differences: exact up to rounding on the ops that are linear in the operand moved
+  // (collectives, casts, products), to eps^2 on the others.
+  const double eps = dtype == DType::Float32 ? 1e-2 : 1e-5;
+  const double tol = dtype == DType::Float32 ? 2e-2 : 1e-6;
+  for (auto b = lm.body.rbegin(); b != lm.body.rend(); ++b) {
+    if (is_split_op(b->op) || !env.count(b->out)) continue;
+    const LTensor& y = env.at(b->out);
+    // Plain local code keeps no sets: which inner product its values pair in (whether a result is
+    // one value held n times) is unknown, so its ops get no verdict.
+    if (y.unchecked || y.untracked) continue;
+    bool y_grad = false;
+    for (const auto& t : y.locals) y_grad |= t.defined() && t.requires_grad();
+    if (!y_grad) continue;
+    for (size_t i = 0; i < b->args.size(); ++i) {
+      if (!env.count(b->args[i])) continue;
+      const LTensor& x = env.at(b->args[i]);
+      bool x_grad = true;
+      for (const auto& t : x.locals) x_grad &= t.defined() && t.requires_grad() && at::isFloatingType(t.scalar_type());
+      if (!x_grad) continue;
+      const Locals ybar = random_like(mesh, y.locals, invariant(mesh, y), gen);
+      const Locals xdir = random_like(mesh, x.locals, not_variant(mesh, x), gen);
+      // The run's backward of this op: its graph from y's locals to x's (casts it inserted included).
+      Locals xbar;
+      {
+        MutantScope planted(parse_mutant(mutant));
+        ScopedOverride<bool> mute(run.runtime->recorder().muted, true);
+        std::vector<at::Tensor> ys, gs;
+        for (size_t r = 0; r < y.locals.size(); ++r)
+          if (y.locals[r].requires_grad()) {
+            ys.push_back(y.locals[r]);
+            gs.push_back(ybar[r]);
+          }
+        xbar = torch::autograd::grad(ys, x.locals, gs, /*retain_graph=*/true, false, /*allow_unused=*/true);
+        if (run.runtime->pending_error_) return nullptr;
+      }
+      // The forward's derivative along xdir: the op run again on x +- eps * xdir.
+      auto shifted = [&](double sign) {
+        std::map<std::string, LTensor> moved = env;
+        LTensor& xm = moved.at(b->args[i]);
+        for (size_t r = 0; r < xm.locals.size(); ++r) xm.locals[r] = x.locals[r].detach() + sign * eps * xdir[r];
+        MutantScope planted(parse_mutant(mutant));
+        ScopedOverride<bool> mute(run.runtime->recorder().muted, true);
+        at::NoGradGuard no_grad;
+        BodyContext ctx(*run.runtime, !y.unchecked);
+        return ctx.run(*b, moved).locals;
+      };
+      Locals plus, minus;
+      try {
+        plus = shifted(1.0);
+        minus = shifted(-1.0);
+      } catch (const std::exception&) {
+        continue;  // the op cannot run again alone (it raised): no verdict on it
+      }
+      Locals jdir;
+      for (size_t r = 0; r < plus.size(); ++r) jdir.push_back((plus[r].to(at::kDouble) - minus[r].to(at::kDouble)) / (2 * eps));
+      const double lhs = dot(xbar, xdir, weight(mesh, x));
+      const double rhs = dot(ybar, jdir, weight(mesh, y));
+      const double scale = std::max({std::abs(lhs), std::abs(rhs), 1e-300});
+      if (std::abs(lhs - rhs) <= tol * scale) continue;
+      char nums[160];
+      std::snprintf(nums, sizeof nums, "<grad x, dx> = %.6g where <grad y, J dx> = %.6g", lhs, rhs);
+      std::string factor;
+      if (rhs != 0 && std::isfinite(lhs / rhs)) factor = ": the gradient is " + ratio_text(mesh, lhs / rhs) + " times what the forward implies";
+      json out = {{"op", b->path},
+                  {"name", b->op},
+                  {"out", b->out},
+                  {"text", op_text(*b)},
+                  {"operand", b->args[i]},
+                  {"operand_index", i},
+                  {"adjoint", {{"grad_dot_direction", lhs}, {"cotangent_dot_derivative", rhs}}}};
+      if (rhs != 0 && std::isfinite(lhs / rhs)) out["adjoint"]["ratio"] = lhs / rhs;
+      out["message"] = "backward of " + b->path + " " + op_text(*b) + " (in the local_map " + lm.path + "): its gradient for \"" +
+                       b->args[i] + "\" (" + meta_str(mesh, x) + ") fails the adjoint test against its forward (" + meta_str(mesh, y) +
+                       "), " + nums + factor;
+      return out;
+    }
+  }
+  return nullptr;
+}
+
+json forward_divergence(const Scenario& sc, const std::vector<std::string>& failed, const json& mismatches) {
+  if (failed.empty()) return nullptr;
+  const Dataflow flow(sc);
+  for (const auto& v : failed) {
+    auto p = flow.producer.find(v);
+    if (p == flow.producer.end()) {
+      // An input: its locals are not the layout of its global value (the layout itself is wrong).
+      const InputDecl* in = sc.find_input(v);
+      if (!in) continue;
+      json out = {{"phase", "forward"}, {"op", in->path}, {"name", "input"}, {"out", v}, {"value", v}};
+      std::string why;
+      for (const auto& m : mismatches)
+        if (m.value("value", "") == v && m.value("kind", "") == "value") {
+          out["mismatch"] = m;
+          why = m.value("message", "");
+          break;
+        }
+      out["message"] = in->path + " input \"" + v + "\" " + spec_str(in->placements) +
+                       ": its locals do not hold its global value laid out as its placements say" +
+                       (why.empty() ? "" : " (" + why + ")");
+      return out;
+    }
+    const OpDecl& op = sc.program[static_cast<size_t>(p->second)];
+    json out = op_json(op);
+    out["phase"] = "forward";
+    out["value"] = v;
+    std::string why;
+    for (const auto& m : mismatches)
+      if (m.value("value", "") == v && m.value("kind", "") == "value") {
+        out["mismatch"] = m;
+        why = m.value("message", "");
+        break;
+      }
+    std::string operands;
+    for (const auto& a : op.args) operands += (operands.empty() ? "" : ", ") + a;
+    out["message"] = op.path + " " + op_text(op) + ": its result \"" + v + "\" differs from the oracle's" +
+                     (why.empty() ? "" : " (" + why + ")") +
+                     (operands.empty() ? "" : ", while its operands " + operands + " agree");
+    return out;
+  }
+  return nullptr;
+}
+
+json backward_divergence(const Scenario& sc, SimRun& run, const OracleRun& oracle, double tol,
+                         const std::string& mutant, DType dtype) {
+  const Mesh& mesh = sc.mesh;
+  const Runtime& rt = *run.runtime;
+  const Dataflow flow(sc);
+  std::set<std::string> inputs;
+  for (const auto& in : sc.inputs) inputs.insert(in.name);
+
+  // The mesh's gradient of a value and its layout; the oracle's.
+  auto mesh_grad = [&](const std::string& v) -> std::pair<GradSpec, Locals> {
+    const DTensor& x = run.values.at(v);
+    if (inputs.count(v)) {
+      auto gs = run.grad_specs.find(v);
+      auto g = run.grads.find(v);
+      return {gs != run.grad_specs.end() ? gs->second : rt.grad_spec(v, x.spec),
+              g != run.grads.end() ? g->second : Locals(x.locals.size())};
+    }
+    auto g = run.value_grads.find(v);
+    return {rt.grad_spec(v, x.spec), g != run.value_grads.end() ? g->second : Locals(x.locals.size())};
+  };
+  auto oracle_grad = [&](const std::string& v) -> at::Tensor {
+    const auto& m = inputs.count(v) ? oracle.grads : oracle.value_grads;
+    auto it = m.find(v);
+    if (it != m.end() && it->second.defined()) return it->second;
+    auto val = oracle.values.find(v);
+    if (val == oracle.values.end() || !val->second.defined()) return {};
+    // A value the oracle knows that no gradient reaches: zeros (a value it does not track: unknown).
+    return inputs.count(v) && !oracle.grads.count(v) ? at::Tensor() : at::zeros_like(val->second);
+  };
+  auto differs = [&](const std::string& v, GradCompare* detail) {
+    auto x = run.values.find(v);
+    if (x == run.values.end() || !has_cotangent(x->second.spec)) return false;
+    if (inputs.count(v) && !sc.find_input(v)->requires_grad) return false;
+    const auto [layout, locals] = mesh_grad(v);
+    GradCompare c = compare_grad(mesh, layout, locals, x->second, oracle_grad(v), tol);
+    if (detail) *detail = c;
+    return c.known && !c.agree;
+  };
+
+  // The latest value, in scenario order, whose gradient differs.
+  std::string bad;
+  GradCompare bad_detail;
+  for (auto it = run.named.rbegin(); it != run.named.rend() && bad.empty(); ++it)
+    if (differs(*it, &bad_detail)) bad = *it;
+  if (bad.empty()) return nullptr;
+
+  json out;
+  out["phase"] = "backward";
+  out["gradient_of"] = bad;
+  const int made_by = flow.producer.count(bad) ? flow.producer.at(bad) : -1;
+  std::vector<int> consumers;
+  if (auto c = flow.consumers.find(bad); c != flow.consumers.end())
+    for (int k : c->second)
+      if (k > made_by) consumers.push_back(k);
+  auto describe = [&](const GradCompare& c, const std::string& what) {
+    out["mismatch"] = c.mismatch.to_json();
+    out["mismatch"]["value"] = bad;
+    out["mismatch"]["kind"] = "grad";
+    return what + ": " + c.mismatch.message;
+  };
+
+  if (bad == sc.backward && consumers.empty()) {
+    out["op"] = "/backward";
+    out["name"] = "seed";
+    out["out"] = bad;
+    out["text"] = "the backward's seed of " + bad;
+    out["message"] = "the backward's seed: the gradient of the loss \"" + bad +
+                     "\" itself differs from ones: " + describe(bad_detail, "grad " + bad);
+    return out;
+  }
+
+  // The consumer whose contribution differs (the one consumer, when there is one).
+  int culprit = consumers.size() == 1 && bad != sc.backward ? consumers.front() : -1;
+  GradCompare culprit_detail = bad_detail;
+  std::vector<std::string> agreeing;
+  if (culprit < 0) {
+    const DTensor& x = run.values.at(bad);
+    for (auto k = consumers.rbegin(); k != consumers.rend() && culprit < 0; ++k) {
+      const OpDecl& op = sc.program[static_cast<size_t>(*k)];
+      std::vector<DTensor> outs;
+      std::vector<Locals> mesh_grads;
+      std::vector<std::string> names;
+      std::vector<at::Tensor> oracle_grads;
+      for (const auto& o : results_of(op)) {
+        if (!run.values.count(o)) continue;  // local code: its values are not the program's
+        outs.push_back(run.values.at(o));
+        mesh_grads.push_back(mesh_grad(o).second);
+        names.push_back(o);
+        oracle_grads.push_back(oracle_grad(o));
+      }
+      if (outs.empty()) continue;
+      Locals mine;
+      {
+        MutantScope planted(parse_mutant(mutant));  // the mesh's backward nodes run again, as they ran
+        mine = run.runtime->contribution(outs, mesh_grads, x);
+      }
+      at::Tensor theirs = oracle_contribution(oracle, names, oracle_grads, bad);
+      if (!theirs.defined() && oracle.values.count(bad) && oracle.values.at(bad).defined())
+        theirs = at::zeros_like(oracle.values.at(bad));
+      GradCompare c = compare_grad(mesh, mesh_grad(bad).first, mine, x, theirs, tol);
+      if (c.known && !c.agree) {
+        culprit = *k;
+        culprit_detail = c;
+      } else if (c.known) {
+        agreeing.push_back(op.path);
+      }
+    }
+  }
+  if (culprit < 0) {
+    if (bad == sc.backward) {
+      out["op"] = "/backward";
+      out["name"] = "seed";
+      out["out"] = bad;
+      out["text"] = "the backward's seed of " + bad;
+      out["message"] = "the backward's seed of \"" + bad + "\": its consumers' contributions agree, the total differs: " +
+                       describe(bad_detail, "grad " + bad);
+      return out;
+    }
+    // Every consumer's contribution agrees on its own: their sum (the layouts they were added in).
+    out["op"] = made_by >= 0 ? sc.program[static_cast<size_t>(made_by)].path : "/inputs";
+    out["name"] = "accumulation";
+    out["out"] = bad;
+    out["text"] = "the sum of the gradients of " + bad;
+    out["message"] = "the gradient of \"" + bad + "\" differs although each consumer's contribution agrees: "
+                     "the contributions were added wrongly (" + describe(bad_detail, "grad " + bad) + ")";
+    return out;
+  }
+  const OpDecl& op = sc.program[static_cast<size_t>(culprit)];
+  const json about = op_json(op);
+  for (const auto& [k, v] : about.items()) out[k] = v;
+  std::vector<std::string> outs_agree;
+  for (const auto& o : results_of(op))
+    if (run.values.count(o)) outs_agree.push_back(o);
+  out["results_agree"] = outs_agree;
+  std::string agree_text;
+  for (const auto& o : outs_agree) agree_text += (agree_text.empty() ? "" : ", ") + ("grad " + o);
+  if (op.op == "local_map") {
+    json body = body_divergence(sc, op, run, mutant, dtype);
+    if (!body.is_null()) {
+      out["body"] = body;
+      out["message"] = body["message"].get<std::string>() + "; so the local_map gives \"" + bad +
+                       "\" a gradient that differs from the oracle's (" + describe(culprit_detail, "grad " + bad) + ")";
+      return out;
+    }
+  }
+  out["message"] = "backward of " + op.path + " " + op_text(op) + ": the gradient it gives \"" + bad +
+                   "\" differs from the oracle's (" + describe(culprit_detail, "grad " + bad) + ")" +
+                   (agree_text.empty() ? "" : ", while " + agree_text + " agree" + (outs_agree.size() > 1 ? "" : "s"));
+  return out;
+}
+
+std::string divergence_line(const json& d) {
+  if (!d.is_object()) return "";
+  return "first divergence (" + d.value("phase", "?") + "): " + d.value("message", "");
+}
+
+}  // namespace meshsim
