@@ -31,7 +31,9 @@ std::string op_text(const OpDecl& op) {
   for (const auto& o : results_of(op)) outs += (outs.empty() ? "" : ", ") + o;
   std::string args;
   for (const auto& a : op.args) args += (args.empty() ? "" : ", ") + a;
-  return outs + " = " + op.op + "(" + args + ")";
+  const std::string name =
+      op.op == "call" && op.attrs.is_object() ? "call " + op.attrs.value("function", std::string("?")) : op.op;
+  return outs + " = " + name + "(" + args + ")";
 }
 
 json op_json(const OpDecl& op) {

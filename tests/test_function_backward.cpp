@@ -158,4 +158,33 @@ TEST(FunctionBackward, TheSameSeedGivesTheSameCounterexample) {
   EXPECT_EQ(a.progress.cases, b.progress.cases);
 }
 
+
+// The user's case: a hand-written Function whose backward forgets a factor, called in a tracked
+// local_map body. The run's first divergence is that call, its factor named (2/3), ahead of the
+// leaves' wrong gradients.
+TEST(FunctionBackward, AWrongUserFunctionIsTheFirstDivergenceOfARun) {
+  meshsim::register_function(cube(true));
+  const nlohmann::json doc = nlohmann::json::parse(R"json({
+    "format": "meshsim.scenario/1", "name": "user_cube",
+    "mesh": {"axes": ["dp"], "shape": [2]},
+    "inputs": [{"name": "x", "shape": [4, 3], "placements": ["S(0)"], "requires_grad": true}],
+    "program": [
+      {"out": "y", "op": "local_map", "args": ["x"], "out_placements": [["S(0)"]],
+       "body": [{"out": "c", "op": "call", "function": "test_cube", "args": ["x"]}],
+       "reference": [{"out": "c", "op": "call", "function": "test_cube", "args": ["x"]}],
+       "returns": ["c"]},
+      {"out": "loss", "op": "sum", "args": ["y"]}],
+    "backward": "loss"})json");
+  const meshsim::RunResult r = meshsim::run_scenario(doc);
+  meshsim::register_function(cube(false));
+  ASSERT_EQ(r.exit_code, 1) << r.result.dump(1);
+  const nlohmann::json& d = r.result["first_divergence"];
+  EXPECT_EQ(d.value("phase", ""), "backward") << d.dump(1);
+  EXPECT_EQ(d["body"].value("op", ""), "/program/0/body/0") << d.dump(1);
+  EXPECT_EQ(d["body"].value("name", ""), "call") << d.dump(1);
+  const std::string message = d.value("message", "");
+  EXPECT_NE(message.find("call test_cube(x)"), std::string::npos) << message;
+  EXPECT_NEAR(d["body"]["adjoint"].value("ratio", 0.0), 2.0 / 3.0, 1e-6) << d.dump(1);
+}
+
 }  // namespace
