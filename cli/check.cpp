@@ -479,6 +479,18 @@ std::vector<std::string> tried_lines(const CaseStats& s, int cases, int discards
   shapes += "uneven shards in " + std::to_string(s.uneven) + " of " + std::to_string(s.described) + " cases";
   if (s.described < cases) shapes += " (" + std::to_string(cases - s.described) + " more noted no layout)";
   out.push_back(shapes);
+  // The planner's communication the program did not ask for (noted by --scenario's variants).
+  if (s.implicit_cases > 0) {
+    std::string line = "implicit communication in " + std::to_string(s.implicit_cases) + " of " +
+                        std::to_string(cases) + " cases:";
+    const auto ranked_implicit = most_first(s.implicit);
+    const size_t listed = std::min<size_t>(ranked_implicit.size(), 3);
+    for (size_t i = 0; i < listed; ++i)
+      line += (i ? "; " : " ") + ranked_implicit[i].first + " (" + std::to_string(ranked_implicit[i].second) + ")";
+    if (ranked_implicit.size() > listed)
+      line += " and " + std::to_string(ranked_implicit.size() - listed) + " more (--json lists them)";
+    out.push_back(line);
+  }
   return out;
 }
 
@@ -493,6 +505,8 @@ void add_tried(nlohmann::json& jp, const CaseStats& s) {
                   {"extent_min", s.extent_min < 0 ? nlohmann::json(nullptr) : nlohmann::json(s.extent_min)},
                   {"extent_max", s.extent_max < 0 ? nlohmann::json(nullptr) : nlohmann::json(s.extent_max)},
                   {"uneven_cases", s.uneven}};
+  jp["implicit"] = s.implicit;  // what the planner inserted, counted in cases (--scenario)
+  jp["implicit_cases"] = s.implicit_cases;
 }
 
 // RapidCheck's description without source paths ("properties.cpp:82:") or its macro text.

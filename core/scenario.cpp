@@ -469,8 +469,10 @@ class ScenarioParser {
       visible_ = std::set<std::string>(decl.args.begin(), decl.args.end());
       const std::string rp = child(path, "reference");
       const json& ref = r_.array(op["reference"], rp);
+      in_reference_ = true;
       for (size_t i = 0; i < ref.size(); ++i) parse_op(ref[i], child(rp, i), Region::Reference, &decl.reference);
       returns(op, path, decl.out_placements.size());
+      in_reference_ = false;
       defined_ = std::move(defined);
     }
     visible_ = std::move(outer);
@@ -589,6 +591,15 @@ class ScenarioParser {
   // local_map body or reference, its args and the body's or reference's own values).
   std::string value_name(const json& v, const std::string& path) const {
     std::string name = r_.string(v, path);
+    if (!visible_.count(name) && in_reference_) {
+      // A local_map's reference: a scope of its own, on global tensors.
+      if (path.find("/returns/") != std::string::npos)
+        r_.fail(path, "the local_map returns " + in_quotes(name) +
+                          ", which its reference does not define (the reference computes every returned value, under "
+                          "the same name, from the args on global tensors)");
+      r_.fail(path, "the local_map's reference reads " + in_quotes(name) +
+                        ", which neither the local_map's args nor an earlier op of its reference define");
+    }
     if (!visible_.count(name)) {
       if (defined_.count(name)) r_.fail(path, "value " + in_quotes(name) + " is not visible here (a local_map body sees only its args and its own values)");
       r_.fail(path, "unknown value " + in_quotes(name));
@@ -617,6 +628,7 @@ class ScenarioParser {
   Scenario s_;
   std::map<std::string, std::string> defined_;  // value name -> JSON path of its definition
   std::set<std::string> visible_;                // the names an op here may use
+  bool in_reference_ = false;                    // parsing a local_map's reference (its own scope)
 };
 
 }  // namespace

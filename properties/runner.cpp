@@ -23,6 +23,8 @@ void CaseStats::merge(const CaseStats& o) {
   extent_max = std::max(extent_max, o.extent_max);
   uneven += o.uneven;
   described += o.described;
+  for (const auto& [k, n] : o.implicit) implicit[k] += n;
+  implicit_cases += o.implicit_cases;
 }
 
 nlohmann::json to_json(const CaseStats& s) {
@@ -30,7 +32,7 @@ nlohmann::json to_json(const CaseStats& s) {
   for (const auto& [r, n] : s.ranks) ranks[std::to_string(r)] = n;
   return {{"discards", s.discards}, {"meshes", s.meshes},         {"ranks", ranks},
           {"extent_min", s.extent_min}, {"extent_max", s.extent_max}, {"uneven", s.uneven},
-          {"described", s.described}};
+          {"described", s.described}, {"implicit", s.implicit}, {"implicit_cases", s.implicit_cases}};
 }
 
 CaseStats case_stats_from_json(const nlohmann::json& j) {
@@ -42,6 +44,8 @@ CaseStats case_stats_from_json(const nlohmann::json& j) {
   s.extent_max = j.at("extent_max").get<int64_t>();
   s.uneven = j.at("uneven").get<int64_t>();
   s.described = j.at("described").get<int64_t>();
+  if (j.contains("implicit")) s.implicit = j.at("implicit").get<std::map<std::string, int64_t>>();
+  s.implicit_cases = j.value("implicit_cases", int64_t{0});
   return s;
 }
 
@@ -53,9 +57,12 @@ struct CaseRecord {
   std::set<int64_t> ranks;
   int64_t extent_min = -1, extent_max = -1;
   bool uneven = false, described = false;
+  std::set<std::string> implicit;
 
   void clear() { *this = CaseRecord{}; }
   void add_to(CaseStats& s) const {
+    for (const auto& k : implicit) ++s.implicit[k];
+    s.implicit_cases += implicit.empty() ? 0 : 1;
     if (!described) return;
     ++s.described;
     for (const auto& m : meshes) ++s.meshes[m];
@@ -166,6 +173,31 @@ void note_case_layout(const Mesh& mesh, const std::vector<std::pair<Shape, Spec>
   if (!record) return;
   record->mesh(mesh.shape());
   for (const auto& [shape, spec] : inputs) record->input(mesh.shape(), shape, spec);
+}
+
+void note_case_implicit(const nlohmann::json& implicit) {
+  CaseRecord* record = current_case();
+  if (!record || !implicit.is_array()) return;
+  auto spec_text = [](const nlohmann::json& placements) {
+    std::string out;
+    for (const auto& p : placements) out += (out.empty() ? "" : ", ") + (p.is_string() ? p.get<std::string>() : p.dump());
+    return "[" + out + "]";
+  };
+  for (const auto& m : implicit) {
+    if (!m.is_object() || !m.value("collectives", nlohmann::json::array()).is_array() ||
+        m.value("collectives", nlohmann::json::array()).empty())
+      continue;
+    std::string cost;
+    for (const auto& c : m["collectives"])
+      if (c.value("phase", "") == "forward" || m.value("phase", "") == "backward")
+        cost += (cost.empty() ? "" : ", ") + c.value("phase", std::string()) + " " + c.value("op", std::string()) +
+                " over " + c.value("axis", std::string());
+    std::string key = m.value("op", std::string("?"));
+    key += m.value("phase", "") == "backward" ? " backward: incoming gradient"
+                                              : " operand " + std::to_string(m.value("operand_index", -1));
+    record->implicit.insert(key + " " + spec_text(m.value("from", nlohmann::json::array())) + " -> " +
+                            spec_text(m.value("to", nlohmann::json::array())) + (cost.empty() ? "" : ": " + cost));
+  }
 }
 
 [[noreturn]] void discard_case(const std::string& reason) {

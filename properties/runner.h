@@ -31,6 +31,10 @@ struct CaseStats {
   int64_t extent_min = -1, extent_max = -1;  // over every dimension of every input (-1: none seen)
   int64_t uneven = 0;     // cases with an input whose sharded dim does not divide evenly over its ranks
   int64_t described = 0;  // cases that noted their layouts (note_case_scenario, note_case_layout)
+  // The planner's implicit redistributions that communicate, by what they do ("matmul operand 1
+  // [S(1)] -> [R]: forward all_gather over tp"), counted in cases (note_case_implicit).
+  std::map<std::string, int64_t> implicit;
+  int64_t implicit_cases = 0;  // cases that needed at least one
   void merge(const CaseStats& other);
 };
 nlohmann::json to_json(const CaseStats& stats);
@@ -42,6 +46,9 @@ CaseStats case_stats_from_json(const nlohmann::json& j);
 // distinct mesh. Nothing is noted outside run_property.
 void note_case_scenario(const nlohmann::json& scenario);
 void note_case_layout(const Mesh& mesh, const std::vector<std::pair<Shape, Spec>>& inputs);
+// The implicit redistributions a case's run needed (a result's "implicit" array; those without
+// collectives are not counted): `meshsim check --scenario` reports them per variant.
+void note_case_implicit(const nlohmann::json& implicit);
 
 // Discards the current case for `reason` (a short phrase the report counts: the same reason for
 // every case discarded for the same cause) unless `holds`. RC_PRE and RC_DISCARD work too:

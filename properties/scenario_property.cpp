@@ -153,6 +153,7 @@ void check_case(const std::string& path, const json& original, bool original_unc
     CoverageScope covered(case_coverage());
     run = check_scenario(sc, options);
   }
+  note_case_implicit(run.result.value("implicit", nlohmann::json::array()));
   const std::string status = run.result.value("status", "");
   if (status == "pass" || (status == "unchecked" && original_unchecked)) return;
   if (status == "error" && !as_written)

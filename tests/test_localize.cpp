@@ -8,9 +8,12 @@
 #include <set>
 #include <string>
 
+#include "core/error.h"
 #include "core/mutants.h"
 #include "core/scenario.h"
+#include "api/trace_of.h"
 #include "oracles/check.h"
+#include "traces/render.h"
 
 namespace meshsim {
 namespace {
@@ -225,6 +228,76 @@ TEST(Communication, TheTableAddsUpTheCollectives) {
   EXPECT_EQ(by_axis, bytes);
   EXPECT_EQ(by_op, bytes);
   EXPECT_EQ(comm["implicit_count"], 0);
+}
+
+// A local_map whose reference reads, or returns, a name it never defines: said as such, with its
+// JSON path (unusable input).
+TEST(Reference, AMissingNameIsReportedAsSuch) {
+  auto refused = [](const std::string& reference_arg, const std::string& reference_out) -> std::string {
+    nlohmann::json doc = nlohmann::json::parse(R"json({
+      "format": "meshsim.scenario/1", "name": "missing_name",
+      "mesh": {"axes": ["dp"], "shape": [2]},
+      "inputs": [{"name": "x", "shape": [4, 2], "placements": ["S(0)"]}],
+      "program": [
+        {"out": "y", "op": "local_map", "args": ["x"], "out_placements": [["S(0)"]],
+         "body": [{"out": "e", "op": "exp", "args": ["x"]}],
+         "reference": [{"out": "e", "op": "exp", "args": ["x"]}],
+         "returns": ["e"]}]})json");
+    doc["program"][0]["reference"][0]["args"][0] = reference_arg;
+    doc["program"][0]["reference"][0]["out"] = reference_out;
+    try {
+      parse_scenario(doc, "missing.json");
+    } catch (const InputError& e) {
+      return e.what();
+    }
+    return "";
+  };
+  const std::string reads = refused("xx", "e");
+  EXPECT_NE(reads.find("/program/0/reference/0/args/0: the local_map's reference reads \"xx\", which neither"),
+            std::string::npos)
+      << reads;
+  const std::string returns = refused("x", "f");
+  EXPECT_NE(returns.find("/program/0/returns/0: the local_map returns \"e\", which its reference does not define"),
+            std::string::npos)
+      << returns;
+  EXPECT_EQ(refused("x", "e"), "");
+}
+
+// Uneven shards are spelled out in a failure: a planted bug on a mesh of 3.
+TEST(Mismatches, UnevenShardsAreSaid) {
+  const nlohmann::json doc = nlohmann::json::parse(R"json({
+    "format": "meshsim.scenario/1", "name": "uneven",
+    "mesh": {"axes": ["dp"], "shape": [3]},
+    "options": {"mutant": "uneven_array_split"},
+    "inputs": [{"name": "x", "shape": [7, 2], "placements": ["S(0)"]}],
+    "program": [{"out": "y", "op": "exp", "args": ["x"]}]})json");
+  const CheckedRun run = check_scenario(parse_scenario(doc, "uneven.json"), parse_scenario(doc, "uneven.json").options);
+  ASSERT_EQ(run.result.value("status", ""), "fail") << run.result.dump(1);
+  bool said = false;
+  for (const auto& m : run.result["mismatches"])
+    said |= m.value("uneven", nlohmann::json()).is_string() &&
+            m["uneven"].get<std::string>().find("dp=3 shards dim 0 of 7 unevenly: ranks 0, 1, 2 hold") != std::string::npos;
+  EXPECT_TRUE(said) << run.result["mismatches"].dump(1);
+}
+
+// Both diagram views mark the first divergence (the culprit op's value, and the note's first line),
+// and draw the planner's steps dashed with the word "implicit".
+TEST(Diagrams, FirstDivergenceAndImplicitStepsAreMarked) {
+  const fs::path file = source("tests/localize/norm_weight_grad_not_reduced.json");
+  const Scenario sc = parse_scenario(read_json_file(file.string()), file.string());
+  const CheckedRun run = check_scenario(sc, sc.options);
+  ASSERT_TRUE(run.result.contains("first_divergence"));
+  const Trace t = trace_of(sc, sc.options, run);
+  for (const RenderView view : {RenderView::Logical, RenderView::Ranks}) {
+    const std::string dot = render_dot(t, view);
+    EXPECT_NE(dot.find("first divergence (backward)"), std::string::npos);
+  }
+  const fs::path planned = source("examples/mm_sharded_weight_above.json");
+  const Scenario sp = parse_scenario(read_json_file(planned.string()), planned.string());
+  const Trace tp = trace_of(sp, sp.options, check_scenario(sp, sp.options));
+  const std::string dot = render_dot(tp);
+  EXPECT_NE(dot.find("<B>implicit</B>"), std::string::npos);
+  EXPECT_NE(dot.find("style=\"filled,dashed\""), std::string::npos);
 }
 
 }  // namespace
