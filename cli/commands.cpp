@@ -172,7 +172,7 @@ void print_communication(const nlohmann::json& r) {
       std::cout << "    most per op:";
       for (size_t i = 0; i < ops.size() && i < 5; ++i) {
         const nlohmann::json& o = *ops[i];
-        std::cout << (i ? "," : "") << " " << (o["op"].is_string() ? text_of(o, "op") + " " + text_of(o, "out") : "the seed")
+        std::cout << (i ? "," : "") << " " << (o["op"].is_string() ? text_of(o, "op") + " " + text_of(o, "out") : "outside the program's ops")
                   << " (" << text_of(o, "name") << ") " << grouped(int_of(o, "bytes")) << " B";
       }
       std::cout << "\n";

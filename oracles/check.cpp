@@ -150,7 +150,7 @@ nlohmann::json communication_json(const Scenario& sc, const std::vector<Event>& 
       const OpDecl& op = sc.program[static_cast<size_t>(k)];
       j = {{"op", op.path}, {"name", op.op}, {"out", op.out}};
     } else {
-      j = {{"op", nullptr}, {"name", "backward seed"}, {"out", nullptr}};
+      j = {{"op", nullptr}, {"name", "no program op (the seed, a Function's own backward)"}, {"out", nullptr}};
     }
     Row sum;
     for (const auto& [phase, row] : phases) {
@@ -501,6 +501,17 @@ bool exact_op(const OpDecl& op) {
 
 namespace {
 
+// The mesh's assembled values, for the ties that rounding breaks otherwise (oracle.h).
+MeshValues mesh_values_of(const Scenario& sc, const SimRun& run) {
+  return [&sc, &run](const std::string& name) {
+    auto it = run.values.find(name);
+    if (it == run.values.end()) return at::Tensor();
+    std::string problem;
+    at::Tensor t = assemble_checked(sc.mesh, it->second.spec, it->second.locals, problem);
+    return problem.empty() ? t : at::Tensor();
+  };
+}
+
 // The first divergence of a failing run, into the result. Forward: from the comparison. Backward
 // (values agree, a gradient does not): from the run itself when it kept every gradient (localize
 // always), else from a second run that does, under the same planted bug.
@@ -522,8 +533,9 @@ void localize(const Scenario& sc, const RunOptions& options, SimRun& run, const 
           MutantScope planted(parse_mutant(options.mutant));  // the system under test only
           second = run_distributed(sc, again);
         }
-        const OracleRun second_oracle =
-            run_oracle(sc, second.input_globals, options.dtype, nullptr, 0.0, /*keep_graph=*/true);
+        // The same oracle as the first run's, ties included (oracle.h), with every gradient kept.
+        const OracleRun second_oracle = run_oracle(sc, second.input_globals, options.dtype,
+                                                   mesh_values_of(sc, second), tol, /*keep_graph=*/true);
         d = backward_divergence(sc, second, second_oracle, tol, options.mutant, options.dtype);
       }
     }
@@ -559,7 +571,7 @@ CheckedRun check_scenario(const Scenario& sc, const RunOptions& options, bool ke
     semantic_error(out, e);
     return out;
   } catch (const BackwardRaised& e) {
-    raised(out, options, "the run", e);
+    raised(out, options, "the run", e);  // never out of memory: guarded() lets that through unwrapped
     // The backward node that raised is where the run first went wrong.
     if (e.program_op >= 0 && static_cast<size_t>(e.program_op) < sc.program.size()) {
       const OpDecl& op = sc.program[static_cast<size_t>(e.program_op)];
@@ -579,7 +591,7 @@ CheckedRun check_scenario(const Scenario& sc, const RunOptions& options, bool ke
     // libtorch refusing a node's gradients names the node, and so the program op that made it.
     const std::string what = e.what();
     const auto at = what.find(" at /program/");
-    if (at != std::string::npos) {
+    if (at != std::string::npos && !is_out_of_memory(e)) {
       const size_t k = std::strtoul(what.c_str() + at + 13, nullptr, 10);
       if (k < sc.program.size()) {
         const OpDecl& op = sc.program[k];
@@ -603,15 +615,7 @@ CheckedRun check_scenario(const Scenario& sc, const RunOptions& options, bool ke
   OracleRun oracle;
   report_progress(sc.program.size(), sc.program.size(), "the single-device oracle");
   try {
-    // The mesh's assembled values, for the ties that rounding breaks otherwise (oracle.h).
-    const MeshValues mesh_values = [&](const std::string& name) {
-      auto it = run.values.find(name);
-      if (it == run.values.end()) return at::Tensor();
-      std::string problem;
-      at::Tensor t = assemble_checked(sc.mesh, it->second.spec, it->second.locals, problem);
-      return problem.empty() ? t : at::Tensor();
-    };
-    oracle = run_oracle(sc, run.input_globals, options.dtype, mesh_values, comparison_tolerance(sc, options),
+    oracle = run_oracle(sc, run.input_globals, options.dtype, mesh_values_of(sc, run), comparison_tolerance(sc, options),
                         /*keep_graph=*/options.localize == Localize::Always);
   } catch (const SemanticError& e) {  // a local_map reference libtorch refuses
     semantic_error(out, e);

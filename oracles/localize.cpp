@@ -11,6 +11,7 @@
 #include "core/scoped.h"
 #include "sim/local_map.h"
 #include "sim/local_ops.h"
+#include "sim/mesh_node.h"
 #include "core/mutants.h"
 #include "oracles/mismatch.h"
 #include "sim/data.h"
@@ -193,19 +194,34 @@ json body_divergence(const Scenario& sc, const OpDecl& lm, SimRun& run, const st
       if (!x_grad) continue;
       const Locals ybar = random_like(mesh, y.locals, invariant(mesh, y), gen);
       const Locals xdir = random_like(mesh, x.locals, not_variant(mesh, x), gen);
-      // The run's backward of this op: its graph from y's locals to x's (casts it inserted included).
-      Locals xbar;
-      {
+      // The op's backward alone: the op run again on fresh leaves of x (the other operands without
+      // gradient), its casts included, with the planted bug as the run had it, nothing recorded.
+      Locals xbar, base;
+      try {
         MutantScope planted(parse_mutant(mutant));
         ScopedOverride<bool> mute(run.runtime->recorder().muted, true);
+        at::AutoGradMode grad(true);
+        std::map<std::string, LTensor> fresh = env;
+        for (const auto& a : b->args)
+          if (fresh.count(a)) fresh.at(a).locals = detached(env.at(a).locals);
+        Locals leaves;
+        for (const auto& t : x.locals) leaves.push_back(t.detach().clone().requires_grad_(true));
+        fresh.at(b->args[i]).locals = leaves;
+        BodyContext ctx(*run.runtime, !y.unchecked);
+        const LTensor yf = ctx.run(*b, fresh);
         std::vector<at::Tensor> ys, gs;
-        for (size_t r = 0; r < y.locals.size(); ++r)
-          if (y.locals[r].requires_grad()) {
-            ys.push_back(y.locals[r]);
+        for (size_t r = 0; r < yf.locals.size(); ++r) {
+          base.push_back(yf.locals[r].detach());
+          if (yf.locals[r].requires_grad()) {
+            ys.push_back(yf.locals[r]);
             gs.push_back(ybar[r]);
           }
-        xbar = torch::autograd::grad(ys, x.locals, gs, /*retain_graph=*/true, false, /*allow_unused=*/true);
+        }
+        if (ys.empty()) continue;
+        xbar = torch::autograd::grad(ys, leaves, gs, /*retain_graph=*/false, false, /*allow_unused=*/true);
         if (run.runtime->pending_error_) return nullptr;
+      } catch (const std::exception&) {
+        continue;  // the op cannot run again alone: no verdict on it
       }
       // The forward's derivative along xdir: the op run again on x +- eps * xdir.
       auto shifted = [&](double sign) {
@@ -225,12 +241,29 @@ json body_divergence(const Scenario& sc, const OpDecl& lm, SimRun& run, const st
       } catch (const std::exception&) {
         continue;  // the op cannot run again alone (it raised): no verdict on it
       }
+      // A kink (relu or abs at 0, a tie of amax): the one-sided differences disagree, and so does
+      // the backward with either; no verdict there.
+      {
+        Locals fwd, bwd;
+        for (size_t r = 0; r < plus.size(); ++r) {
+          fwd.push_back((plus[r].to(at::kDouble) - base[r].to(at::kDouble)) / eps);
+          bwd.push_back((base[r].to(at::kDouble) - minus[r].to(at::kDouble)) / eps);
+        }
+        const double a = dot(ybar, fwd, weight(mesh, y)), c = dot(ybar, bwd, weight(mesh, y));
+        if (std::abs(a - c) > 1e-3 * std::max({std::abs(a), std::abs(c), 1e-12})) continue;
+      }
       Locals jdir;
       for (size_t r = 0; r < plus.size(); ++r) jdir.push_back((plus[r].to(at::kDouble) - minus[r].to(at::kDouble)) / (2 * eps));
       const double lhs = dot(xbar, xdir, weight(mesh, x));
       const double rhs = dot(ybar, jdir, weight(mesh, y));
+      // Relative, with a floor for the rounding of results that cancel (a saturated softmax).
+      double floor = 0.0;
+      for (size_t r = 0; r < ybar.size(); ++r)
+        if (base[r].numel())
+          floor += (ybar[r].to(at::kDouble).abs() * (base[r].to(at::kDouble).abs() + 1)).sum().item<double>();
+      floor *= weight(mesh, y) * (dtype == DType::Float32 ? 1e-5 : 1e-13) / eps;
       const double scale = std::max({std::abs(lhs), std::abs(rhs), 1e-300});
-      if (std::abs(lhs - rhs) <= tol * scale) continue;
+      if (std::abs(lhs - rhs) <= tol * scale + floor) continue;
       char nums[160];
       std::snprintf(nums, sizeof nums, "<grad x, dx> = %.6g where <grad y, J dx> = %.6g", lhs, rhs);
       std::string factor;
@@ -370,6 +403,7 @@ json backward_divergence(const Scenario& sc, SimRun& run, const OracleRun& oracl
   int culprit = consumers.size() == 1 && bad != sc.backward ? consumers.front() : -1;
   GradCompare culprit_detail = bad_detail;
   std::vector<std::string> agreeing;
+  int local_code = -1;  // a consumer that is local code (to_local): its values are not compared
   if (culprit < 0) {
     const DTensor& x = run.values.at(bad);
     for (auto k = consumers.rbegin(); k != consumers.rend() && culprit < 0; ++k) {
@@ -385,13 +419,33 @@ json backward_divergence(const Scenario& sc, SimRun& run, const OracleRun& oracl
         names.push_back(o);
         oracle_grads.push_back(oracle_grad(o));
       }
-      if (outs.empty()) continue;
-      Locals mine;
-      {
-        MutantScope planted(parse_mutant(mutant));  // the mesh's backward nodes run again, as they ran
-        mine = run.runtime->contribution(outs, mesh_grads, x);
+      if (outs.empty()) {
+        local_code = *k;
+        continue;
       }
-      at::Tensor theirs = oracle_contribution(oracle, names, oracle_grads, bad);
+      // The op's own contribution: the gradient at its own use of the value (operand_uses), which
+      // no other path to the value reaches. An operand read twice adds up.
+      Locals mine(x.locals.size());
+      at::Tensor theirs;
+      for (size_t i = 0; i < op.args.size(); ++i) {
+        if (op.args[i] != bad) continue;
+        const std::pair<int, int> use{*k, static_cast<int>(i)};
+        auto m = run.operand_uses.find(use);
+        if (m != run.operand_uses.end()) {
+          Locals part;
+          {
+            MutantScope planted(parse_mutant(mutant));  // the mesh's backward nodes run again, as they ran
+            part = run.runtime->contribution(outs, mesh_grads, m->second);
+          }
+          for (size_t r = 0; r < mine.size(); ++r)
+            if (part[r].defined()) mine[r] = mine[r].defined() ? mine[r] + part[r] : part[r];
+        }
+        auto o = oracle.operand_uses.find(use);
+        if (o != oracle.operand_uses.end()) {
+          const at::Tensor part = oracle_contribution(oracle, names, oracle_grads, o->second);
+          if (part.defined()) theirs = theirs.defined() ? theirs + part : part;
+        }
+      }
       if (!theirs.defined() && oracle.values.count(bad) && oracle.values.at(bad).defined())
         theirs = at::zeros_like(oracle.values.at(bad));
       GradCompare c = compare_grad(mesh, mesh_grad(bad).first, mine, x, theirs, tol);
@@ -402,6 +456,17 @@ json backward_divergence(const Scenario& sc, SimRun& run, const OracleRun& oracl
         agreeing.push_back(op.path);
       }
     }
+  }
+  // Every program consumer agrees, but local code read the value too: its region is the culprit
+  // (its values are rank-local tensors, not compared one by one).
+  if (culprit < 0 && local_code >= 0) {
+    const OpDecl& op = sc.program[static_cast<size_t>(local_code)];
+    const json about = op_json(op);
+    for (const auto& [k, v] : about.items()) out[k] = v;
+    out["message"] = "the local code from " + op.path + " " + op_text(op) + " on gives \"" + bad +
+                     "\" a gradient that differs from the oracle's, while every DTensor op that reads it agrees (" +
+                     describe(bad_detail, "grad " + bad) + "); its rank-local values are not compared one by one";
+    return out;
   }
   if (culprit < 0) {
     if (bad == sc.backward) {

@@ -345,7 +345,9 @@ nlohmann::json Mismatch::to_json() const {
   if (factor) {
     f = {{"ratio", number_json(factor->ratio)},
          {"axes", factor->axes},
-         {"form", !factor->form.empty() ? factor->form : factor->ratio >= 1 ? "n" : "1/n"},
+         {"form", factor->axes.empty() ? nlohmann::json(nullptr)
+                                       : nlohmann::json(!factor->form.empty() ? factor->form
+                                                                              : factor->ratio >= 1 ? "n" : "1/n")},
          {"alternatives", factor->alternatives},
          {"direction", factor->direction}};
   }

@@ -29,7 +29,9 @@ struct MismatchPoint {
 // actual = ratio * expected at every element (0 where expected is 0).
 struct MismatchFactor {
   double ratio = 1.0;
-  std::vector<std::string> axes;                       // whose sizes multiply to the ratio (or 1/ratio); may be empty
+  // The mesh axes whose sizes n (multiplied) give the ratio by `form`: n or 1/n (their product is
+  // the ratio or its inverse), else one axis and a normalization's form; may be empty.
+  std::vector<std::string> axes;
   std::vector<std::vector<std::string>> alternatives;  // other sets of axes with the same product
   std::string direction;                               // "actual = 4 x expected", "actual = expected / 4"
   // How the ratio follows from n, the product of the sizes of `axes`: "" for n or 1/n (the ratio

@@ -33,6 +33,8 @@ thread_local bool g_own_nodes = false;
 at::Tensor same_value(const at::Tensor& x) {
   return g_own_nodes && x.defined() && x.requires_grad() ? x.view_as(x) : x;
 }
+// A program value: with keep_graph always its own node (an op may return its operand itself).
+at::Tensor own_node(const at::Tensor& x) { return same_value(x); }
 
 at::Tensor global_op(const OpDecl& op, const std::vector<at::Tensor>& xs, bool in_reference) {
   if (op.op == "redistribute") return same_value(xs.at(0));
@@ -163,24 +165,31 @@ OracleRun run_oracle(const Scenario& sc, const std::map<std::string, at::Tensor>
   for (const auto& op : sc.program) {
     std::vector<at::Tensor> xs;
     for (const auto& a : op.args) xs.push_back(run.values.at(a));
+    const int k = static_cast<int>(&op - sc.program.data());
+    if (keep_graph)  // each use of an operand its own node, as the mesh's (SimRun::operand_uses)
+      for (size_t i = 0; i < xs.size(); ++i)
+        if (xs[i].defined() && xs[i].requires_grad()) {
+          xs[i] = xs[i].view_as(xs[i]);
+          run.operand_uses[{k, static_cast<int>(i)}] = xs[i];
+        }
     if (is_creation_op(op.op)) {
       run.values[op.out] = created_value(op, dtype);
       continue;
     }
     if (op.op == "local_map") {
       std::vector<at::Tensor> outs = reference(op, xs);
-      for (size_t k = 0; k < outs.size(); ++k) run.values[op.outs[k]] = outs[k];
+      for (size_t j = 0; j < outs.size(); ++j) run.values[op.outs[j]] = own_node(outs[j]);
       continue;
     }
     bool known = true;
     for (const auto& x : xs) known &= x.defined();
     if (is_split_op(op.op)) {
       const auto pieces = known ? split_as_narrows(op, xs.at(0).sizes().vec()) : std::vector<OpAttrs>(op.outs.size());
-      for (size_t k = 0; k < op.outs.size(); ++k)
-        run.values[op.outs[k]] = !known ? at::Tensor() : local_op("narrow", pieces.at(k), {xs[0]});
+      for (size_t j = 0; j < op.outs.size(); ++j)
+        run.values[op.outs[j]] = !known ? at::Tensor() : own_node(local_op("narrow", pieces.at(j), {xs[0]}));
       continue;
     }
-    run.values[op.out] = !known ? at::Tensor() : global_op(op, xs, false);
+    run.values[op.out] = !known ? at::Tensor() : own_node(global_op(op, xs, false));
     if (known && mesh && tolerance > 0 && (op.op == "amax" || op.op == "amin"))
       run.values[op.out] = with_mesh_ties(op, xs.at(0), run.values[op.out], mesh(op.args.at(0)), tolerance);
   }
@@ -214,7 +223,7 @@ OracleRun run_oracle(const Scenario& sc, const std::map<std::string, at::Tensor>
 }
 
 at::Tensor oracle_contribution(const OracleRun& run, const std::vector<std::string>& outs,
-                               const std::vector<at::Tensor>& grads, const std::string& of) {
+                               const std::vector<at::Tensor>& grads, const at::Tensor& use) {
   std::vector<at::Tensor> ys, gs;
   for (size_t i = 0; i < outs.size(); ++i) {
     auto it = run.live.find(outs[i]);
@@ -222,9 +231,8 @@ at::Tensor oracle_contribution(const OracleRun& run, const std::vector<std::stri
     ys.push_back(it->second);
     gs.push_back(grads[i]);
   }
-  auto x = run.live.find(of);
-  if (ys.empty() || x == run.live.end() || !x->second.defined() || !x->second.requires_grad()) return {};
-  return torch::autograd::grad(ys, {x->second}, gs, /*retain_graph=*/true, false, /*allow_unused=*/true)[0];
+  if (ys.empty() || !use.defined() || !use.requires_grad()) return {};
+  return torch::autograd::grad(ys, {use}, gs, /*retain_graph=*/true, false, /*allow_unused=*/true)[0];
 }
 
 }  // namespace meshsim

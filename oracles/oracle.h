@@ -21,6 +21,9 @@ struct OracleRun {
   // is its consumers' alone.
   std::map<std::string, at::Tensor> value_grads;
   std::map<std::string, at::Tensor> live;
+  // With keep_graph: each program op's operands as that op received them (a view of its own per
+  // use), by (op index, operand), as SimRun::operand_uses.
+  std::map<std::pair<int, int>, at::Tensor> operand_uses;
 };
 
 // What the oracle may ask of the mesh's run: a program value's global (assembled) tensor, or an
@@ -45,9 +48,9 @@ OracleRun run_oracle(const Scenario& sc, const std::map<std::string, at::Tensor>
                      DType dtype = DType::Float64, const MeshValues& mesh = nullptr, double tolerance = 0.0,
                      bool keep_graph = false);
 
-// After run_oracle(keep_graph): the part of `of`'s gradient that flows from the values `outs` when
-// their gradients are `grads` (one op's contribution); undefined where none flows.
+// After run_oracle(keep_graph): the gradient that flows into `use` (an operand_uses entry) from the
+// values `outs` when their gradients are `grads` (one op's contribution); undefined where none flows.
 at::Tensor oracle_contribution(const OracleRun& run, const std::vector<std::string>& outs,
-                               const std::vector<at::Tensor>& grads, const std::string& of);
+                               const std::vector<at::Tensor>& grads, const at::Tensor& use);
 
 }  // namespace meshsim

@@ -349,6 +349,8 @@ bool run_local_code(BodyContext& ctx, const OpDecl& op, SimRun& run, std::map<st
     DTensor y = ctx.leave(locals.at(op.args[0]), spec, op.out);
     if (op.attrs.value("run_check", false)) check_replicas(ctx.runtime(), op, y);
     run.named.push_back(op.out);
+    // localize always: a value of its own (it may be to_local's operand's very tensors).
+    if (ctx.runtime().options().localize == Localize::Always) y = ctx.runtime().alias(y);
     run.values[op.out] = std::move(y);
     return true;
   }
@@ -391,26 +393,32 @@ SimRun run_distributed(const Scenario& sc, const RunOptions& options,
   BodyContext local_code(rt, /*checked=*/false);
   std::map<std::string, LTensor> locals;
   // One program op; what it raises names its place in the scenario.
+  // localize always: every op's use of an operand, and every value, is an identity node of its own
+  // (sim/interpreter.h, operand_uses), so that gradients can be told apart per use and per value.
+  const bool own_nodes = options.localize == Localize::Always;
+  auto keep = [&](const std::string& name, DTensor value) {
+    run.named.push_back(name);
+    run.values[name] = own_nodes ? rt.alias(value) : std::move(value);
+  };
   auto run_op = [&](const OpDecl& op) {
     if (run_local_code(local_code, op, run, locals)) return;
     std::vector<DTensor> args;
     for (const auto& a : op.args) args.push_back(run.values.at(a));
+    if (own_nodes)
+      for (size_t i = 0; i < args.size(); ++i) {
+        args[i] = rt.alias(args[i]);
+        run.operand_uses[{static_cast<int>(&op - sc.program.data()), static_cast<int>(i)}] = args[i];
+      }
     if (op.op == "local_map") {
       std::vector<DTensor> outs =
           run_local_map(rt, op, args, options.localize == Localize::Always ? &run.bodies[op.path] : nullptr);
-      for (size_t k = 0; k < outs.size(); ++k) {
-        run.named.push_back(op.outs[k]);
-        run.values[op.outs[k]] = std::move(outs[k]);
-      }
+      for (size_t k = 0; k < outs.size(); ++k) keep(op.outs[k], std::move(outs[k]));
       run.has_local_map |= tracked_local_map(rt, op);
       return;
     }
     if (is_split_op(op.op)) {  // one narrow per piece, each its own value
       const auto pieces = split_as_narrows(op, args.at(0).shape);
-      for (size_t k = 0; k < pieces.size(); ++k) {
-        run.named.push_back(op.outs[k]);
-        run.values[op.outs[k]] = rt.apply_op("narrow", pieces[k], {args[0]}, op.outs[k]);
-      }
+      for (size_t k = 0; k < pieces.size(); ++k) keep(op.outs[k], rt.apply_op("narrow", pieces[k], {args[0]}, op.outs[k]));
       return;
     }
     DTensor out;
@@ -421,8 +429,7 @@ SimRun run_distributed(const Scenario& sc, const RunOptions& options,
     } else {
       out = apply_program_op(rt, op, args);
     }
-    run.named.push_back(op.out);
-    run.values[op.out] = std::move(out);
+    keep(op.out, std::move(out));
   };
   const bool planted = !options.mutant.empty();
   for (const auto& op : sc.program) {

@@ -29,6 +29,9 @@ struct SimRun {
   // options.localize always: every local_map body's values (its args and its ops' results, with
   // their graphs), by the local_map's JSON path, for the localization of a wrong gradient inside it.
   std::map<std::string, std::map<std::string, LTensor>> bodies;
+  // options.localize always: each program op's operands as that op received them (an identity node
+  // of its own per use: its gradient is that op's contribution alone), by (op index, operand).
+  std::map<std::pair<int, int>, DTensor> operand_uses;
   bool ran_backward = false;
   bool has_local_map = false;  // a tracked one (exclusivity and variance tracking were checked)
 };

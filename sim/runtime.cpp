@@ -63,8 +63,9 @@ std::string Runtime::implicit_move(ImplicitMove m) {
   const std::string at = m.program_op >= 0 ? " at /program/" + std::to_string(m.program_op) : "";
   std::string why;
   if (m.phase == "backward") {
-    why = "backward of " + m.op + " \"" + m.value + "\"" + at + ": its rule takes the incoming gradient as " +
-          spec_str(m.to) + ", it arrived " + spec_str(m.from);
+    why = "backward of " + m.op + " \"" + m.value + "\"" + at + ": its rule for operand " +
+          std::to_string(m.operand_index) + "'s gradient takes the incoming gradient as " + spec_str(m.to) +
+          ", it arrived " + spec_str(m.from);
   } else {
     why = m.op + " \"" + m.value + "\"" + at + ": operand " + std::to_string(m.operand_index) + " \"" + m.operand +
           "\" " + spec_str(m.from) + " -> " + spec_str(m.to) + ": ";
@@ -619,6 +620,16 @@ std::vector<Locals> Runtime::backward(const DTensor& loss, const std::vector<DTe
     recorder_.add(std::move(g));
   }
   return grads;
+}
+
+DTensor Runtime::alias(const DTensor& x) {
+  if (!x.requires_grad() || !at::GradMode::is_enabled()) return x;
+  DTensor out = x;
+  out.locals = detached(x.locals);
+  const Locals like = detached(out.locals);
+  connect("Alias \"" + x.name + "\"", x.locals, out.locals,
+          [like](variable_list&& g) -> variable_list { return defined_grads(std::move(g), like); });
+  return out;
 }
 
 Locals Runtime::contribution(const std::vector<DTensor>& outs, const std::vector<Locals>& grads, const DTensor& of) {

@@ -117,6 +117,10 @@ class Runtime {
   // their gradients are `grads` (one op's contribution), with the recorder muted (nothing is
   // recorded twice). Undefined locals where none flows.
   Locals contribution(const std::vector<DTensor>& outs, const std::vector<Locals>& grads, const DTensor& of);
+  // `x` through an identity node of its own (no event, the same name and placements): so that one
+  // op's use of a value, or a value that is another's very tensors, has a gradient of its own.
+  // `x` itself when it needs no gradient.
+  DTensor alias(const DTensor& x);
 
   // The tracked layout of the gradient of a value (its cotangent unless a contribution said
   // otherwise); problems found while tracking (two contributions with different layouts).
@@ -243,6 +247,7 @@ class Runtime {
     } catch (const BackwardRaised&) {
       throw;
     } catch (const std::exception& e) {
+      if (is_out_of_memory(e)) throw;  // the machine's limit (exit 6), not the op's doing
       throw BackwardRaised(recorder_.program_op, value, first_line(e.what()));
     }
   }
