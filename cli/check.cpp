@@ -564,6 +564,10 @@ std::vector<std::string> failure_lines(const nlohmann::json& result) {
     for (const auto& [check, ok] : result["checks"].items())
       if (ok == false) checks += (checks.empty() ? "" : ", ") + check;
   out.push_back("status " + result.value("status", "?") + (checks.empty() ? "" : ", failed checks: " + checks));
+  // Where it first goes wrong (the counterexample's own run looks for it; the search does not).
+  const nlohmann::json d = result.value("first_divergence", nlohmann::json());
+  if (d.is_object() && d.contains("message"))
+    out.push_back("first divergence (" + d.value("phase", std::string("?")) + "): " + d["message"].get<std::string>());
   if (result.contains("error") && result["error"].is_object())
     out.push_back("error " + result["error"].value("kind", "") + ": " + result["error"].value("message", ""));
   for (const auto& f : result.value("failures", nlohmann::json::array()))

@@ -547,6 +547,11 @@ void localize(const Scenario& sc, const RunOptions& options, SimRun& run, const 
 
 }  // namespace
 
+bool& localization_enabled() {
+  static thread_local bool enabled = true;
+  return enabled;
+}
+
 double comparison_tolerance(const Scenario& sc, const RunOptions& options) {
   if (options.dtype == DType::Float32) return 1e-4;
   bool exact = true;
@@ -637,7 +642,8 @@ CheckedRun check_scenario(const Scenario& sc, const RunOptions& options, bool ke
     raised(out, options, "the comparison with the oracle", e);
     return out;
   }
-  if (failed.any && options.localize != Localize::Never) localize(sc, options, run, oracle, failed, out);
+  if (failed.any && options.localize != Localize::Never && localization_enabled())
+    localize(sc, options, run, oracle, failed, out);
   return out;
 }
 

@@ -43,6 +43,12 @@ struct CheckedRun {
 // finished (the oracle's where it ran too).
 CheckedRun check_scenario(const Scenario& sc, const RunOptions& options, bool keep_values = false);
 
+// Whether a failing run looks for its first divergence (options.localize permitting): true but
+// for a scope that turns it off (ScopedOverride) without changing the run's options (which traces
+// record): the property search, whose shrinking runs thousands of failing cases; the counterexample
+// it writes is run again, and localized then. Per thread.
+bool& localization_enabled();
+
 // How far the mesh's values and gradients may differ from the oracle's, relative to the largest
 // finite magnitude of the oracle's (at least 1): 0 (bit for bit) for float64 integer data on meshes
 // whose axis sizes are powers of two when every op of the program, local_map bodies and references

@@ -9,6 +9,9 @@
 #include <rapidcheck.h>
 #include <rapidcheck/detail/Configuration.h>
 
+#include "core/scoped.h"
+#include "oracles/check.h"
+
 namespace meshsim {
 
 // ---------------------------------------------------------------------------------------------
@@ -301,6 +304,9 @@ PropertyOutcome run_property(const Property& property, uint64_t seed, int cases,
   ScopedOverride<CaseRecord*> noting(current_case(), &record);
   Listener listener(out.progress, out.stats, record, on_progress, sink, coverage);
   latest_failure() = {};
+  // The search does not localize its failing cases (shrinking runs thousands); the counterexample's
+  // own run, written after it, does.
+  ScopedOverride<bool> no_localization(localization_enabled(), false);
   const auto result = rc::detail::checkProperty(rc::detail::toProperty(property.body), metadata, params, listener);
   rc::detail::FailureResult failure;
   rc::detail::GaveUpResult gave_up;
