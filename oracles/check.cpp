@@ -85,10 +85,12 @@ std::string layout_problem(const Mesh& mesh, const DTensor& v) {
   return {};
 }
 
-// The program op an event belongs to: its JSON path ("/program/15"), or null (inputs, the seed).
-nlohmann::json program_op_json(const std::vector<int>& ops, size_t i) {
-  return i < ops.size() && ops[i] >= 0 ? nlohmann::json("/program/" + std::to_string(ops[i])) : nlohmann::json(nullptr);
+// A program op's JSON path ("/program/15") by its index, or null (-1: none).
+nlohmann::json program_op_json(int k) {
+  return k >= 0 ? nlohmann::json("/program/" + std::to_string(k)) : nlohmann::json(nullptr);
 }
+// The program op event i belongs to (Recorder::event_ops).
+nlohmann::json program_op_json(const std::vector<int>& ops, size_t i) { return program_op_json(i < ops.size() ? ops[i] : -1); }
 
 nlohmann::json collectives_json(const std::vector<Event>& events, const std::vector<int>& ops) {
   nlohmann::json out = nlohmann::json::array();
@@ -181,8 +183,7 @@ nlohmann::json implicit_json(const std::vector<ImplicitMove>& moves, const std::
         bytes += e.bytes;
       }
     nlohmann::json j = {{"phase", m.phase},
-                        {"program_op", m.program_op >= 0 ? nlohmann::json("/program/" + std::to_string(m.program_op))
-                                                         : nlohmann::json(nullptr)},
+                        {"program_op", program_op_json(m.program_op)},
                         {"op", m.op},
                         {"value", m.value},
                         {"from", placements_json(m.from)},

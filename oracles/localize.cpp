@@ -285,6 +285,20 @@ json body_divergence(const Scenario& sc, const OpDecl& lm, SimRun& run, const st
   return nullptr;
 }
 
+namespace {
+
+// The result's mismatch entry of value `v` into `out` ("mismatch"); its message, "" when none.
+std::string attach_mismatch(const json& mismatches, const std::string& v, json& out) {
+  for (const auto& m : mismatches)
+    if (m.value("value", "") == v && m.value("kind", "") == "value") {
+      out["mismatch"] = m;
+      return m.value("message", "");
+    }
+  return "";
+}
+
+}  // namespace
+
 json forward_divergence(const Scenario& sc, const std::vector<std::string>& failed, const json& mismatches) {
   if (failed.empty()) return nullptr;
   const Dataflow flow(sc);
@@ -295,13 +309,7 @@ json forward_divergence(const Scenario& sc, const std::vector<std::string>& fail
       const InputDecl* in = sc.find_input(v);
       if (!in) continue;
       json out = {{"phase", "forward"}, {"op", in->path}, {"name", "input"}, {"out", v}, {"value", v}};
-      std::string why;
-      for (const auto& m : mismatches)
-        if (m.value("value", "") == v && m.value("kind", "") == "value") {
-          out["mismatch"] = m;
-          why = m.value("message", "");
-          break;
-        }
+      const std::string why = attach_mismatch(mismatches, v, out);
       out["message"] = in->path + " input \"" + v + "\" " + spec_str(in->placements) +
                        ": its locals do not hold its global value laid out as its placements say" +
                        (why.empty() ? "" : " (" + why + ")");
@@ -311,13 +319,7 @@ json forward_divergence(const Scenario& sc, const std::vector<std::string>& fail
     json out = op_json(op);
     out["phase"] = "forward";
     out["value"] = v;
-    std::string why;
-    for (const auto& m : mismatches)
-      if (m.value("value", "") == v && m.value("kind", "") == "value") {
-        out["mismatch"] = m;
-        why = m.value("message", "");
-        break;
-      }
+    const std::string why = attach_mismatch(mismatches, v, out);
     std::string operands;
     for (const auto& a : op.args) operands += (operands.empty() ? "" : ", ") + a;
     out["message"] = op.path + " " + op_text(op) + ": its result \"" + v + "\" differs from the oracle's" +
@@ -389,20 +391,20 @@ json backward_divergence(const Scenario& sc, SimRun& run, const OracleRun& oracl
     return what + ": " + c.mismatch.message;
   };
 
-  if (bad == sc.backward && consumers.empty()) {
+  // The loss's own gradient is wrong: the backward's seed.
+  auto seed = [&](const std::string& why) {
     out["op"] = "/backward";
     out["name"] = "seed";
     out["out"] = bad;
     out["text"] = "the backward's seed of " + bad;
-    out["message"] = "the backward's seed: the gradient of the loss \"" + bad +
-                     "\" itself differs from ones: " + describe(bad_detail, "grad " + bad);
+    out["message"] = "the backward's seed of \"" + bad + "\": " + why + ": " + describe(bad_detail, "grad " + bad);
     return out;
-  }
+  };
+  if (bad == sc.backward && consumers.empty()) return seed("the loss's own gradient differs from ones");
 
   // The consumer whose contribution differs (the one consumer, when there is one).
   int culprit = consumers.size() == 1 && bad != sc.backward ? consumers.front() : -1;
   GradCompare culprit_detail = bad_detail;
-  std::vector<std::string> agreeing;
   int local_code = -1;  // a consumer that is local code (to_local): its values are not compared
   if (culprit < 0) {
     const DTensor& x = run.values.at(bad);
@@ -452,8 +454,6 @@ json backward_divergence(const Scenario& sc, SimRun& run, const OracleRun& oracl
       if (c.known && !c.agree) {
         culprit = *k;
         culprit_detail = c;
-      } else if (c.known) {
-        agreeing.push_back(op.path);
       }
     }
   }
@@ -469,15 +469,7 @@ json backward_divergence(const Scenario& sc, SimRun& run, const OracleRun& oracl
     return out;
   }
   if (culprit < 0) {
-    if (bad == sc.backward) {
-      out["op"] = "/backward";
-      out["name"] = "seed";
-      out["out"] = bad;
-      out["text"] = "the backward's seed of " + bad;
-      out["message"] = "the backward's seed of \"" + bad + "\": its consumers' contributions agree, the total differs: " +
-                       describe(bad_detail, "grad " + bad);
-      return out;
-    }
+    if (bad == sc.backward) return seed("its consumers' contributions agree, the total differs");
     // Every consumer's contribution agrees on its own: their sum (the layouts they were added in).
     out["op"] = made_by >= 0 ? sc.program[static_cast<size_t>(made_by)].path : "/inputs";
     out["name"] = "accumulation";

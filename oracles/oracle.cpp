@@ -29,12 +29,12 @@ bool is_layout_only_op(const std::string& op) {
 // Whether every value is to be its own autograd node (run_oracle's keep_graph).
 thread_local bool g_own_nodes = false;
 
-// `x` itself, or with keep_graph a view of it (its own node, whose gradient is its consumers').
+// `x` itself, or with keep_graph a view of it (its own node, whose gradient is its consumers'): every
+// program value goes through it (an op may return its operand itself).
 at::Tensor same_value(const at::Tensor& x) {
   return g_own_nodes && x.defined() && x.requires_grad() ? x.view_as(x) : x;
 }
-// A program value: with keep_graph always its own node (an op may return its operand itself).
-at::Tensor own_node(const at::Tensor& x) { return same_value(x); }
+
 
 at::Tensor global_op(const OpDecl& op, const std::vector<at::Tensor>& xs, bool in_reference) {
   if (op.op == "redistribute") return same_value(xs.at(0));
@@ -178,7 +178,7 @@ OracleRun run_oracle(const Scenario& sc, const std::map<std::string, at::Tensor>
     }
     if (op.op == "local_map") {
       std::vector<at::Tensor> outs = reference(op, xs);
-      for (size_t j = 0; j < outs.size(); ++j) run.values[op.outs[j]] = own_node(outs[j]);
+      for (size_t j = 0; j < outs.size(); ++j) run.values[op.outs[j]] = same_value(outs[j]);
       continue;
     }
     bool known = true;
@@ -186,10 +186,10 @@ OracleRun run_oracle(const Scenario& sc, const std::map<std::string, at::Tensor>
     if (is_split_op(op.op)) {
       const auto pieces = known ? split_as_narrows(op, xs.at(0).sizes().vec()) : std::vector<OpAttrs>(op.outs.size());
       for (size_t j = 0; j < op.outs.size(); ++j)
-        run.values[op.outs[j]] = !known ? at::Tensor() : own_node(local_op("narrow", pieces.at(j), {xs[0]}));
+        run.values[op.outs[j]] = !known ? at::Tensor() : same_value(local_op("narrow", pieces.at(j), {xs[0]}));
       continue;
     }
-    run.values[op.out] = !known ? at::Tensor() : own_node(global_op(op, xs, false));
+    run.values[op.out] = !known ? at::Tensor() : same_value(global_op(op, xs, false));
     if (known && mesh && tolerance > 0 && (op.op == "amax" || op.op == "amin"))
       run.values[op.out] = with_mesh_ties(op, xs.at(0), run.values[op.out], mesh(op.args.at(0)), tolerance);
   }

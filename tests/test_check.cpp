@@ -9,7 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "tests/process_support.h"
+#include "tests/process_fixture.h"
 
 namespace {
 
@@ -20,25 +20,14 @@ namespace fs = std::filesystem;
 const std::string kSource = MESHSIM_SOURCE_DIR;
 const std::string kFsdp = kSource + "/examples/fsdp_reduced.json";
 
-class Check : public ::testing::Test {
+class Check : public ProcessTest {
  protected:
-  void SetUp() override {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    dir = fresh_dir("meshsim_test_check", info->name());
-  }
-  void TearDown() override { remove_fresh_dir(dir); }
-
-  Outcome meshsim(const std::string& args, int limit_s = 300) {
-    return run_process(dir, MESHSIM_BIN, args, limit_s, std::to_string(++calls));
-  }
+  Check() : ProcessTest("meshsim_test_check", 300) {}
   json check_json(const std::string& args) {
     Outcome o = meshsim("check " + args + " --json");
     EXPECT_LE(o.code, 1) << o;
     return json::parse(o.out);
   }
-
-  fs::path dir;
-  int calls = 0;
 };
 
 // (property, unit) -> status, over every property of a meshsim.check/1 document.

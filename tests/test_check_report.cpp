@@ -12,7 +12,7 @@
 #include <rapidcheck.h>
 
 #include "properties/runner.h"
-#include "tests/process_support.h"
+#include "tests/process_fixture.h"
 
 namespace {
 
@@ -23,25 +23,14 @@ namespace fs = std::filesystem;
 const std::string kSource = MESHSIM_SOURCE_DIR;
 const std::string kFsdp = kSource + "/examples/fsdp_reduced.json";
 
-class CheckReport : public ::testing::Test {
+class CheckReport : public ProcessTest {
  protected:
-  void SetUp() override {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    dir = fresh_dir("meshsim_test_check_report", info->name());
-  }
-  void TearDown() override { remove_fresh_dir(dir); }
-
-  Outcome meshsim(const std::string& args, int limit_s = 120) {
-    return run_process(dir, MESHSIM_BIN, args, limit_s, std::to_string(++calls));
-  }
+  CheckReport() : ProcessTest("meshsim_test_check_report", 120) {}
   json check_json(const std::string& args) {
     Outcome o = meshsim("check " + args + " --json");
     EXPECT_EQ(o.code, 0) << o;
     return json::parse(o.out);
   }
-
-  fs::path dir;
-  int calls = 0;
 };
 
 std::string first_line(const std::string& text) { return text.substr(0, text.find('\n')); }

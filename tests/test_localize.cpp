@@ -13,6 +13,7 @@
 #include "core/scenario.h"
 #include "api/trace_of.h"
 #include "oracles/check.h"
+#include "oracles/localize.h"
 #include "traces/render.h"
 #include "traces/trace.h"
 
@@ -151,6 +152,16 @@ TEST(Localize, CorrectRunsHaveNoDivergence) {
     const CheckedRun run = check_scenario(sc, clean);
     EXPECT_NE(run.result.value("status", ""), "fail") << run.result.dump(1);
     EXPECT_FALSE(run.result.contains("first_divergence"));
+    // A passing run never searches: ask the body search itself, on every local_map of the run
+    // (kinks and rounding included), and it must blame no op.
+    if (run.result.value("status", "") == "error") continue;
+    SimRun sim = run_distributed(sc, clean);
+    if (!sc.backward.empty() && sim.ran_backward)
+      for (const auto& op : sc.program) {
+        if (op.op != "local_map") continue;
+        const nlohmann::json blamed = body_divergence(sc, op, sim, "", clean.dtype);
+        EXPECT_TRUE(blamed.is_null()) << blamed.dump(1);
+      }
   }
 }
 

@@ -594,4 +594,55 @@ std::vector<const Event*> take_pending(std::map<std::string, std::vector<const E
   return chain;
 }
 
+// The red note lists this many failures at most.
+constexpr size_t kMaxListedFailures = 40;
+
+// The red note of a failed or erroneous run; empty for a pass.
+std::string status_note(const Facts& f, bool list_all_failures) {
+  std::string body;
+  if (f.status == "fail") {
+    body = font(bold("\u2717 the run fails its checks"), kRed, 11);
+    if (!f.first_divergence.empty()) {
+      bool first = true;
+      for (const auto& line : wrap(f.first_divergence, 56)) {
+        body += kBr + font(first ? bold(esc("\u25b6 " + line)) : esc("  " + line), kRed, 10);
+        first = false;
+      }
+    }
+    for (const auto& c : f.failed_checks) body += kBr + font(esc("failed: " + c), kRed, 10);
+    const auto& listed = list_all_failures ? f.all_failures : f.other_failures;
+    const size_t marked = f.all_failures.size() - f.other_failures.size();  // attached to a node
+    if (marked > 0) {
+      body += kBr + font(esc(std::to_string(marked) + (marked == 1 ? " problem" : " problems") +
+                             " marked in red on the diagram"), kRed, 9);
+    }
+    size_t shown = 0;
+    for (const auto& m : listed) {
+      // A long program can fail on thousands of values: the first ones, then a count.
+      if (listed.size() > kMaxListedFailures && shown++ == kMaxListedFailures - 1) {
+        body += kBr + font(esc("\u2022 ... and " + count_str(static_cast<int64_t>(listed.size() - shown + 1)) +
+                               " more (the result lists them all)"), kRed, 9);
+        break;
+      }
+      bool first = true;
+      for (const auto& line : wrap(m, 56)) {
+        body += kBr + font(esc((first ? "\u2022 " : "  ") + line), kRed, 9);
+        first = false;
+      }
+    }
+  } else if (f.status == "error") {
+    body = font(bold("\u2717 error" + (f.error_kind.empty() ? "" : ": " + f.error_kind)), kRed, 11);
+    for (const auto& line : wrap(f.error_message, 56)) body += kBr + font(esc(line), kRed, 10);
+  }
+  if (body.empty()) return "";
+  return node_line("status", {{"label", html_value(body)},
+                              {"shape", "note"},
+                              {"style", "filled"},
+                              {"color", kRed},
+                              {"fillcolor", "#fff0f0"},
+                              {"penwidth", "2"},
+                              {"margin", "0.15,0.08"}},
+                   "  ");
+}
+
 }  // namespace meshsim::render_detail

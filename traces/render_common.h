@@ -127,6 +127,10 @@ struct Facts {
 
 Facts facts_of(const Trace& t);
 
+// The red note of a failed or erroneous run (its first divergence first, then its failures; all of
+// them, or those no node of the diagram shows); empty for a pass.
+std::string status_note(const Facts& f, bool list_all_failures);
+
 // The name an op event is drawn under: its own, but local code's ends, which run as a local_map's
 // enter and leave do, are drawn as the program wrote them (to_local, from_local).
 std::string drawn_name(const Facts& f, const Event& e);
