@@ -22,6 +22,11 @@ The plans (each `FUNC(mesh) -> (model, inputs, loss_fn)`, `mesh` the DeviceMesh 
 - `tp_sp`: torchtitan's plan (`apply_tp` in torchtitan/models/llama3/infra/parallelize.py):
   TP plus SequenceParallel for the norms, PrepareModuleInput before attention and feed-forward,
   the output projection left sharded over the vocabulary and the loss under `loss_parallel()`.
+- `tp_tied`: `tp` on the model with its output projection tied to the embedding. Both are sharded
+  along the vocabulary (RowwiseParallel of an embedding and ColwiseParallel of a linear both shard
+  weight dim 0), but parallelize_module replaces each module's parameter with a DTensor of its own,
+  which unties them silently (the two halves of the gradient then land on two tensors): the plan
+  ties them again afterwards, as a tied model must.
 - `build`: FSDP2 + TP + SP with loss parallel on a (dp, tp) mesh: `tp_sp` on mesh["tp"], then
   `fully_shard` of each block and of the root over mesh["dp"], as torchtitan's `apply_fsdp`.
   Each dp rank reads its own slice of the batch.
@@ -53,6 +58,7 @@ MESHSIM_IMPORTS = [
     {"system": "pytorch", "func": "tp", "mesh": "tp=2", "out": "llama_tp.json"},
     {"system": "pytorch", "func": "tp_sp", "mesh": "tp=2", "out": "llama_tp_sp.json"},
     {"system": "pytorch", "func": "build", "mesh": "dp=2,tp=2", "out": "llama_fsdp_tp_sp.json"},
+    {"system": "pytorch", "func": "tp_tied", "mesh": "tp=2", "out": "llama_tp_tied.json"},
 ]
 
 
@@ -263,9 +269,9 @@ def _parallel_cross_entropy(targets: torch.Tensor):
     return loss_fn
 
 
-def tp(mesh):
+def tp(mesh, args: ModelArgs | None = None):
     """Tensor parallel over mesh axis "tp" (the PyTorch TP tutorial's plan, no sequence parallel)."""
-    model, tokens, targets = _model_and_data()
+    model, tokens, targets = _model_and_data(args)
     tp_mesh = mesh["tp"]
     parallelize_module(
         model,
@@ -277,11 +283,18 @@ def tp(mesh):
     )
     for block in model.layers.values():
         parallelize_module(block, tp_mesh, _layer_plan_tp())
+    if model.args.tied:
+        model.output.weight = model.tok_embeddings.weight  # parallelize_module untied them
 
     def loss_fn(logits):
         return F.cross_entropy(logits.flatten(0, 1), targets.flatten(0, 1))
 
     return model, (tokens,), loss_fn
+
+
+def tp_tied(mesh):
+    """`tp` with the output projection tied to the token embedding."""
+    return tp(mesh, ModelArgs(tied=True))
 
 
 def tp_sp(mesh):
