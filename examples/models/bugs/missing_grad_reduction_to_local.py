@@ -16,9 +16,16 @@ then reduces), or keep the matmul on DTensors.
 Real reports of this class: a weight replicated over a data-parallel axis but used in per-rank code
 (shard_map / local_map bodies without `pvary`, DDP with a parameter used outside the wrapped
 module, custom kernels called on `to_local()` tensors): training runs, losses look plausible, the
-replicas drift apart. It is the PyTorch form of the hand-written scenario
-examples/bugs/missing_pvary_dp_weight.json (the same shapes: x [8, 6] S(0), w [6, 3] R, dp=4,
-loss = sum(x @ w)), which writes the same computation as a local_map with check_variance false.
+replicas drift apart. It is the PyTorch form of examples/bugs/missing_pvary_dp_weight.json (the
+same shapes: x [8, 6] S(0), w [6, 3] R, dp=4, loss = sum(x @ w), a local_map with check_variance
+false); its hand-written counterpart with the import's data (the parameter first, drawn from randn)
+is examples/bugs/missing_grad_reduction_to_local.json. Both fail with
+
+    grad w: 12 of 18 elements differ (up to 1.4e-11 allowed); greatest difference 8 at [0, 0]:
+    expected -7, actual 1 (ranks 0, 1, 2, 3); ranks 0 and 1 hold different locals across mesh axis
+    "dp" where R says they are equal (and 2 more pairs)
+
+and the import's first divergence names `w_local = to_local(w)`: the gradient it gives `w`.
 """
 
 import torch
