@@ -60,7 +60,9 @@ PRIMITIVES = {
     "sub": ("sub", "binary", "x - y; `c - x` as neg then add value"),
     "mul": ("mul", "binary", "x * y"),
     "div": ("div", "binary", "x / y"),
-    "max": ("relu", "max", "max(x, 0) (jax.nn.relu) only"),
+    "max": ("relu", "max", "max(x, 0) (jax.nn.relu); max(x, -inf) (jax.nn.softmax's) is x"),
+    "stop_gradient": ("(none)", "stop_gradient", "the value itself, only for the max softmax and logsumexp "
+                      "subtract (its gradient is zero: they are shift-invariant)"),
     "neg": ("neg", "unary", "-x"),
     "exp": ("exp", "unary", "e^x"),
     "log": ("log", "unary", "log x"),
@@ -84,6 +86,8 @@ PRIMITIVES = {
     "broadcast_in_dim": ("unsqueeze | expand", "broadcast", "the new dims as unsqueeze; kept as "
                          "size 1 where every consumer broadcasts, else expand"),
     "concatenate": ("cat", "concatenate", "dimension"),
+    "slice": ("narrow", "slice", "unit strides; in a body, of a dim its operand holds whole"),
+    "split": ("narrow", "split", "sizes, axis: one narrow per piece; in a body, of a dim its operand holds whole"),
     "reduce_sum": ("sum", "reduce", "axes"),
     "reduce_max": ("amax", "reduce", "axes"),
     "reduce_min": ("amin", "reduce", "axes"),
@@ -108,11 +112,11 @@ PRIMITIVES = {
 }
 # Call-like primitives whose inner jaxpr is inlined (their own parameters hold it).
 INLINED = {"jit": "jaxpr", "pjit": "jaxpr", "closed_call": "call_jaxpr", "core_call": "call_jaxpr",
-           "custom_jvp_call": "call_jaxpr", "custom_vjp_call": "call_jaxpr",
-           "custom_vjp_call_jaxpr": "fun_jaxpr", "remat": "jaxpr", "checkpoint": "jaxpr",
-           "custom_lin": None}
-COLLECTIVE_PRIMS = {"psum", "psum_invariant", "pmax", "pmin", "all_gather", "all_gather_reduced",
-                    "reduce_scatter", "all_to_all", "pvary", "reduced_vary_cast_p", "vary_unreduced_cast_p"}
+           "custom_jvp_call": "call_jaxpr", "remat": "jaxpr", "remat2": "jaxpr", "checkpoint": "jaxpr"}
+# Not inlined: a jax.custom_vjp's backward is its own rule, which meshsim cannot run (it would
+# differentiate the primal instead, a gradient JAX does not compute).
+REFUSED = {"custom_vjp_call": "a jax.custom_vjp function: its backward rule has no meshsim counterpart",
+           "custom_vjp_call_jaxpr": "a jax.custom_vjp function: its backward rule has no meshsim counterpart"}
 # Ops whose operands broadcast (numpy-style, aligned from the last dim).
 BROADCASTING = {"add", "add_any", "sub", "mul", "div", "max"}
 
@@ -128,11 +132,12 @@ class Val:
     """One jaxpr value: a name (or a constant scalar), its local shape (inside a body) and global
     shape, its dtype."""
 
-    __slots__ = ("name", "const", "shape", "gshape", "dtype", "bcast_ok")
+    __slots__ = ("name", "const", "shape", "gshape", "dtype", "bcast_ok", "origin")
 
     def __init__(self, name=None, const=None, shape=(), gshape=(), dtype="float32"):
         self.name, self.const, self.shape, self.gshape, self.dtype = name, const, tuple(shape), tuple(gshape), dtype
         self.bcast_ok = False  # a broadcast kept at size 1: only broadcasting consumers may read it
+        self.origin = None  # the primitive that made it
 
 
 class Eqn:
@@ -363,7 +368,7 @@ class Translator:
             row = PRIMITIVES.get(e.prim)
             if row is None:
                 if names is None:  # a reference's equations are the body's, counted there
-                    self.note_unmapped(e)
+                    self.note_unmapped(e, REFUSED.get(e.prim, ""))
                 for o in e.outvars:
                     env[id(o)] = Val(name="?", shape=o.aval.shape, gshape=o.aval.shape)
                 continue
@@ -433,7 +438,9 @@ class Translator:
         if self.src:
             d["source"] = self.src
         self.ops.append(d)
-        return Val(name=name, shape=out_shape, gshape=out_gshape, dtype=dtype)
+        v = Val(name=name, shape=out_shape, gshape=out_gshape, dtype=dtype)
+        v.origin = self.eqn.prim
+        return v
 
     # -- rows
 
@@ -495,11 +502,19 @@ class Translator:
 
     def t_max(self, e, ins):
         x, y = ins
+        if x.const == -math.inf or y.const == -math.inf:  # softmax's max(-inf, amax(x)): the value itself
+            return [y if x.const is not None else x]
         if y.const == 0.0 and x.const is None:
             x, y = y, x
         if x.const == 0.0 and y.const is None:
             return [self.emit("relu", [y.name], y.shape, y.gshape, y.dtype)]
         raise _Unmapped("max other than max(x, 0)")
+
+    def t_stop_gradient(self, e, ins):
+        x = ins[0]
+        if x.const is not None or x.origin in ("reduce_max", "reduce_min"):
+            return [x]
+        raise _Unmapped("other than of the max that softmax and logsumexp subtract (meshsim has no detach)")
 
     def t_square(self, e, ins):
         x = ins[0]
@@ -594,19 +609,61 @@ class Translator:
         g[d] = sum(x.gshape[d] for x in ins)
         return [self.emit("cat", [x.name for x in ins], e.outvars[0].aval.shape, tuple(g), ins[0].dtype, dim=d)]
 
+    def _whole(self, x: Val, d: int, what: str):
+        """A slice or split of dim d reads the same elements on the ranks and globally only where
+        the dim is not sharded (its local extent is its global one)."""
+        if x.shape[d] != x.gshape[d]:
+            raise _Unmapped(f"{what} of dim {d}, which is sharded ({x.shape[d]} of {x.gshape[d]} on a rank)")
+
+    def t_slice(self, e, ins):
+        x = ins[0]
+        if x.const is not None:
+            return [Val(const=x.const)]
+        if any(s not in (None, 1) for s in (e.params.get("strides") or ())):
+            raise _Unmapped("strides")
+        starts, limits = e.params["start_indices"], e.params["limit_indices"]
+        cut = [d for d in range(len(x.shape)) if starts[d] != 0 or limits[d] != x.shape[d]]
+        for d in cut:
+            self._whole(x, d, "a slice")
+            shape = x.shape[:d] + (limits[d] - starts[d],) + x.shape[d + 1:]
+            gshape = x.gshape[:d] + (limits[d] - starts[d],) + x.gshape[d + 1:]
+            x = self.emit("narrow", [x.name], shape, gshape, x.dtype, dim=d, start=int(starts[d]),
+                          length=int(limits[d] - starts[d]))
+        return [x]
+
+    def t_split(self, e, ins):
+        x = ins[0]
+        if x.const is not None:
+            raise _Unmapped("a constant operand")
+        d, sizes = int(e.params["axis"]), [int(k) for k in e.params["sizes"]]
+        self._whole(x, d, "a split")
+        outs = []
+        start = 0
+        for k in sizes:  # one narrow per piece: names stay one per value, as the jaxpr's
+            outs.append(self.emit("narrow", [x.name], x.shape[:d] + (k,) + x.shape[d + 1:],
+                                  x.gshape[:d] + (k,) + x.gshape[d + 1:], x.dtype, dim=d, start=start, length=k))
+            start += k
+        return outs
+
     def t_reshape(self, e, ins):
         x = ins[0]
         if x.const is not None:
             return [Val(const=x.const)]
         new = [int(s) for s in e.params["new_sizes"]]
-        target = (math.prod(x.gshape),) if len(new) == 1 else _global_reshape(x.shape, x.gshape, new)
+        target = _global_reshape(x.shape, x.gshape, new)
         if self.mode == "body":
             return [self.emit("reshape", [x.name], tuple(new), target or tuple(new), x.dtype, shape=new)]
         if target is None:
-            raise _Unmapped(f"a reshape of a sharded dim not leading its group ({list(x.shape)} -> {new})")
+            raise _Unmapped(f"a reshape that merges a sharded dim into the dims before it, where the ranks' "
+                            f"pieces interleave (local {list(x.shape)} of global {list(x.gshape)} -> {new})")
         return [self.emit("reshape", [x.name], tuple(new), target, x.dtype, shape=list(target))]
 
     def t_broadcast(self, e, ins):
+        outs = self._broadcast(e, ins)
+        outs[0].origin = ins[0].origin  # a broadcast max is still the max (t_stop_gradient)
+        return outs
+
+    def _broadcast(self, e, ins):
         x = ins[0]
         shape = tuple(int(s) for s in e.params["shape"])
         bdims = [int(d) for d in e.params["broadcast_dimensions"]]
@@ -727,7 +784,7 @@ class _Unmapped(Exception):
 
 def _with(x: Val, bcast: bool) -> Val:
     v = Val(name=x.name, const=x.const, shape=x.shape, gshape=x.gshape, dtype=x.dtype)
-    v.bcast_ok = bcast
+    v.bcast_ok, v.origin = bcast, x.origin
     return v
 
 
@@ -750,32 +807,38 @@ def _default_base(op: str, prim: str) -> str:
 
 def _global_reshape(local: tuple, glob: tuple, new: list[int]) -> tuple | None:
     """The global sizes of a reshape of a value whose dims are `local` (global `glob`) to the local
-    `new`: a dim larger globally must lead its group of merged or split dims, and the output dim
-    that starts that group is scaled by the same factor. None where that does not hold."""
+    `new`. The dims fall into groups of equal products (merged or split dims); a dim larger
+    globally (sharded) must lead its group, and the group's first output dim is then larger by the
+    same factor (a block of rows of the merged or split dims). None where that does not hold (a
+    merge with an inner sharded dim interleaves the ranks' pieces)."""
     if tuple(local) == tuple(glob):
         return tuple(new)
+    if any(l <= 0 for l in local) or any(n <= 0 for n in new):
+        return None
     out = list(new)
-    prefix_in = 1
-    for i, (l, g) in enumerate(zip(local, glob)):
-        if l != g:
-            if l == 0 or g % l:
-                return None
-            # the output dim whose prefix product equals the input's prefix
-            prefix_out, j = 1, 0
-            while j < len(new) and prefix_out < prefix_in:
-                prefix_out *= new[j]
-                j += 1
-            if prefix_out != prefix_in or j >= len(new):
-                return None
-            # the group of input dims i.. must cover whole output dims from j: the leading dim
-            # of the group must be sharded, which holds when new[j] is a multiple of l
-            if new[j] % l and l % new[j]:
-                return None
-            if new[j] % l == 0:
-                out[j] = out[j] * (g // l)
+    i = j = 0
+    while i < len(local) and j < len(new):
+        ins, outs, pi, pj = [i], [j], local[i], new[j]
+        i, j = i + 1, j + 1
+        while pi != pj:
+            if pi < pj and i < len(local):
+                pi, i = pi * local[i], i + 1
+                ins.append(i - 1)
+            elif pj < pi and j < len(new):
+                pj, j = pj * new[j], j + 1
+                outs.append(j - 1)
             else:
                 return None
-        prefix_in *= l
+        scaled = [d for d in ins if local[d] != glob[d]]
+        if not scaled:
+            continue
+        lead = next(d for d in ins if local[d] != 1)
+        if scaled != [lead] or glob[lead] % local[lead]:
+            return None
+        first = next(d for d in outs if new[d] != 1)
+        out[first] *= glob[lead] // local[lead]
+    if any(local[d] != glob[d] for d in range(i, len(local))):
+        return None
     return tuple(out)
 
 
@@ -1133,8 +1196,25 @@ def _func_src(jx) -> tuple[str | None, tuple[str, int] | None]:
     return name, (m.group(2), int(m.group(3)))
 
 
+def markdown_table() -> str:
+    """PRIMITIVES as the Markdown table of docs/import.md (generated, not kept by hand)."""
+    rows = ["| jaxpr primitive | meshsim op | what is translated |", "|---|---|---|"]
+    bar = "\\|"
+    for prim, (op, _how, what) in sorted(PRIMITIVES.items()):
+        ops = op if op.startswith("(") else f" {bar} ".join(f"`{o}`" for o in op.split(" | "))
+        rows.append(f"| `{prim}` | {ops} | {what.replace('|', bar)} |")
+    rows.append(f"| {', '.join(f'`{p}`' for p in sorted(INLINED))} | (inlined) | "
+                "their inner jaxpr, equation by equation |")
+    rows.append("| `shard_map` | `local_map` | in_specs, out_specs, check_vma; its body by this table |")
+    return "\n".join(rows) + "\n"
+
+
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description="meshsim import jax: a jax.shard_map program as a meshsim scenario")
+    if argv is None and sys.argv[1:] == ["--markdown-table"]:
+        sys.stdout.write(markdown_table())
+        return 0
+    ap = argparse.ArgumentParser(description="meshsim import jax: a jax.shard_map program as a meshsim scenario "
+                                 "(--markdown-table alone: the primitive table)")
     ap.add_argument("--file", required=True)
     ap.add_argument("--func", required=True)
     ap.add_argument("--mesh", required=True)
