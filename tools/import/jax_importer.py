@@ -37,7 +37,6 @@ bytes.
 from __future__ import annotations
 
 import argparse
-import ast
 import inspect
 import math
 import os
@@ -132,11 +131,10 @@ class Val:
     """One jaxpr value: a name (or a constant scalar), its local shape (inside a body) and global
     shape, its dtype."""
 
-    __slots__ = ("name", "const", "shape", "gshape", "dtype", "bcast_ok", "origin")
+    __slots__ = ("name", "const", "shape", "gshape", "dtype", "origin")
 
     def __init__(self, name=None, const=None, shape=(), gshape=(), dtype="float32"):
         self.name, self.const, self.shape, self.gshape, self.dtype = name, const, tuple(shape), tuple(gshape), dtype
-        self.bcast_ok = False  # a broadcast kept at size 1: only broadcasting consumers may read it
         self.origin = None  # the primitive that made it
 
 
@@ -352,13 +350,12 @@ class Translator:
         self.mode = mode
         self.ops: list[dict] = []
         self.env = env
-        self.reuse = names
-        self.consumers: dict[int, list[str]] = {}
+        self.consumers: dict[int, list[Eqn]] = {}
         self.pending: list[tuple[str, str]] = []
         for e in eqns:
             for v in e.invars:
                 if not _is_literal(v) and not isinstance(v, tuple):
-                    self.consumers.setdefault(id(v), []).append(e.prim)
+                    self.consumers.setdefault(id(v), []).append(e)
         for e in eqns:
             self.eqn = e
             self.base = self.sources.target(e.source_info)
@@ -658,6 +655,15 @@ class Translator:
                             f"pieces interleave (local {list(x.shape)} of global {list(x.gshape)} -> {new})")
         return [self.emit("reshape", [x.name], tuple(new), target, x.dtype, shape=list(target))]
 
+    def _broadcasts_only(self, var) -> bool:
+        """Whether every reader of `var` broadcasts its operands (through the value-preserving
+        pvary, casts and converts), so that a broadcast may keep its size-1 dims."""
+        readers = self.consumers.get(id(var), [])
+        passthrough = ("pvary", "convert_element_type", "reduced_vary_cast_p", "vary_unreduced_cast_p", "copy",
+                       "copy_p")
+        return bool(readers) and all(c.prim in BROADCASTING or c.prim in passthrough and
+                                     self._broadcasts_only(c.outvars[0]) for c in readers)
+
     def t_broadcast(self, e, ins):
         outs = self._broadcast(e, ins)
         outs[0].origin = ins[0].origin  # a broadcast max is still the max (t_stop_gradient)
@@ -669,8 +675,7 @@ class Translator:
         bdims = [int(d) for d in e.params["broadcast_dimensions"]]
         if x.const is not None:
             return [Val(const=x.const)]
-        consumers = self.consumers.get(id(e.outvars[0]), [])
-        broadcasts_only = bool(consumers) and all(c in BROADCASTING or c == "pvary" for c in consumers)
+        broadcasts_only = self._broadcasts_only(e.outvars[0])
         r, n = len(x.shape), len(shape)
         gout = [1] * n
         for i, d in enumerate(bdims):
@@ -681,14 +686,14 @@ class Translator:
         # keep size-1 dims where every consumer broadcasts: numpy alignment needs only the new dims
         # that are not leading
         if broadcasts_only and bdims == list(range(n - r, n)):
-            return [_with(x, bcast=True)]
+            return [x]
         cur = x
         for d in range(n):
             if d not in bdims:
                 cur = self.emit("unsqueeze", [cur.name], cur.shape[:d] + (1,) + cur.shape[d:],
                                 cur.gshape[:d] + (1,) + cur.gshape[d:], x.dtype, dim=d)
         if broadcasts_only:
-            return [_with(cur, bcast=True)]
+            return [cur]
         if cur.shape == shape:
             return [cur]
         local = [(-1 if cur.shape[d] == shape[d] else shape[d]) for d in range(n)]
@@ -782,12 +787,6 @@ class _Unmapped(Exception):
     """A primitive whose row does not cover this use (the reason is its message)."""
 
 
-def _with(x: Val, bcast: bool) -> Val:
-    v = Val(name=x.name, const=x.const, shape=x.shape, gshape=x.gshape, dtype=x.dtype)
-    v.bcast_ok, v.origin = bcast, x.origin
-    return v
-
-
 def _num(c: float):
     return int(c) if float(c).is_integer() and abs(c) < 2 ** 53 else float(c)
 
@@ -846,7 +845,7 @@ def _global_reshape(local: tuple, glob: tuple, new: list[int]) -> tuple | None:
 # The import
 
 
-def _arg_names(fn, args, n_leaves_per_arg, paths) -> list[str]:
+def _arg_names(fn, args, paths) -> list[str]:
     """One name per leaf: the function's parameter name, or the pytree key of the leaf (the last
     key when that is unique, else the whole path)."""
     try:
@@ -887,7 +886,6 @@ def import_jax(file: str, func: str, mesh_arg: common.MeshArg, out: str, with_so
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     try:
         import jax
-        import numpy as np
         from jax.sharding import AxisType, NamedSharding
     except ImportError as e:
         raise UserError(f"JAX does not import with this interpreter ({sys.executable}): {e}") from None
@@ -923,7 +921,7 @@ def import_jax(file: str, func: str, mesh_arg: common.MeshArg, out: str, with_so
         leaves = jax.tree_util.tree_flatten_with_path(a)[0]
         paths.append([p for p, _ in leaves])
     flat_args = jax.tree_util.tree_leaves(args)
-    names = _arg_names(loss_fn, args, None, paths)
+    names = _arg_names(loss_fn, args, paths)
     arg_of_leaf = [i for i, ps in enumerate(paths) for _ in ps]
     jaxpr = closed.jaxpr
     if len(jaxpr.invars) != len(flat_args):
@@ -1012,10 +1010,11 @@ def import_jax(file: str, func: str, mesh_arg: common.MeshArg, out: str, with_so
                         "divides each output's by the axes its out_specs leave out (jax/_src/shard_map.py, "
                         "_shard_map_transpose), which a meshsim local_map with check_variance false does not; "
                         "import it with check_vma=True")
-    if any(o["out"] == loss.name for o in program) is False and loss.name not in [i["name"] for i in inputs]:
-        raise RuntimeError(f"the loss value {loss.name} is made by no op")
     if loss.name in [i["name"] for i in inputs]:
         raise UserError(f"{func}: loss_fn returns one of its arguments unchanged")
+    made = {n for o in program for n in (o["out"] if isinstance(o["out"], list) else [o["out"]])}
+    if loss.name not in made:
+        raise RuntimeError(f"the loss value {loss.name} is made by no op")
 
     doc = {"format": "meshsim.scenario/1",
            "name": _clean(os.path.splitext(os.path.basename(out))[0]) if out else func,
@@ -1064,7 +1063,7 @@ def _local_map(tr: Translator, flat: Flattener, e: Eqn, env: dict, axes: list[st
     if set(p["mesh"].axis_names) != set(axes) or any(tr.sizes[a] != s for a, s in
                                                         zip(p["mesh"].axis_names, p["mesh"].axis_sizes)):
         raise UserError(f"shard_map over mesh {dict(zip(p['mesh'].axis_names, p['mesh'].axis_sizes))}, not the "
-                        f"--mesh {tr.sizes} the importer built (use the mesh {''}FUNC is given)")
+                        f"--mesh {tr.sizes} the importer built (use the mesh FUNC is given)")
     manual = set(p.get("newly_manual_axes") or p.get("manual_axes") or axes)
     if manual != set(axes):
         raise UserError(f"shard_map manual over {sorted(manual)} only (axis_names=...): the importer reads regions "
