@@ -858,7 +858,7 @@ def _arg_names(fn, args, paths) -> list[str]:
         for p in leaf_paths:
             keys = [_key_text(k) for k in p]
             full.append("_".join([base[i]] + keys) if keys else base[i])
-            last.append(keys[-1] if keys else base[i])
+            last.append(keys[-1] if keys and not keys[-1].isdigit() else full[-1])
     names = [l if last.count(l) == 1 else f for l, f in zip(last, full)]
     out, seen = [], set()
     for n in names:
@@ -969,6 +969,7 @@ def import_jax(file: str, func: str, mesh_arg: common.MeshArg, out: str, with_so
         raise UserError(f"float arguments of several dtypes ({', '.join(sorted(float_dtypes))}): a meshsim run has one")
 
     # the program: global equations and shard_maps
+    needed = {id(v) for e in eqns for v in e.invars} | {id(flat.resolve(v)) for v in jaxpr.outvars}
     program: list[dict] = []
     segment: list[Eqn] = []
 
@@ -982,7 +983,7 @@ def import_jax(file: str, func: str, mesh_arg: common.MeshArg, out: str, with_so
             segment.append(e)
             continue
         flush()
-        program.append(_local_map(tr, flat, e, env, axes, sources, with_source))
+        program.append(_local_map(tr, flat, e, env, axes, sources, with_source, needed))
     flush()
 
     if tr.unmapped:
@@ -1054,8 +1055,10 @@ def _input_sources(inputs: list[dict], program: list[dict]) -> None:
 
 
 def _local_map(tr: Translator, flat: Flattener, e: Eqn, env: dict, axes: list[str], sources: Sources,
-               with_source: bool) -> dict:
-    """One shard_map equation as a local_map op (body and reference)."""
+               with_source: bool, needed: set) -> dict:
+    """One shard_map equation as a local_map op (body and reference), returning the results
+    something reads (`needed`: ids of the variables read after it; a grad's transposed region also
+    returns zeros for the arguments not differentiated)."""
     p = e.params
     inner = p["jaxpr"]
     jx = inner.jaxpr if hasattr(inner, "jaxpr") else inner
@@ -1077,9 +1080,11 @@ def _local_map(tr: Translator, flat: Flattener, e: Eqn, env: dict, axes: list[st
         args.append(x)
     in_pl = [spec_placements(s, len(x.shape), axes, f"shard_map in_specs[{i}]") for i, (s, x) in
              enumerate(zip(p["in_specs"], args))]
-    out_pl = [spec_placements(s, len(o.aval.shape), axes, f"shard_map out_specs[{i}]") for i, (s, o) in
-              enumerate(zip(p["out_specs"], e.outvars))]
-    body_eqns = live(flat.run(jx, consts), [flat.resolve(v) for v in jx.outvars])
+    keep = [k for k, o in enumerate(e.outvars) if id(o) in needed]
+    out_pl = [spec_placements(p["out_specs"][k], len(e.outvars[k].aval.shape), axes, f"shard_map out_specs[{k}]")
+              for k in keep]
+    jx_outs = [jx.outvars[k] for k in keep]
+    body_eqns = live(flat.run(jx, consts), [flat.resolve(v) for v in jx_outs])
     src = sources.source(e.source_info) if with_source else None
     fname, where = _func_src(jx)
     if src is None and with_source and where:
@@ -1104,24 +1109,27 @@ def _local_map(tr: Translator, flat: Flattener, e: Eqn, env: dict, axes: list[st
     benv: dict[int, Val] = {}
     bind_args(benv)
     body = tr.region(body_eqns, benv, "body")
-    body_rets = [tr.val(flat.resolve(v)) if not _is_literal(flat.resolve(v)) else None for v in jx.outvars]
+    body_rets = [tr.val(flat.resolve(v)) if not _is_literal(flat.resolve(v)) else None for v in jx_outs]
     renv: dict[int, Val] = {}
     bind_args(renv)
     used_before = set(tr.used)
     reference = tr.region(body_eqns, renv, "global", names=tr.names_by_eqn)
     tr.used = used_before | {o.get("out") for o in reference}
-    ref_rets = [tr.val(flat.resolve(v)) if not _is_literal(flat.resolve(v)) else None for v in jx.outvars]
+    ref_rets = [tr.val(flat.resolve(v)) if not _is_literal(flat.resolve(v)) else None for v in jx_outs]
     returns = []
-    for k, (b, r) in enumerate(zip(body_rets, ref_rets)):
+    for k, b, r in zip(keep, body_rets, ref_rets):
         if b is None or b.const is not None or r is None or r.const is not None:
-            raise UserError(f"shard_map result {k} is a constant, which a local_map cannot return")
+            raise UserError(f"shard_map result {k} is a constant, which a local_map cannot return (is loss_fn "
+                            "jax.grad of the loss? FUNC returns the loss itself, and meshsim differentiates it: the "
+                            "jaxpr of a jax.grad passes per-rank residuals between two shard_maps)")
         returns.append(b.name)
         if r.name != b.name:
             # the reference must define what the body returns: the global value under the body's name
             reference.append({"out": b.name, "op": "view", "args": [r.name], "shape": list(r.gshape)})
     outs = []
-    for k, (o, b) in enumerate(zip(e.outvars, body_rets)):
-        name = tr.fresh((fname or "shard_map") + (f"_{k}" if len(body_rets) > 1 else ""))
+    for k, b in zip(keep, body_rets):
+        o = e.outvars[k]
+        name = tr.fresh((fname or "shard_map") + (f"_{k}" if len(e.outvars) > 1 else ""))
         outs.append(name)
         env[id(o)] = Val(name=name, shape=tuple(o.aval.shape), gshape=tuple(o.aval.shape), dtype=str(o.aval.dtype))
     op = {"out": outs[0] if len(outs) == 1 else outs, "op": "local_map", "args": [x.name for x in args],
