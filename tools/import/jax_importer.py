@@ -93,6 +93,9 @@ PRIMITIVES = {
     "convert_element_type": ("(none)", "convert", "float to float of the same width: the value itself"),
     "copy": ("(none)", "alias", "the value itself"),
     "copy_p": ("(none)", "alias", "the value itself"),
+    # layout (outside shard_maps)
+    "reshard": ("redistribute", "reshard", "jax.reshard / jax.sharding.reshard: to its spec's placements"),
+    "sharding_constraint": ("redistribute", "reshard", "with_sharding_constraint: to its spec's placements"),
     # collectives (body only; the reference reads them as the identity)
     "psum": ("all_reduce", "psum", "reduce sum over each axis (check_vma=False)"),
     "psum_invariant": ("all_reduce", "psum", "reduce sum over each axis (jax.lax.psum, check_vma=True)"),
@@ -273,7 +276,7 @@ def _clean(name: str) -> str:
 def spec_placements(spec, ndim: int, axes: list[str], what: str) -> list[str]:
     """A PartitionSpec as one meshsim placement per mesh axis."""
     out = {a: "R" for a in axes}
-    entries = list(spec) if spec is not None else []
+    entries = list(getattr(spec, "partitions", spec) or ())
     for d, entry in enumerate(entries):
         if entry is None:
             continue
@@ -700,6 +703,15 @@ class Translator:
         glob = [(-1 if cur.gshape[d] == gout[d] else gout[d]) for d in range(n)]
         return [self.emit("expand", [cur.name], shape, tuple(gout), x.dtype,
                           shape=local if self.mode == "body" else glob)]
+
+    def t_reshard(self, e, ins):
+        x = ins[0]
+        sharding = e.params.get("dst_sharding", e.params.get("sharding"))
+        spec = getattr(sharding, "spec", None)
+        if self.mode == "body" or x.const is not None or spec is None:
+            raise _Unmapped("in a shard_map body" if self.mode == "body" else "without a NamedSharding")
+        placements = spec_placements(spec, len(x.shape), self.axes, "reshard")
+        return [self.emit("redistribute", [x.name], x.shape, x.gshape, x.dtype, placements=placements)]
 
     # -- collectives
 
