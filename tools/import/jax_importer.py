@@ -27,7 +27,9 @@ differentiated (an int or a tuple; default 0, as `jax.grad`). The importer trace
   the shard_maps (the loss's mean, say) as program ops;
 - `backward`: the (first) result of `loss_fn` when it is a scalar;
 - `source` on every input and op: the user's file:line and code of the equation, from the jaxpr's
-  source_info; `imported`: the system, JAX's version, the file, the function and the mesh.
+  source_info; `imported`: the system, JAX's version, the file, the function, the mesh and
+  `backward_collectives`, what JAX's own backward communicates (jax.grad's jaxpr less the
+  forward's), for meshsim to compare with its own.
 
 A primitive with no row in the table is never dropped: exit 2 listing each with its count and
 first source line. Exit codes and the one-line errors: common.py. Same file, same mesh: the same
@@ -48,9 +50,10 @@ import common  # noqa: E402
 from common import UserError  # noqa: E402
 
 # ---------------------------------------------------------------------------------------------
-# The table: jaxpr primitive -> meshsim op. `where`: body (inside a shard_map, rank-local),
-# global (the program outside shard_maps, and a body's reference). Each row's translation is the
-# Translator method named by `how`. docs/import.md's JAX table is this one.
+# The table: jaxpr primitive -> (meshsim op, how, what is translated). `how` names the Translator
+# method `t_<how>` that translates the equation, in a body (rank-local, collectives kept) or on
+# global values (the program outside shard_maps, and a body's reference: collectives and casts
+# are the identity there). `--markdown-table` prints it for docs/import.md.
 
 PRIMITIVES = {
     # elementwise
@@ -483,6 +486,9 @@ class Translator:
         op = {"add_any": "add"}.get(e.prim, e.prim)
         if x.const is not None and y.const is not None:
             return [Val(const=_fold(e.prim, [x.const, y.const]))]
+        other = y if x.const is not None else x
+        if (x.const is not None or y.const is not None) and tuple(shape) != tuple(other.shape):
+            raise _Unmapped("a constant array that broadcasts the other operand")
         if y.const is not None and tuple(shape) == tuple(x.shape) and (
                 (op in ("mul", "div") and y.const == 1.0) or (op in ("add", "sub") and y.const == 0.0)):
             return [x]  # x * 1, x + 0: the value itself (JAX's grad writes them)
