@@ -425,10 +425,13 @@ class Translator:
             return Val(const=float(arr)) if arr.ndim == 0 else None
         return self.env[id(v)]
 
-    def emit(self, op: str, args: list[str], out_shape, out_gshape, dtype: str, **attrs) -> Val:
+    def emit(self, op: str, args: list[str], out_shape, out_gshape, dtype: str, hint: str | None = None,
+             **attrs) -> Val:
         if self.name_queue:
             name = self.name_queue.pop(0)
             self.used.add(name)
+        elif hint:
+            name = self.fresh(hint)
         elif self.base:
             # named after the assignment on its line once the region is done (`finish_names`)
             name = f"\x00{len(self.pending)}"
@@ -760,7 +763,8 @@ class Translator:
         if x.const is not None or self.mode != "body":
             return [x]
         for a in self._axes(e, "axes"):
-            x = self.emit("mark_varying", [x.name], x.shape, x.gshape, x.dtype, axis=a)
+            # named after its operand (x_varying_dp): JAX inserts most of them, not the line's code
+            x = self.emit("mark_varying", [x.name], x.shape, x.gshape, x.dtype, hint=f"{x.name}_varying_{a}", axis=a)
         return [x]
 
     def t_all_gather(self, e, ins):
