@@ -1270,6 +1270,7 @@ def run_import(args) -> None:
                                    f"returns the loss; got {type(ret).__name__}"
                                    + (f" of {len(ret)}" if isinstance(ret, (tuple, list)) else ""))
         model, inputs, loss_fn = ret
+        check_fits(model, mesh_arg)
         if isinstance(inputs, torch.Tensor):
             inputs = (inputs,)
         if not isinstance(inputs, (tuple, list)):
@@ -1346,6 +1347,27 @@ def run_import(args) -> None:
         "backward": backward,
     }
     common.write_json_atomic(args.out, doc)
+
+
+def check_fits(model, mesh_arg) -> None:
+    """Every sharded parameter divides evenly over its mesh axes: an uneven shard gives each rank
+    its own local shape, which the one-process simulation (LocalTensorMode) cannot run through."""
+    for fqn, p in model.named_parameters():
+        if not isinstance(p, DTensor):
+            continue
+        names = list(p.device_mesh.mesh_dim_names or ())
+        sizes = p.device_mesh.shape
+        split = [1] * p.dim()
+        for i, pl in enumerate(p.placements):
+            if isinstance(pl, Shard):
+                split[pl.dim % p.dim()] *= sizes[i]
+        for d, n in enumerate(split):
+            if n > 1 and p.shape[d] % n:
+                axes = [names[i] for i, pl in enumerate(p.placements) if isinstance(pl, Shard) and pl.dim % p.dim() == d]
+                raise common.UserError(
+                    f"--mesh {mesh_arg.text()}: the model does not fit the mesh: parameter {fqn} of shape "
+                    f"{list(p.shape)} is sharded on dim {d} ({p.shape[d]}) over {', '.join(axes)} ({n} ranks), "
+                    f"which does not divide it")
 
 
 def unmapped_message(rec: Recorder) -> str:
