@@ -1,8 +1,11 @@
 #include "cli/commands.h"
 
+#include "core/cost_model.h"
+
 #include <unistd.h>
 
 #include <algorithm>
+#include <functional>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -14,6 +17,7 @@
 #include "cli/expect.h"
 #include "api/trace_of.h"
 #include "cli/values.h"
+#include "core/cost_model.h"
 #include "core/error.h"
 #include "core/scenario.h"
 #include "oracles/check.h"
@@ -118,15 +122,24 @@ int64_t int_of(const nlohmann::json& obj, const char* key) {
   return it != obj.end() && it->is_number_integer() ? it->get<int64_t>() : 0;
 }
 
-// "3,840"
-std::string grouped(int64_t n) {
-  std::string digits = std::to_string(n < 0 ? -n : n), out;
-  for (size_t i = 0; i < digits.size(); ++i) {
-    if (i && (digits.size() - i) % 3 == 0) out += ',';
-    out += digits[i];
-  }
-  return (n < 0 ? "-" : "") + out;
+std::string grouped(int64_t n) { return grouped_digits(n); }
+
+// Where the user's code made each value of an imported program: "llama.py:57 (layers.0.wq)".
+std::map<std::string, std::string> value_sources(const Scenario& sc) {
+  std::map<std::string, std::string> out;
+  for (const auto& in : sc.inputs)
+    if (!in.source.empty()) out[in.name] = in.source.where();
+  std::function<void(const std::vector<OpDecl>&)> walk = [&](const std::vector<OpDecl>& ops) {
+    for (const auto& op : ops) {
+      walk(op.body);
+      if (!op.source.empty())
+        for (const auto& o : op.outs) out[o] = op.source.where();
+    }
+  };
+  walk(sc.program);
+  return out;
 }
+
 
 // A table line without trailing blanks.
 std::string trimmed(std::string line) {
@@ -199,6 +212,27 @@ void print_communication(const nlohmann::json& r) {
   }
 }
 
+// What the system a program was imported from chose, against meshsim's choices (result "recorded").
+void print_recorded(const nlohmann::json& r) {
+  const nlohmann::json& rec = members(r, "recorded");
+  if (rec.empty()) return;
+  const std::string system = rec["system"].is_string() ? ImportedFrom::label_of(text_of(rec, "system")) : std::string("the recorded system");
+  const nlohmann::json& n = members(rec, "compared");
+  const nlohmann::json& diffs = members(rec, "differences");
+  std::cout << "  " << system << (rec.contains("version") ? " " + text_of(rec, "version") : "") << " (recorded at import): "
+            << int_of(n, "ops") << " ops, " << int_of(n, "placements") << " placements, " << int_of(n, "moves")
+            << " redistributed operands, " << int_of(n, "backward_collectives") << " backward collective kinds compared; ";
+  if (diffs.empty()) {
+    std::cout << "meshsim chooses the same everywhere\n";
+    return;
+  }
+  const nlohmann::json& bytes = members(rec, "bytes");
+  std::cout << "meshsim chooses otherwise at " << diffs.size() << (diffs.size() == 1 ? " place" : " places")
+            << " (forward moves: " << system << " " << grouped(int_of(bytes, "recorded")) << " B, meshsim "
+            << grouped(int_of(bytes, "meshsim")) << " B)\n";
+  for (const auto& d : diffs) std::cout << "    " << text_of(d, "message", "") << "\n";
+}
+
 // The human summary of a result; a result without values, collectives, grads or an error
 // (a run that raised) prints what it has. Quiet: the verdict, the first divergence, the
 // communication table, the checks and the failures.
@@ -223,17 +257,20 @@ void print_summary(const Scenario& sc, const RunOptions& options, const nlohmann
       if (values.contains(n) && std::find(order.begin(), order.end(), n) == order.end()) order.push_back(n);
     for (const auto& [name, v] : values.items())
       if (std::find(order.begin(), order.end(), name) == order.end()) order.push_back(name);
+    const std::map<std::string, std::string> sources = value_sources(sc);  // imported programs
     for (const auto& name : order) {
       const nlohmann::json& v = values[name];
       if (!v.is_object()) continue;
+      const auto src = sources.find(name);
+      const std::string at = src == sources.end() ? "" : "   <- " + src->second;
       if (v.contains("placements"))
-        std::cout << "  value " << name << " " << join_specs(v["placements"]) << " shape " << v.value("shape", nlohmann::json()).dump() << "\n";
+        std::cout << "  value " << name << " " << join_specs(v["placements"]) << " shape " << v.value("shape", nlohmann::json()).dump() << at << "\n";
       else if (v.value("variance", "") == "unchecked")  // plain local code: no sets kept
-        std::cout << "  value " << name << " (local code, unchecked)\n";
+        std::cout << "  value " << name << " (local code, unchecked)" << at << "\n";
       else  // an LTensor of a local_map body
         std::cout << "  value " << name << " (local_map body) variant " << join_specs(v.value("variant", nlohmann::json()))
                   << " reduced " << join_specs(v.value("reduced", nlohmann::json()))
-                  << (v.value("untracked", false) ? " UNTRACKED" : "") << "\n";
+                  << (v.value("untracked", false) ? " UNTRACKED" : "") << at << "\n";
     }
     for (const auto& c : members(r, "collectives")) {
       if (!c.is_object()) continue;
@@ -249,6 +286,7 @@ void print_summary(const Scenario& sc, const RunOptions& options, const nlohmann
     }
   }
   print_communication(r);
+  print_recorded(r);
   std::cout << "  checks:";
   for (const auto& [name, ok] : members(r, "checks").items())  // null: the check did not (fully) run
     std::cout << " " << name << "=" << (ok == true ? "ok" : ok.is_null() ? "unchecked" : "FAIL");

@@ -15,10 +15,13 @@
 
 #include "core/error.h"
 #include "core/ops.h"
+#include "core/scenario_imported.h"
+#include "core/scenario_reader.h"
 
 namespace meshsim {
 
 using json = nlohmann::json;
+using namespace scenario_detail;
 
 namespace {
 
@@ -68,10 +71,6 @@ std::string choice_list(const Choice<E> (&choices)[N]) {
 }
 
 // A short rendering of any JSON value for messages (never throws on bad UTF-8).
-std::string brief(const json& v) {
-  std::string text = v.dump(-1, ' ', false, json::error_handler_t::replace);
-  return text.size() > 40 ? text.substr(0, 37) + "..." : text;
-}
 
 template <class E, size_t N>
 E pick(const std::string& key, const json& value, const Choice<E> (&choices)[N]) {
@@ -128,129 +127,6 @@ const OpSchema* find_op_rule(const std::string& name, Region region = Region::Pr
   return (s->scopes & scope) ? s : nullptr;
 }
 
-std::string join(const std::vector<std::string>& items) {
-  std::string out;
-  for (const auto& s : items) out += (out.empty() ? "" : ", ") + s;
-  return out;
-}
-
-// ---- checked access to the document: every failure is an InputError at a JSON path ----
-
-// JSON pointer escaping of one key (RFC 6901).
-std::string pointer_token(const std::string& key) {
-  std::string out;
-  for (char c : key) out += c == '~' ? "~0" : c == '/' ? "~1" : std::string(1, c);
-  return out;
-}
-
-std::string child(const std::string& path, const std::string& key) {
-  return path + "/" + pointer_token(key);
-}
-std::string child(const std::string& path, size_t index) {
-  return path + "/" + std::to_string(index);
-}
-
-std::string in_quotes(const std::string& s) { return "\"" + s + "\""; }
-
-class Reader {
- public:
-  explicit Reader(std::string file) : file_(std::move(file)) {}
-
-  [[noreturn]] void fail(const std::string& path, const std::string& message,
-                         ErrorKind kind = ErrorKind::InvalidScenario) const {
-    throw InputError(file_, path.empty() ? "/" : path, message, kind);
-  }
-
-  const json& object(const json& v, const std::string& path) const {
-    if (!v.is_object()) fail(path, "expected an object, got " + brief(v));
-    return v;
-  }
-  const json& array(const json& v, const std::string& path) const {
-    if (!v.is_array()) fail(path, "expected an array, got " + brief(v));
-    return v;
-  }
-  std::string string(const json& v, const std::string& path) const {
-    if (!v.is_string()) fail(path, "expected a string, got " + brief(v));
-    return v.get<std::string>();
-  }
-  std::string name(const json& v, const std::string& path) const {
-    std::string s = string(v, path);
-    if (s.empty()) fail(path, "expected a non-empty name");
-    return s;
-  }
-  bool boolean(const json& v, const std::string& path) const {
-    if (!v.is_boolean()) fail(path, "expected true or false, got " + brief(v));
-    return v.get<bool>();
-  }
-  int64_t integer(const json& v, const std::string& path,
-                  int64_t min = std::numeric_limits<int64_t>::min()) const {
-    bool fits = v.is_number_integer() &&
-                (!v.is_number_unsigned() ||
-                 v.get<uint64_t>() <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max()));
-    if (!fits) fail(path, "expected an integer, got " + brief(v));
-    int64_t i = v.get<int64_t>();
-    if (i < min) fail(path, "expected an integer >= " + std::to_string(min) + ", got " + brief(v));
-    return i;
-  }
-  void number(const json& v, const std::string& path) const {
-    if (!v.is_number()) fail(path, "expected a number, got " + brief(v));
-  }
-
-  // The field `key` of an object already checked with object(); missing fields fail.
-  const json& field(const json& obj, const std::string& path, const std::string& key) const {
-    auto it = obj.find(key);
-    if (it == obj.end()) fail(child(path, key), "missing required field " + in_quotes(key));
-    return *it;
-  }
-  // Every key of `obj` must be one of `allowed`.
-  void only_keys(const json& obj, const std::string& path,
-                 const std::vector<std::string>& allowed) const {
-    for (const auto& item : obj.items())
-      if (std::find(allowed.begin(), allowed.end(), item.key()) == allowed.end())
-        fail(child(path, item.key()),
-             "unknown field " + in_quotes(item.key()) + " (expected " + join(allowed) + ")");
-  }
-
-  Shape shape(const json& v, const std::string& path, int64_t min_extent) const {
-    Shape out;
-    int64_t count = 1;
-    array(v, path);
-    for (size_t k = 0; k < v.size(); ++k) {
-      int64_t extent = integer(v[k], child(path, k), min_extent);
-      if (extent != 0 && count > std::numeric_limits<int64_t>::max() / extent)
-        fail(path, "too many elements");
-      count *= extent == 0 ? 1 : extent;
-      out.push_back(extent);
-    }
-    return out;
-  }
-
-  // One placement per mesh axis; each parsed by parse_placement.
-  Spec spec(const json& v, const std::string& path, const Mesh& mesh) const {
-    if (array(v, path).size() != static_cast<size_t>(mesh.ndim()))
-      fail(path, "expected " + std::to_string(mesh.ndim()) + " placements (one per mesh axis " +
-                     join(mesh.axes()) + "), got " + std::to_string(v.size()));
-    Spec out;
-    for (size_t k = 0; k < v.size(); ++k) {
-      std::string text = string(v[k], child(path, k));
-      try {
-        out.push_back(parse_placement(text));
-      } catch (const std::invalid_argument& e) {
-        fail(child(path, k), e.what());
-      }
-    }
-    return out;
-  }
-
-  void check_shape(const Mesh& mesh, const Spec& spec, size_t ndim, const std::string& path) const {
-    std::string why = check_spec(mesh, spec, static_cast<int64_t>(ndim));
-    if (!why.empty()) fail(path, why, ErrorKind::ShapeMismatch);
-  }
-
- private:
-  std::string file_;
-};
-
 // ---- the parts of a scenario ----
 
 class ScenarioParser {
@@ -262,7 +138,8 @@ class ScenarioParser {
 
   Scenario parse() {
     r_.object(doc_, "");
-    r_.only_keys(doc_, "", {"format", "name", "mesh", "options", "inputs", "program", "backward", "expect", "requires"});
+    r_.only_keys(doc_, "", {"format", "name", "mesh", "options", "inputs", "program", "backward", "expect", "requires",
+                               "imported"});
     parse_format();
     s_.name = doc_.contains("name") ? r_.string(doc_["name"], "/name")
                                     : std::filesystem::path(s_.file).stem().string();
@@ -275,6 +152,7 @@ class ScenarioParser {
     if (doc_.contains("backward")) s_.backward = value_name(doc_["backward"], "/backward");
     if (doc_.contains("expect")) s_.expect = r_.object(doc_["expect"], "/expect");
     if (doc_.contains("requires")) parse_requires(doc_["requires"]);
+    if (doc_.contains("imported")) s_.imported = parse_imported(doc_["imported"], "/imported", s_.file);
     return std::move(s_);
   }
 
@@ -326,7 +204,7 @@ class ScenarioParser {
 
   void parse_input(const json& in, const std::string& path) {
     r_.only_keys(r_.object(in, path), path,
-                 {"name", "shape", "placements", "init", "from_local", "requires_grad", "dtype"});
+                 {"name", "shape", "placements", "init", "from_local", "requires_grad", "dtype", "source"});
     InputDecl decl;
     decl.path = path;
     decl.name = new_value(r_.field(in, path, "name"), child(path, "name"));
@@ -369,6 +247,7 @@ class ScenarioParser {
       decl.requires_grad = r_.boolean(in["requires_grad"], child(path, "requires_grad"));
     if (decl.requires_grad && decl.dtype != ElementType::Float)
       r_.fail(child(path, "requires_grad"), std::string("a ") + element_type_name(decl.dtype) + " input has no gradient");
+    if (in.contains("source")) decl.source = parse_source(in["source"], child(path, "source"), s_.file);
     s_.inputs.push_back(std::move(decl));
   }
 
@@ -400,6 +279,8 @@ class ScenarioParser {
     const bool multi = rule.gen == GenClass::Split;
     std::vector<std::string> allowed = {multi ? "outs" : "out", "op", "args"};
     for (const auto& a : rule.attrs) allowed.push_back(a.key);
+    allowed.push_back("source");  // imported programs: where the user's code made it
+    if (region == Region::Program) allowed.push_back("recorded");
     // A call passes its other fields to the Function as its attributes.
     if (decl.op != "call") r_.only_keys(op, path, allowed);
     static const json kNoArgs = json::array();
@@ -437,6 +318,10 @@ class ScenarioParser {
       decl.out = new_value(r_.field(op, path, "out"), child(path, "out"));
       decl.outs = {decl.out};
     }
+    if (op.contains("source")) decl.source = parse_source(op["source"], child(path, "source"), s_.file);
+    if (op.contains("recorded") && decl.op != "call")
+      decl.recorded = parse_recorded(op["recorded"], child(path, "recorded"), s_.file, s_.mesh, decl.args.size(),
+                                     decl.outs.size());
     (into ? *into : s_.program).push_back(std::move(decl));
   }
 

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -61,6 +62,47 @@ void set_option(RunOptions& options, const std::string& key, const nlohmann::jso
 // --option and the key when one is malformed.
 RunOptions with_overrides(RunOptions options, const std::vector<std::string>& overrides);
 
+// Where the user's code made a value, for imported programs (docs/import.md): the module path and
+// the file and line of the user's source, with the line's text. Empty when the scenario has none.
+struct SourceRef {
+  std::string module, file, code;
+  int64_t line = 0;
+
+  bool empty() const { return module.empty() && file.empty(); }
+  std::string where() const;  // "llama.py:57 (layers.0.attention.wq)", "" when empty
+  nlohmann::json to_json() const;
+};
+
+// What the system a program was imported from chose for one op (`recorded`), which `meshsim run`
+// compares with its own choices (oracles/recorded.h).
+struct RecordedMove {
+  size_t arg = 0;  // the operand PyTorch redistributed before running the op
+  Spec from, to;
+  std::string path;  // "/program/4/recorded/collectives/0"
+};
+struct RecordedChoice {
+  bool present = false;
+  // Per result, per mesh axis: the placement the system gave it; nullopt where it did not record
+  // one (an axis its value does not live on, such as a data-parallel axis meshsim adds).
+  std::vector<std::vector<std::optional<Placement>>> placements;
+  std::vector<RecordedMove> moves;
+};
+// The scenario's `imported`: where it came from, and the collectives the system's backward ran.
+struct ImportedFrom {
+  bool present = false;
+  std::string system, version, file, function, mesh;
+  struct Count {
+    std::string op, axis;
+    int64_t count = 0;
+  };
+  std::vector<Count> backward_collectives;
+  bool backward_recorded = false;  // the field was there (an empty list says: none ran)
+
+  // "PyTorch", "JAX", the system as written, or "the recorded system" when not imported.
+  static std::string label_of(const std::string& system);
+  std::string label() const { return present ? label_of(system) : "the recorded system"; }
+};
+
 struct InputDecl {
   std::string name;
   Shape shape;  // global shape, or each rank's local shape when from_local
@@ -71,6 +113,7 @@ struct InputDecl {
   bool from_local = false;
   bool requires_grad = false;
   std::string path;  // JSON path, for messages: "/inputs/1"
+  SourceRef source;
 };
 
 struct OpDecl {
@@ -80,6 +123,8 @@ struct OpDecl {
   std::vector<std::string> args;
   nlohmann::json attrs;  // the whole op object, for op-specific fields
   std::string path;      // "/program/2"
+  SourceRef source;         // where the user's code made it (imported programs)
+  RecordedChoice recorded;  // what the system it was imported from chose (program ops)
 
   // local_map only.
   std::vector<Spec> in_placements;  // empty: the args as they are
@@ -104,6 +149,7 @@ struct Scenario {
   // or built into a meshsim of one's own). `meshsim run DIR` skips the scenario without them.
   std::vector<std::string> required_functions;
   nlohmann::json source;  // the document as read
+  ImportedFrom imported;  // `imported`: the program this scenario was imported from
 
   const InputDecl* find_input(const std::string& name) const;
 };

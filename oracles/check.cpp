@@ -16,6 +16,7 @@
 #include "oracles/localize.h"
 #include "oracles/mismatch.h"
 #include "oracles/oracle.h"
+#include "oracles/recorded.h"
 #include "sim/data.h"
 #include "sim/interpreter.h"
 #include "sim/mesh_node.h"
@@ -23,12 +24,6 @@
 namespace meshsim {
 
 namespace {
-
-nlohmann::json placements_json(const Spec& spec) {
-  nlohmann::json out = nlohmann::json::array();
-  for (const auto& p : spec) out.push_back(p.str());
-  return out;
-}
 
 // The larger of two errors, NaN winning (std::max would drop it).
 double worse(double a, double b) {
@@ -383,6 +378,7 @@ Failed compare(const Scenario& sc, const RunOptions& options, const SimRun& run,
   r["collectives"] = collectives_json(out.events, event_ops);
   r["communication"] = communication_json(sc, out.events, event_ops);
   r["implicit"] = implicit_json(run.runtime->implicit_moves(), out.events);
+  if (nlohmann::json rec = recorded_json(sc, options, r); !rec.is_null()) r["recorded"] = std::move(rec);
   // implicit error: every implicit move that communicates fails the run, each named with its reason.
   Comparison implicit_check;
   if (options.implicit == ImplicitPolicy::Error)
@@ -563,7 +559,9 @@ double comparison_tolerance(const Scenario& sc, const RunOptions& options) {
   return exact ? 0.0 : 1e-12;
 }
 
-CheckedRun check_scenario(const Scenario& sc, const RunOptions& options, bool keep_values) {
+namespace {
+
+CheckedRun checked_run(const Scenario& sc, const RunOptions& options, bool keep_values) {
   CheckedRun out;
   nlohmann::json& r = out.result;
   r["format"] = "meshsim.result/1";
@@ -645,6 +643,14 @@ CheckedRun check_scenario(const Scenario& sc, const RunOptions& options, bool ke
   }
   if (failed.any && options.localize != Localize::Never && localization_enabled())
     localize(sc, options, run, oracle, failed, out);
+  return out;
+}
+
+}  // namespace
+
+CheckedRun check_scenario(const Scenario& sc, const RunOptions& options, bool keep_values) {
+  CheckedRun out = checked_run(sc, options, keep_values);
+  attach_sources(sc, out.result);  // imported programs: where the user's code made what failed
   return out;
 }
 

@@ -17,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/cost_model.h"
 #include "core/error.h"
 #include "core/files.h"
 #include "traces/render_common.h"
@@ -252,14 +253,7 @@ class Planner {
 
 Collapse plan_collapse(const Trace& t, const Facts& f, size_t max_drawn) { return Planner(t, f).plan(max_drawn); }
 
-std::string count_str(int64_t n) {
-  std::string digits = std::to_string(n < 0 ? -n : n), out;
-  for (size_t i = 0; i < digits.size(); ++i) {
-    if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
-    out += digits[i];
-  }
-  return (n < 0 ? "-" : "") + out;
-}
+std::string count_str(int64_t n) { return grouped_digits(n); }
 
 Attrs fold_attrs(const Fold& fold, const Attrs& extra) {
   // "188 ops", "19,392 ops, 19,584 events" (with their steps), "288 backward events"
