@@ -102,11 +102,13 @@ PRIMITIVES = {
     # collectives (body only; the reference reads them as the identity)
     "psum": ("all_reduce", "psum", "reduce sum over each axis (check_vma=False)"),
     "psum_invariant": ("all_reduce", "psum", "reduce sum over each axis (jax.lax.psum, check_vma=True)"),
+    "unreduced_psum": ("all_reduce", "psum", "reduce sum of an unreduced value over each axis"),
     "pmax": ("all_reduce", "pmax", "reduce max over each axis"),
     "pmin": ("all_reduce", "pmin", "reduce min over each axis"),
     "all_gather": ("all_gather", "all_gather", "tiled only: to varying"),
     "all_gather_reduced": ("all_gather", "all_gather", "jax.lax.all_gather(..., to='reduced')"),
     "reduce_scatter": ("reduce_scatter", "reduce_scatter", "jax.lax.psum_scatter, tiled only"),
+    "unreduced_reduce_scatter": ("reduce_scatter", "reduce_scatter", "psum_scatter of an unreduced value, tiled only"),
     "all_to_all": ("all_to_all", "all_to_all", "tiled only"),
     "pvary": ("mark_varying", "pvary", "one per axis (jax.lax.pvary / pcast(to='varying'), and "
               "those check_vma inserts)"),
@@ -1052,8 +1054,11 @@ def import_jax(file: str, func: str, mesh_arg: common.MeshArg, out: str, with_so
         _input_sources(inputs, program)
     if loss.shape == () and any_grad:
         doc["backward"] = loss.name
-        doc["imported"]["backward_collectives"] = backward_collectives(jax, loss_fn, args, argnums, mesh, jaxpr,
-                                                                       axes, file, func)
+        recorded = backward_collectives(jax, loss_fn, args, argnums, mesh, jaxpr, axes, file, func)
+        # Only the shard_maps' collectives are in a jaxpr: where the code around them works on
+        # sharded values, XLA's own (which no jaxpr shows) would be missing from the count.
+        if not global_ops_communicate(eqns):
+            doc["imported"]["backward_collectives"] = recorded
     if not with_source:
         doc.pop("imported")
     return doc
@@ -1164,9 +1169,28 @@ def _local_map(tr: Translator, flat: Flattener, e: Eqn, env: dict, axes: list[st
     return op
 
 
-COLLECTIVE_OPS = {"psum": "all_reduce", "psum_invariant": "all_reduce", "pmax": "all_reduce", "pmin": "all_reduce",
-                  "all_gather": "all_gather", "all_gather_reduced": "all_gather",
-                  "reduce_scatter": "reduce_scatter", "all_to_all": "all_to_all"}
+COLLECTIVE_OPS = {"psum": "all_reduce", "psum_invariant": "all_reduce", "unreduced_psum": "all_reduce",
+                  "pmax": "all_reduce", "pmin": "all_reduce",
+                  "all_gather": "all_gather", "all_gather_reduced": "all_gather", "all_gather_invariant": "all_gather",
+                  "reduce_scatter": "reduce_scatter", "unreduced_reduce_scatter": "reduce_scatter",
+                  "all_to_all": "all_to_all", "ppermute": "ppermute"}
+
+
+def global_ops_communicate(eqns: list[Eqn]) -> bool:
+    """Whether an equation outside the shard_maps reads or makes a value that is not replicated:
+    XLA's partitioner then communicates for it (a mean over a sharded dim, a reshard), with no
+    collective in the jaxpr to count."""
+    for e in eqns:
+        if e.prim == "shard_map":
+            continue
+        for v in list(e.invars) + list(e.outvars):
+            spec = getattr(getattr(getattr(v, "aval", None), "sharding", None), "spec", None)
+            if spec is None or _is_literal(v):
+                continue
+            if any(p is not None for p in getattr(spec, "partitions", spec)) or getattr(spec, "unreduced", None) \
+                    or getattr(spec, "reduced", None):
+                return True
+    return False
 
 
 def count_collectives(jaxpr, counts: dict | None = None) -> dict:
