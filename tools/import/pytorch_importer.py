@@ -637,21 +637,17 @@ class Recorder(TorchDispatchMode):
         if not record:
             return out
         v = self.val_of(dt)
-        if all(isinstance(p, Replicate) for p in dt.placements) and v.kind == "dt":
-            self.bind(out, v)  # a replicated value's local is the value: stays a DTensor of the scenario
-        else:
-            lv = self.as_local(v)
-            if lv.comps is None:
-                names = list(dt.device_mesh.mesh_dim_names or ())
-                factors = [1] * dt.dim()
-                for a, p in zip(names, dt.placements):
-                    if isinstance(p, Shard):
-                        factors[p.dim % dt.dim()] *= self.sizes[a]
-                if v.bdim is not None:
-                    factors[v.bdim] *= self.data_size
-                lshape = list(out.shape)
-                lv.comps = comps_of_shape(lshape, factors)
-            self.bind(out, lv)
+        lv = self.as_local(v)  # a replicated value's local too is local code, as in PyTorch (its backward too)
+        if lv.comps is None:
+            names = list(dt.device_mesh.mesh_dim_names or ())
+            factors = [1] * dt.dim()
+            for a, p in zip(names, dt.placements):
+                if isinstance(p, Shard):
+                    factors[p.dim % dt.dim()] *= self.sizes[a]
+            if v.bdim is not None:
+                factors[v.bdim] *= self.data_size
+            lv.comps = comps_of_shape(list(out.shape), factors)
+        self.bind(out, lv)
         return out
 
     @guarded
@@ -1315,10 +1311,13 @@ def run_import(args) -> None:
     finish_inputs(rec)
     backward = loss_val.name
     if loss_val.kind == "local":
+        # each rank's loss, computed in local code: FSDP averages the gradients over its axes, so the
+        # loss is the average over the data ranks (P(avg); the oracle reads a local mean over the
+        # local batch as the mean over the global batch, which equal local batches make the same)
         v = Val(rec.unique("loss"), "dt")
         rec.program.append({"out": v.name, "op": "from_local", "args": [loss_val.name],
                             "placements": ["P(avg)" if a in rec.data_axes else "R" for a in rec.axes],
-                            "source": {"module": "(loss)"}})
+                            "source": {"module": "(loss: each rank's, averaged over the data axes)"}})
         backward = v.name
     elif loss_val.dpart == "sum" and rec.fsdp_axes:
         n = 1
