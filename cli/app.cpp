@@ -13,6 +13,7 @@
 #include "cli/check.h"
 #include "cli/emit.h"
 #include "cli/explain.h"
+#include "cli/import.h"
 #include "cli/plugin.h"
 #include "meshsim/meshsim.h"
 
@@ -218,6 +219,15 @@ int main(int argc, char** argv) {
       ->allow_extra_args(false);
   add_limits(explain_cmd, limits, max_memory);
 
+  auto* import_cmd = app.add_subcommand(
+      "import",
+      "Read the program you run into a scenario: `import pytorch FILE.py[:FUNC] --mesh dp=2,tp=2 -o OUT.json` (a "
+      "parallelized nn.Module, one training step under LocalTensorMode), `import jax FILE.py:FUNC --mesh ...` (a "
+      "shard_map function's jaxpr); `import regenerate` re-imports the bundled models; `import table --markdown` "
+      "prints the aten table (docs/import.md; `meshsim import pytorch --help` for the rest)");
+  import_cmd->prefix_command();  // everything after `import` is tools/import/meshsim-import's
+  import_cmd->set_help_flag();   // and so is --help
+
   ValidateConfig validate;
   auto* validate_cmd = app.add_subcommand(
       "validate", "Run a scenario on a real engine (one process per rank) and compare every rank with the simulation");
@@ -286,6 +296,7 @@ int main(int argc, char** argv) {
     if (*render_cmd) return cli::cmd_render(render);
     if (*explain_cmd) return cli::cmd_explain(explain, std::cout);
     if (*validate_cmd) return cli::cmd_validate(validate);
+    if (*import_cmd) return cli::cmd_import(import_cmd->remaining());
   } catch (const InputError& e) {
     std::cerr << "meshsim: " << e.what() << "\n";
     json_error(ErrorKind::InvalidScenario, e.detail(), e.file(), e.json_path());

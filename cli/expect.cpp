@@ -118,9 +118,10 @@ std::optional<Expectation> parse_expectation(const Scenario& sc) {
   if (sc.expect.is_null()) return std::nullopt;
   const ExpectReader r(sc.file);
   const json& e = r.object(sc.expect, "/expect");
-  r.only_keys(e, "/expect", {"status", "error", "checks", "collectives", "failures", "exit", "implicit"});
+  r.only_keys(e, "/expect", {"status", "error", "checks", "collectives", "failures", "exit", "implicit",
+                                  "recorded_differences"});
   if (e.empty())
-    r.fail("/expect", "expected at least one of status, error, checks, collectives, failures, exit, implicit");
+    r.fail("/expect", "expected at least one of status, error, checks, collectives, failures, exit, implicit, recorded_differences");
   Expectation out;
   if (e.contains("status")) out.status = r.one_of(e["status"], "/expect/status", kStatuses);
   if (e.contains("error")) {
@@ -150,6 +151,8 @@ std::optional<Expectation> parse_expectation(const Scenario& sc) {
     out.exit = static_cast<int>(code);
   }
   if (e.contains("implicit")) out.implicit = r.count(e["implicit"], "/expect/implicit");
+  if (e.contains("recorded_differences"))
+    out.recorded_differences = r.count(e["recorded_differences"], "/expect/recorded_differences");
   return out;
 }
 
@@ -217,6 +220,16 @@ std::vector<std::string> unmet_expectations(const Expectation& e, const json& re
       unmet.push_back("/expect/implicit: expected " + std::to_string(*e.implicit) +
                       " implicit redistributions that communicate, found " + std::to_string(found) +
                       (first.empty() ? "" : " (the first: " + first + ")"));
+  }
+  if (e.recorded_differences) {
+    const json& rec = part(result, "recorded", kNoObject);
+    const json& diffs = part(rec, "differences", kNoArray);
+    const int64_t found = static_cast<int64_t>(diffs.size());
+    if (found != *e.recorded_differences)
+      unmet.push_back("/expect/recorded_differences: expected " + std::to_string(*e.recorded_differences) +
+                      " places where meshsim chooses otherwise than the recorded system, found " + std::to_string(found) +
+                      (diffs.empty() ? (result.contains("recorded") ? "" : " (the scenario records no choices)")
+                                     : " (the first: " + text(diffs[0].value("message", json(""))) + ")"));
   }
   if (e.exit && *e.exit != exit_code)
     unmet.push_back("/expect/exit: expected " + std::to_string(*e.exit) + ", found " + std::to_string(exit_code));

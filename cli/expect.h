@@ -34,6 +34,9 @@ struct Expectation {
   // How many redistributions the planner inserted that communicate (result "implicit" entries with
   // collectives); "implicit": 0 says the program asks for all of its communication.
   std::optional<int64_t> implicit;
+  // How many places an imported program's recorded choices differ from meshsim's (result
+  // "recorded" differences); "recorded_differences": 0 says meshsim agrees with PyTorch everywhere.
+  std::optional<int64_t> recorded_differences;
 };
 
 // The scenario's expect block (null when it has none: std::nullopt). Throws InputError naming the

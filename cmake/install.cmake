@@ -45,6 +45,9 @@ install(FILES ${PROJECT_BINARY_DIR}/meshsim.pc DESTINATION ${CMAKE_INSTALL_LIBDI
 install(FILES ${PROJECT_SOURCE_DIR}/README.md DESTINATION ${CMAKE_INSTALL_DOCDIR})
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/docs/ DESTINATION ${CMAKE_INSTALL_DOCDIR})
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/examples/ DESTINATION ${CMAKE_INSTALL_DATADIR}/meshsim/examples)
+# meshsim import and tools/crosscheck (Python; their packages come from PyPI when first used).
+install(DIRECTORY ${PROJECT_SOURCE_DIR}/tools/ DESTINATION ${CMAKE_INSTALL_DATADIR}/meshsim/tools USE_SOURCE_PERMISSIONS
+        PATTERN "__pycache__" EXCLUDE)
 add_custom_command(OUTPUT ${PROJECT_BINARY_DIR}/meshsim.1
                    COMMAND ${CMAKE_COMMAND} -DMESHSIM=$<TARGET_FILE:meshsim> -DOUT=${PROJECT_BINARY_DIR}/meshsim.1
                            -DVERSION=${PROJECT_VERSION} -P ${PROJECT_SOURCE_DIR}/cmake/manpage.cmake
