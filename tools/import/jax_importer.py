@@ -173,41 +173,54 @@ def _is_literal(v) -> bool:
     return type(v).__name__ == "Literal"
 
 
+class Ref:
+    """A value made by an equation of an inlined call: a fresh one per call, since JAX reuses one
+    traced jaxpr (one set of variables) for every call of a jitted function of the same shapes."""
+
+    __slots__ = ("aval",)
+
+    def __init__(self, aval):
+        self.aval = aval
+
+
 class Flattener:
-    """Inlines call-like primitives (jit, custom_jvp_call, ...) into one list of equations; an
-    inner jaxpr's variables are renamed onto the outer ones through `alias`."""
+    """Inlines call-like primitives (jit, custom_jvp_call, ...) into one list of equations."""
 
-    def __init__(self):
-        self.alias = {}  # inner jaxpr var -> outer var (or Literal, or ("const", value))
-
-    def resolve(self, v):
-        while not _is_literal(v) and not isinstance(v, tuple) and id(v) in self.alias:
-            v = self.alias[id(v)]
-        return v
-
-    def run(self, jaxpr, consts=(), parents: tuple = ()) -> list[Eqn]:
-        """`parents`: the source infos of the calls being inlined, innermost first (an equation
-        of a jitted function such as jnp.cumsum has no user frame of its own)."""
+    def run(self, jaxpr, consts=(), parents: tuple = (), bind: dict | None = None):
+        """The equations of `jaxpr`, its calls inlined, and the function that gives what a
+        variable of `jaxpr` stands for (a jaxpr var, a Ref, a Literal, or ("const", value)).
+        `parents`: the source infos of the calls being inlined, innermost first (an equation of a
+        jitted function such as jnp.cumsum has no user frame of its own); `bind`: what the
+        jaxpr's invars stand for (id -> value)."""
+        local = dict(bind or {})
         for var, c in zip(jaxpr.constvars, consts):
-            self.alias[id(var)] = ("const", c)
+            local[id(var)] = ("const", c)
+
+        def get(v):
+            return v if _is_literal(v) else local.get(id(v), v)
+
         out = []
         for e in jaxpr.eqns:
             name = e.primitive.name
             key = INLINED.get(name, "")
             inner = e.params.get(key) if key else None
-            if inner is not None and name != "shard_map":
+            if inner is not None:
                 closed = inner if hasattr(inner, "jaxpr") else None
                 jx = closed.jaxpr if closed is not None else inner
                 cs = closed.consts if closed is not None else ()
-                for iv, ov in zip(jx.invars, e.invars):
-                    self.alias[id(iv)] = self.resolve(ov)
-                out += self.run(jx, cs, (e.source_info,) + parents)
+                sub, sub_get = self.run(jx, cs, (e.source_info,) + parents,
+                                        {id(iv): get(ov) for iv, ov in zip(jx.invars, e.invars)})
+                out += sub
                 for ov, iv in zip(e.outvars, jx.outvars):
-                    self.alias[id(ov)] = self.resolve(iv)
+                    local[id(ov)] = sub_get(iv)
                 continue
-            out.append(Eqn(name, e.params, [self.resolve(v) for v in e.invars], list(e.outvars),
-                           (e.source_info,) + parents))
-        return out
+            outs = list(e.outvars)
+            if parents:
+                outs = [Ref(o.aval) for o in e.outvars]
+                for o, r in zip(e.outvars, outs):
+                    local[id(o)] = r
+            out.append(Eqn(name, e.params, [get(v) for v in e.invars], outs, (e.source_info,) + parents))
+        return out, get
 
 
 # ---------------------------------------------------------------------------------------------
@@ -954,7 +967,8 @@ def import_jax(file: str, func: str, mesh_arg: common.MeshArg, out: str, with_so
     sources = Sources(file, display_file)
     tr = Translator(sources, axes, sizes, with_source)
     flat = Flattener()
-    eqns = live(flat.run(jaxpr, closed.consts), [flat.resolve(v) for v in jaxpr.outvars])
+    all_eqns, get = flat.run(jaxpr, closed.consts)
+    eqns = live(all_eqns, [get(v) for v in jaxpr.outvars])
     if not any(e.prim == "shard_map" for e in eqns):
         raise UserError(f"{func}: its loss_fn calls no jax.shard_map (the importer reads shard_map programs; "
                         f"primitives found: {', '.join(sorted({e.prim for e in eqns})) or 'none'})")
@@ -993,7 +1007,7 @@ def import_jax(file: str, func: str, mesh_arg: common.MeshArg, out: str, with_so
         raise UserError(f"float arguments of several dtypes ({', '.join(sorted(float_dtypes))}): a meshsim run has one")
 
     # the program: global equations and shard_maps
-    needed = {id(v) for e in eqns for v in e.invars} | {id(flat.resolve(v)) for v in jaxpr.outvars}
+    needed = {id(v) for e in eqns for v in e.invars} | {id(get(v)) for v in jaxpr.outvars}
     program: list[dict] = []
     segment: list[Eqn] = []
 
@@ -1011,14 +1025,15 @@ def import_jax(file: str, func: str, mesh_arg: common.MeshArg, out: str, with_so
     flush()
 
     if tr.unmapped:
-        lines = [f"{func}: {sum(c for c, _ in tr.unmapped.values())} equation(s) of primitives with no row in "
-                 "the importer's table (tools/import/jax_importer.py, PRIMITIVES):"]
+        lines = [f"{func}: {sum(c for c, _ in tr.unmapped.values())} equation(s) the importer cannot translate "
+                 "(no row in its table, tools/import/jax_importer.py PRIMITIVES, or a use the row does not cover; "
+                 "nothing was written):"]
         for prim, (count, src) in sorted(tr.unmapped.items()):
             where = f"{src['file']}:{src['line']}: {src.get('code', '')}" if src else "(no source line)"
             lines.append(f"  {prim}: {count}x, first at {where}")
         raise UserError("\n".join(lines))
 
-    outs = [flat.resolve(v) for v in jaxpr.outvars]
+    outs = [get(v) for v in jaxpr.outvars]
     tr.env = env
     out_vals = []
     for v in outs:
@@ -1111,7 +1126,8 @@ def _local_map(tr: Translator, flat: Flattener, e: Eqn, env: dict, axes: list[st
     out_pl = [spec_placements(p["out_specs"][k], len(e.outvars[k].aval.shape), axes, f"shard_map out_specs[{k}]")
               for k in keep]
     jx_outs = [jx.outvars[k] for k in keep]
-    body_eqns = live(flat.run(jx, consts), [flat.resolve(v) for v in jx_outs])
+    all_body, bget = flat.run(jx, consts)
+    body_eqns = live(all_body, [bget(v) for v in jx_outs])
     src = sources.source(e.source_info) if with_source else None
     fname, where = _func_src(jx)
     if src is None and with_source and where:
@@ -1136,13 +1152,13 @@ def _local_map(tr: Translator, flat: Flattener, e: Eqn, env: dict, axes: list[st
     benv: dict[int, Val] = {}
     bind_args(benv)
     body = tr.region(body_eqns, benv, "body")
-    body_rets = [tr.val(flat.resolve(v)) if not _is_literal(flat.resolve(v)) else None for v in jx_outs]
+    body_rets = [tr.val(bget(v)) for v in jx_outs]
     renv: dict[int, Val] = {}
     bind_args(renv)
     used_before = set(tr.used)
     reference = tr.region(body_eqns, renv, "global", names=tr.names_by_eqn)
     tr.used = used_before | {o.get("out") for o in reference}
-    ref_rets = [tr.val(flat.resolve(v)) if not _is_literal(flat.resolve(v)) else None for v in jx_outs]
+    ref_rets = [tr.val(bget(v)) for v in jx_outs]
     returns = []
     for k, b, r in zip(keep, body_rets, ref_rets):
         if b is None or b.const is not None or r is None or r.const is not None:
