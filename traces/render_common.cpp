@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cstdio>
+#include <filesystem>
 #include <optional>
 #include <stdexcept>
 
@@ -337,6 +338,37 @@ int64_t rank_named(const std::string& message) {
 }
 }  // namespace
 
+namespace {
+
+// Each value's `source` (inputs and ops, local_map bodies included): "file:line" to draw, and the
+// module and code for the tooltip.
+void collect_sources(const json& items, std::map<std::string, Facts::Source>& out) {
+  for (const auto& item : items) {
+    if (!item.is_object()) continue;
+    if (item.contains("body")) collect_sources(item["body"], out);
+    const json& src = item.value("source", json());
+    if (!src.is_object()) continue;
+    Facts::Source s;
+    const std::string file = src.value("file", json()).is_string() ? src["file"].get<std::string>() : "";
+    const std::string module = src.value("module", json()).is_string() ? src["module"].get<std::string>() : "";
+    s.where = file.empty() ? module : std::filesystem::path(file).filename().string();
+    if (!file.empty() && src.value("line", json()).is_number_integer())
+      s.where += ":" + std::to_string(src["line"].get<int64_t>());
+    s.detail = (file.empty() ? "" : file + (src.contains("line") ? ":" + src["line"].dump() : "")) +
+               (module.empty() ? "" : (file.empty() ? "" : " ") + std::string("in ") + module);
+    if (src.value("code", json()).is_string()) s.detail += ": " + src["code"].get<std::string>();
+    std::vector<std::string> names;
+    for (const char* key : {"name", "out"})
+      if (item.value(key, json()).is_string()) names.push_back(item[key].get<std::string>());
+    if (item.value("outs", json()).is_array())
+      for (const auto& o : item["outs"])
+        if (o.is_string()) names.push_back(o.get<std::string>());
+    for (const auto& n : names) out.emplace(n, s);
+  }
+}
+
+}  // namespace
+
 Facts facts_of(const Trace& t) {
   Facts f;
   f.mesh = mesh_of(t, &f.mesh_from_scenario);
@@ -346,6 +378,8 @@ Facts facts_of(const Trace& t) {
   else if (r.is_object() && r.value("name", json()).is_string()) f.name = r["name"].get<std::string>();
   if (sc.is_object() && sc.value("program", json()).is_array()) f.program = sc["program"];
   if (sc.is_object() && sc.value("inputs", json()).is_array()) f.inputs = sc["inputs"];
+  collect_sources(f.inputs, f.sources);
+  collect_sources(f.program, f.sources);
 
   // Global shapes: the result's values, else the scenario's (global) inputs.
   for (const auto& in : f.inputs) {

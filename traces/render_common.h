@@ -123,6 +123,12 @@ struct Facts {
   std::string first_divergence;  // the result's first_divergence, in one line ("" when none)
   json program = json::array();  // the scenario's program, for implicit operands and sketches
   json inputs = json::array();
+  // Imported programs: where the user's code made each value ("llama.py:57", its module and
+  // line of code for the tooltip).
+  struct Source {
+    std::string where, detail;
+  };
+  std::map<std::string, Source> sources;
 };
 
 Facts facts_of(const Trace& t);

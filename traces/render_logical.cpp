@@ -125,7 +125,12 @@ class Logical {
       if (e.bytes > 0) out_edge_[event_id(e)] = step_out_edge(e, true);
     } else {
       for (const auto& line : rule_lines(e, f_.mesh)) label += kBr + small(line);
-      attrs = node_attrs(Role::Op, label, false, tooltip(e));
+      Attrs tip = tooltip(e);
+      if (auto src = f_.sources.find(e.value); src != f_.sources.end()) {  // imported: the user's line
+        label += kBr + small(esc(src->second.where));
+        if (tip.empty()) tip = {{"tooltip", src->second.detail}};
+      }
+      attrs = node_attrs(Role::Op, label, false, tip);
     }
     node(forward_body(), event_id(e), attrs);
 
