@@ -32,8 +32,10 @@ differentiated (an int or a tuple; default 0, as `jax.grad`). The importer trace
   forward's), for meshsim to compare with its own.
 
 A primitive with no row in the table is never dropped: exit 2 listing each with its count and
-first source line. Exit codes and the one-line errors: common.py. Same file, same mesh: the same
-bytes.
+first source line. Before writing, the importer runs the scenario's program (its bodies as
+shard_maps, not its references) in JAX on the same small integers as the user's loss_fn: a
+different result is an importer bug (exit 7), never a wrong scenario. Exit codes and the one-line
+errors: common.py. Same file, same mesh: the same bytes.
 """
 
 from __future__ import annotations
@@ -343,6 +345,7 @@ class Translator:
         self.unmapped: dict[str, list] = {}  # primitive -> [count, first source]
         self.counters: dict[str, int] = {}
         self.names_by_eqn: dict[int, list[str]] = {}  # id(eqn) -> names chosen (shared with the reference)
+        self.out_ndims: dict[str, list[int]] = {}  # a local_map's first result -> its results' ranks
 
     # -- names
 
@@ -1074,6 +1077,7 @@ def import_jax(file: str, func: str, mesh_arg: common.MeshArg, out: str, with_so
         # sharded values, XLA's own (which no jaxpr shows) would be missing from the count.
         if not global_ops_communicate(eqns):
             doc["imported"]["backward_collectives"] = recorded
+    self_check(jax, doc, loss.name, tr.out_ndims, loss_fn, args, mesh, flat_args, axes, sizes)
     if not with_source:
         doc.pop("imported")
     return doc
@@ -1175,6 +1179,7 @@ def _local_map(tr: Translator, flat: Flattener, e: Eqn, env: dict, axes: list[st
         name = tr.fresh((fname or "shard_map") + (f"_{k}" if len(e.outvars) > 1 else ""))
         outs.append(name)
         env[id(o)] = Val(name=name, shape=tuple(o.aval.shape), gshape=tuple(o.aval.shape), dtype=str(o.aval.dtype))
+    tr.out_ndims[outs[0]] = [len(e.outvars[k].aval.shape) for k in keep]
     op = {"out": outs[0] if len(outs) == 1 else outs, "op": "local_map", "args": [x.name for x in args],
           "in_placements": in_pl, "out_placements": out_pl}
     if not p.get("check_vma", True):
@@ -1240,6 +1245,126 @@ def backward_collectives(jax, loss_fn, args, argnums, mesh, forward_jaxpr, axes,
     rows = [{"op": op, "axis": a, "count": n - fwd.get((op, a), 0)} for (op, a), n in total.items()
             if n > fwd.get((op, a), 0)]
     return sorted(rows, key=lambda r: (axes.index(r["axis"]) if r["axis"] in axes else len(axes), r["op"]))
+
+
+# ---------------------------------------------------------------------------------------------
+# The self-check: the scenario's program (its bodies, not its references) run by JAX itself on
+# the same data as the user's loss_fn must give the same result, else the importer mistranslated
+# (exit 7, nothing written). The references are the intent and may differ from what JAX computes:
+# that difference is what meshsim reports as a bug.
+
+
+def _pspec(P, placements: list[str], ndim: int, axes: list[str]):
+    parts: list[list[str]] = [[] for _ in range(ndim)]
+    reduced, unreduced = set(), set()
+    for a, t in zip(axes, placements):
+        if t.startswith("S("):
+            parts[int(t[2:-1]) % max(ndim, 1)].append(a)
+        elif t == "Rd":
+            reduced.add(a)
+        elif t.startswith("P("):
+            unreduced.add(a)
+    entries = [None if not p else p[0] if len(p) == 1 else tuple(p) for p in parts]
+    return P(*entries, reduced=frozenset(reduced), unreduced=frozenset(unreduced))
+
+
+def _run_ops(jax, ops: list[dict], env: dict, sizes: dict, body: bool) -> None:
+    """meshsim ops (those the importer writes) as JAX calls, into `env`."""
+    jnp, lax = jax.numpy, jax.lax
+    for op in ops:
+        name, xs = op["op"], [env[a] for a in op.get("args", [])]
+        x = xs[0] if xs else None
+        other = xs[1] if len(xs) > 1 else op.get("value")
+        dim = op.get("dim")
+        if name in ("add", "sub", "mul", "div"):
+            y = {"add": jnp.add, "sub": jnp.subtract, "mul": jnp.multiply, "div": jnp.divide}[name](x, other)
+        elif name in ("neg", "exp", "log", "tanh", "sin", "cos", "sqrt", "abs"):
+            y = getattr(jnp, {"neg": "negative"}.get(name, name))(x)
+        elif name in ("sigmoid", "relu"):
+            y = getattr(jax.nn, name)(x)
+        elif name == "rsqrt":
+            y = lax.rsqrt(x)
+        elif name == "pow":
+            y = x ** op["exponent"]
+        elif name in ("mm", "matmul"):
+            y = jnp.matmul(x, xs[1])
+        elif name == "transpose":
+            y = jnp.swapaxes(x, op["dim0"], op["dim1"])
+        elif name == "permute":
+            y = jnp.transpose(x, op["dims"])
+        elif name in ("reshape", "view"):
+            y = x.reshape(op["shape"])
+        elif name == "squeeze":
+            y = jnp.squeeze(x, dim)
+        elif name == "unsqueeze":
+            y = jnp.expand_dims(x, dim)
+        elif name == "expand":
+            lead = len(op["shape"]) - x.ndim
+            y = jnp.broadcast_to(x, tuple(x.shape[i - lead] if s == -1 else s for i, s in enumerate(op["shape"])))
+        elif name == "cat":
+            y = jnp.concatenate(xs, axis=dim)
+        elif name == "narrow":
+            y = lax.slice_in_dim(x, op["start"], op["start"] + op["length"], axis=dim)
+        elif name in ("sum", "amax", "amin"):
+            y = {"sum": jnp.sum, "amax": jnp.max, "amin": jnp.min}[name](x, axis=None if dim is None else tuple(dim))
+        elif name == "redistribute":
+            y = jax.reshard(x, _pspec(jax.sharding.PartitionSpec, op["placements"], x.ndim, list(sizes)))
+        elif body and name == "all_reduce":
+            y = {"sum": lax.psum, "max": lax.pmax, "min": lax.pmin}[op["reduce"]](x, op["axis"])
+        elif body and name == "mark_varying":
+            y = lax.pcast(x, op["axis"], to="varying")
+        elif body and name == "all_gather":
+            y = lax.all_gather(x, op["axis"], axis=dim, tiled=True, to=op["to"])
+        elif body and name == "reduce_scatter":
+            y = lax.psum_scatter(x, op["axis"], scatter_dimension=dim, tiled=True)
+        elif body and name == "all_to_all":
+            y = lax.all_to_all(x, op["axis"], op["split_dim"], op["concat_dim"], tiled=True)
+        else:
+            raise RuntimeError(f"self-check: no JAX counterpart written for op {name!r}")
+        env[op["out"]] = y
+
+
+def self_check(jax, doc: dict, result: str, out_ndims: dict, loss_fn, args, mesh, flat_args, axes: list[str],
+               sizes: dict) -> None:
+    """Runs the user's loss_fn and the scenario's program (bodies as shard_maps) on the same
+    small integers; RuntimeError (an importer bug) where the (first) results differ. `result`:
+    the program value of loss_fn's first result; `out_ndims`: each local_map's results' ranks."""
+    import numpy as np
+    from jax.sharding import NamedSharding, PartitionSpec as P
+    rng = np.random.default_rng(0)
+    values = []
+    for leaf, entry in zip(flat_args, doc["inputs"]):
+        v = rng.integers(-3, 4, size=tuple(entry["shape"])).astype(np.dtype(leaf.dtype))
+        sharding = getattr(leaf, "sharding", None)
+        values.append(jax.device_put(v, sharding) if isinstance(sharding, NamedSharding) else jax.numpy.asarray(v))
+    treedef = jax.tree_util.tree_structure(args)
+    with jax.set_mesh(mesh):
+        expected = jax.jit(loss_fn)(*jax.tree_util.tree_unflatten(treedef, values))
+        expected = np.asarray(jax.tree_util.tree_leaves(expected)[0], dtype=np.float64)
+
+        def program(*xs):
+            env = {i["name"]: x for i, x in zip(doc["inputs"], xs)}
+            for op in doc["program"]:
+                if op["op"] != "local_map":
+                    _run_ops(jax, [op], env, sizes, body=False)
+                    continue
+                outs = op["out"] if isinstance(op["out"], list) else [op["out"]]
+                in_specs = tuple(_pspec(P, pl, env[a].ndim, axes) for a, pl in zip(op["args"], op["in_placements"]))
+
+                def body(*locals_, op=op):
+                    benv = dict(zip(op["args"], locals_))
+                    _run_ops(jax, op["body"], benv, sizes, body=True)
+                    return tuple(benv[r] for r in op["returns"])
+                out_specs = tuple(_pspec(P, pl, nd, axes) for pl, nd in zip(op["out_placements"], out_ndims[outs[0]]))
+                res = jax.shard_map(body, mesh=mesh, in_specs=in_specs, out_specs=out_specs,
+                                    check_vma=op.get("check_variance", True))(*[env[a] for a in op["args"]])
+                env.update(zip(outs, res))
+            return env[result]
+        got = np.asarray(jax.jit(program)(*values), dtype=np.float64)
+    tol = 1e-4 if doc.get("options", {}).get("dtype") == "float32" else 1e-9
+    if got.shape != expected.shape or not np.allclose(got, expected, rtol=tol, atol=tol * max(1.0, float(np.abs(expected).max(initial=0)))):
+        raise RuntimeError(f"self-check: the imported program computes {got.ravel()[:4]} where the user's loss_fn "
+                           f"computes {expected.ravel()[:4]} on the same data (a translation the importer got wrong)")
 
 
 def _error_line(e: BaseException, file: str) -> str:
