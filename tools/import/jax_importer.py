@@ -1077,7 +1077,8 @@ def import_jax(file: str, func: str, mesh_arg: common.MeshArg, out: str, with_so
         # sharded values, XLA's own (which no jaxpr shows) would be missing from the count.
         if not global_ops_communicate(eqns):
             doc["imported"]["backward_collectives"] = recorded
-    self_check(jax, doc, loss.name, tr.out_ndims, loss_fn, args, mesh, flat_args, axes, sizes)
+    self_check(jax, doc, loss.name, tr.out_ndims, loss_fn, args, argnums if len(argnums) > 1 else argnums[0], mesh,
+               flat_args, axes, sizes)
     if not with_source:
         doc.pop("imported")
     return doc
@@ -1324,11 +1325,12 @@ def _run_ops(jax, ops: list[dict], env: dict, sizes: dict, body: bool) -> None:
         env[op["out"]] = y
 
 
-def self_check(jax, doc: dict, result: str, out_ndims: dict, loss_fn, args, mesh, flat_args, axes: list[str],
-               sizes: dict) -> None:
+def self_check(jax, doc: dict, result: str, out_ndims: dict, loss_fn, args, argnums, mesh, flat_args,
+               axes: list[str], sizes: dict) -> None:
     """Runs the user's loss_fn and the scenario's program (bodies as shard_maps) on the same
-    small integers; RuntimeError (an importer bug) where the (first) results differ. `result`:
-    the program value of loss_fn's first result; `out_ndims`: each local_map's results' ranks."""
+    small integers; RuntimeError (an importer bug) where the (first) results differ, or with a
+    backward the gradients. `result`: the program value of loss_fn's first result; `out_ndims`:
+    each local_map's results' ranks."""
     import numpy as np
     from jax.sharding import NamedSharding, PartitionSpec as P
     rng = np.random.default_rng(0)
@@ -1361,10 +1363,30 @@ def self_check(jax, doc: dict, result: str, out_ndims: dict, loss_fn, args, mesh
                 env.update(zip(outs, res))
             return env[result]
         got = np.asarray(jax.jit(program)(*values), dtype=np.float64)
+        pairs = [("the result", got, expected)]
+        if doc.get("backward"):
+            # the gradients too, as JAX takes them of either: the translation must keep them
+            diff = [k for k, entry in enumerate(doc["inputs"]) if entry.get("requires_grad")]
+
+            def of_diff(*ds):
+                xs = list(values)
+                for k, d in zip(diff, ds):
+                    xs[k] = d
+                return program(*xs)
+            def replicated(fn):  # the gradient of an Rd input is unreduced: its value is the sum
+                return jax.jit(lambda *a: [jax.reshard(g, P()) for g in jax.tree_util.tree_leaves(fn(*a))])
+            mine = replicated(jax.grad(of_diff, argnums=tuple(range(len(diff)))))(*[values[k] for k in diff])
+            theirs = replicated(jax.grad(loss_fn, argnums=argnums))(*jax.tree_util.tree_unflatten(treedef, values))
+            if len(theirs) != len(diff):
+                raise RuntimeError(f"self-check: {len(theirs)} gradients of loss_fn for {len(diff)} inputs with grad")
+            pairs += [(f"the gradient of {doc['inputs'][k]['name']}", np.asarray(m, dtype=np.float64),
+                       np.asarray(t, dtype=np.float64)) for k, m, t in zip(diff, mine, theirs)]
     tol = 1e-4 if doc.get("options", {}).get("dtype") == "float32" else 1e-9
-    if got.shape != expected.shape or not np.allclose(got, expected, rtol=tol, atol=tol * max(1.0, float(np.abs(expected).max(initial=0)))):
-        raise RuntimeError(f"self-check: the imported program computes {got.ravel()[:4]} where the user's loss_fn "
-                           f"computes {expected.ravel()[:4]} on the same data (a translation the importer got wrong)")
+    for what, a, b in pairs:
+        scale = max(1.0, float(np.abs(b).max(initial=0)))
+        if a.shape != b.shape or not np.allclose(a, b, rtol=tol, atol=tol * scale):
+            raise RuntimeError(f"self-check: {what} of the imported program is {a.ravel()[:4]} where the user's "
+                               f"loss_fn gives {b.ravel()[:4]} on the same data (a translation the importer got wrong)")
 
 
 def _error_line(e: BaseException, file: str) -> str:
