@@ -8,7 +8,14 @@ it meets the dp-sharded batch, and the transpose of that `pvary` is a `psum`: `j
 the region already returns the gradient summed over dp. The `psum` written by hand then adds the
 dp copies of an invariant value: the gradient comes out dp times too large, and JAX's types let it
 through (psum of an invariant value is legal: it means n * x). meshsim's run of the imported
-scenario fails with the factor named: actual = 2 x expected, the size of mesh axis dp.
+scenario (examples/imported/jax_dp_grad_psum.json) fails with the factor named:
+
+    grad_step: 18 of 18 elements differ (up to 0.0786 allowed); greatest difference 786 at [4, 0]:
+    expected -786, actual -1572 (ranks 0, 1); greatest relative difference 1 at [0, 0];
+    actual = 2 x expected everywhere: the size of mesh axis dp
+
+(the scenario's reference is the region with its communication removed: the gradient summed
+once; its body is what JAX runs, and tools/crosscheck agrees with meshsim on it.)
 
 The JAX counterpart of examples/bugs/missing_pvary_dp_weight.json (a missing reduction) cannot be
 written with check_vma=True: JAX inserts the pvary itself. Under check_vma=False the gradient
