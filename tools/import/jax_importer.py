@@ -743,6 +743,8 @@ class Translator:
     # -- collectives
 
     def _axes(self, e, key) -> list[str]:
+        if e.params.get("axis_index_groups") is not None:
+            raise _Unmapped("over axis_index_groups")
         a = e.params[key]
         names = list(a) if isinstance(a, (tuple, list)) else [a]
         for n in names:
