@@ -594,6 +594,47 @@ class Recorder(TorchDispatchMode):
                     v = Val(self.unique("unmapped"), "dt")
                 self.bind(t, v)
 
+    @guarded
+    def funcol(self, kind, x, out, group, dim=None, reduce=None, splits=None):
+        """A functional collective called in local code: one body op, its dim as the user gave it."""
+        try:
+            import torch.distributed._functional_collectives as fc
+            axis = self.group_axes.get(str(fc._resolve_group_name(group)))
+        except Exception:  # noqa: BLE001
+            axis = None
+        packet = f"_functional_collectives.{kind}"
+        if axis is None or (splits is not None and any(s is not None for s in splits)):
+            why = "over a group that is no axis of the mesh" if axis is None else "with split sizes"
+            entry = self.unmapped.setdefault(packet, [0, self.source(), why])
+            entry[0] += 1
+            self.bind(out, Val(self.unique("unmapped"), "dt"))
+            return
+        v = self.val_of(x)
+        lv = self.as_local(v)
+        n = self.sizes[axis]
+        src = lv.comps or comps_of_shape(list(x.shape))
+        comps = [list(c) for c in src]
+        attrs = {"axis": axis}
+        if kind == "all_reduce":
+            attrs["reduce"] = reduce if isinstance(reduce, str) else str(reduce).split(".")[-1].lower()
+        elif kind == "all_gather":
+            d = dim % max(x.dim(), 1)
+            attrs["dim"] = dim
+            f = factor(src[d])
+            comps[d] = [(extent(src[d]) * n, f // n if f % n == 0 else 1)]
+        elif kind == "reduce_scatter":
+            d = dim % max(x.dim(), 1)
+            attrs["dim"] = dim
+            comps[d] = [(extent(src[d]) // n, factor(src[d]) * n)]
+        else:
+            attrs.update({"split_dim": 0, "concat_dim": 0})
+        res, rec = self.emit(kind, [lv], attrs, bdim=lv.bdim, dpart=lv.dpart, kind="local")
+        res.comps, res.dtype = comps, lv.dtype
+        self.bind(out, res)
+        inner = getattr(out, "elem", None)
+        if isinstance(inner, torch.Tensor):
+            self.bind(inner, res)
+
     # --- from_local, to_local, redistribute, FSDP ------------------------------------------------------
 
     @guarded
@@ -992,6 +1033,24 @@ class Builder:
         return val
 
     def multi(self, name, x, attrs, n):
+        if self.is_local():  # meshsim's local code has no split: one narrow per piece, as split runs
+            pieces, start, out = [o for o in self.outs if isinstance(o, torch.Tensor)], 0, []
+            d = attrs["dim"]
+            nd = self.ndim_of(0)
+            if self.bdim_of(0) is not None and d % nd == self.bdim_of(0):
+                raise Unmapped("a split of the batch dim")
+            for k, t in enumerate(pieces):
+                length = int(t.shape[d])
+                val, rec = self.rec.emit("narrow", [x], {"dim": d, "start": start, "length": length},
+                                         self.bdim_of(0), None)
+                src = self.comps_in(0)
+                if factor(src[d % nd]) != 1:
+                    raise Unmapped("a local split along a sharded dim")
+                val.comps = [c if i != d % nd else [(length, 1)] for i, c in enumerate(src)]
+                val.dtype = x.dtype
+                start += length
+                out.append(val)
+            return tuple(out)
         vals, rec = self.rec.emit(name, [x], attrs, self.bdim_of(0), None, outs=n)
         if self.dtensor:
             r = self.recorded([o for o in self.outs if isinstance(o, torch.Tensor)], [x])
@@ -1120,6 +1179,35 @@ def patch(rec: Recorder, model):
     orig_redistribute = DTensor.redistribute
     setattr_undo(DTensor, "redistribute", lambda self, device_mesh=None, placements=None, **k:
                  rec.redistribute(orig_redistribute, self, device_mesh, placements, **k))
+    import torch.distributed._functional_collectives as fc
+    shapes = {  # name: (kind, index of dim, index of reduce op, index of split sizes, index of group)
+        "all_reduce": ("all_reduce", None, 1, None, 2),
+        "all_gather_tensor": ("all_gather", 1, None, None, 2),
+        "all_gather_tensor_autograd": ("all_gather", 1, None, None, 2),
+        "reduce_scatter_tensor": ("reduce_scatter", 2, 1, None, 3),
+        "reduce_scatter_tensor_autograd": ("reduce_scatter", 2, 1, None, 3),
+        "all_to_all_single": ("all_to_all", None, None, (1, 2), 3),
+        "all_to_all_single_autograd": ("all_to_all", None, None, (1, 2), 3),
+    }
+    for fname, (kind, di, ri, si, gi) in shapes.items():
+        orig = getattr(fc, fname, None)
+        if orig is None:
+            continue
+
+        def collective(*a, _o=orig, _k=kind, _d=di, _r=ri, _s=si, _g=gi, **kw):
+            record = rec.phase == "forward" and rec.depth == 0 and isinstance(a[0] if a else None, torch.Tensor) \
+                and not isinstance(a[0], DTensor) and len(a) > _g
+            rec.depth += 1
+            try:
+                out = _o(*a, **kw)
+            finally:
+                rec.depth -= 1
+            if record:
+                rec.funcol(_k, a[0], out, a[_g], dim=a[_d] if _d is not None else None,
+                           reduce=a[_r] if _r is not None else None,
+                           splits=[a[i] for i in _s] if _s is not None else None)
+            return out
+        setattr_undo(fc, fname, collective)
     orig_contiguous = LocalTensor.contiguous
 
     def contiguous(self, *a, **k):
