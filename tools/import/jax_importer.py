@@ -86,7 +86,6 @@ PRIMITIVES = {
     "transpose": ("permute | transpose", "transpose", "permutation"),
     "reshape": ("reshape", "reshape", "new_sizes (the reference: the global sizes)"),
     "squeeze": ("squeeze", "squeeze", "one squeeze per dim"),
-    "expand_dims": ("unsqueeze", "expand_dims", "one unsqueeze per dim"),
     "broadcast_in_dim": ("unsqueeze | expand", "broadcast", "the new dims as unsqueeze; kept as "
                          "size 1 where every consumer broadcasts, else expand"),
     "concatenate": ("cat", "concatenate", "dimension"),
@@ -619,13 +618,6 @@ class Translator:
             shape = x.shape[:d] + x.shape[d + 1:]
             gshape = x.gshape[:d] + x.gshape[d + 1:]
             x = self.emit("squeeze", [x.name], shape, gshape, x.dtype, dim=d)
-        return [x]
-
-    def t_expand_dims(self, e, ins):
-        x = ins[0]
-        for d in sorted(int(d) for d in e.params["dimensions"]):
-            x = self.emit("unsqueeze", [x.name], x.shape[:d] + (1,) + x.shape[d:],
-                          x.gshape[:d] + (1,) + x.gshape[d:], x.dtype, dim=d)
         return [x]
 
     def t_concatenate(self, e, ins):
