@@ -23,8 +23,10 @@ value whose dim 0 (the batch) is S(0) over those axes.
 from __future__ import annotations
 
 import argparse
+import inspect
 import logging
 import os
+import re
 import sys
 import warnings
 
@@ -38,7 +40,6 @@ warnings.filterwarnings("ignore")
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.distributed.tensor._dispatch as _dispatch  # noqa: E402
-import torch.distributed.tensor._redistribute as _redistribute  # noqa: E402
 import torch.utils._pytree as pytree  # noqa: E402
 from torch.distributed._local_tensor import LocalTensor, LocalTensorMode  # noqa: E402
 from torch.distributed.device_mesh import init_device_mesh  # noqa: E402
@@ -220,7 +221,7 @@ class Recorder(TorchDispatchMode):
         self.names: set[str] = set()
         self.inputs: list[dict] = []
         self.program: list[dict] = []
-        self.modules = ["" for _ in range(0)]
+        self.modules: list[str] = []  # the qualified names of the modules running, innermost last
         self.module_names = {id(m): n for n, m in model.named_modules()}
         self.unmapped: dict[str, list] = {}
         self.backward_counts: dict[tuple, int] = {}
@@ -369,7 +370,9 @@ class Recorder(TorchDispatchMode):
                 placements, shape = ["R"] * len(self.axes), list(p.shape)
             val = self.add_input(fqn.replace(".", "_"), shape, placements, dtype_text(p.dtype), module,
                                  init="randn", requires_grad=p.requires_grad)
-            val.input["source"] = {"module": module or "(root)"}
+            line = creation_line(model, fqn, self.file)
+            val.input["source"] = (common.source_of(self.file, line, module or "(root)") if line
+                                   else {"module": module or "(root)"})
             self.bind(traced(p), val)
             if id(p) in fsdp:
                 fsdp[id(p)]._meshsim_val = val
@@ -714,12 +717,6 @@ class Recorder(TorchDispatchMode):
         self.bind(out, res)
         return out
 
-    def redistribute_local(self, orig, local, current_spec, target_spec, *a, **k):
-        if self.cur is not None and self.depth == 1 and self.phase == "forward":
-            self.cur.setdefault("pending", []).append((current_spec, target_spec))
-        return orig(local, current_spec, target_spec, *a, **k)
-
-
 class Builder:
     """What aten_table's emitters see of one aten op (see aten_table's docstring)."""
 
@@ -985,10 +982,6 @@ class Builder:
         out.creation = [r for r in self.rec.program[-len(chain):]]
         return out
 
-    def same_dtype(self):
-        src = self.arg_tensor(0)
-        return all(not isinstance(o, torch.Tensor) or dtype_text(o.dtype) == dtype_text(src.dtype) for o in self.outs)
-
     def pieces_count(self):
         return len([o for o in self.outs if isinstance(o, torch.Tensor)])
 
@@ -1005,7 +998,7 @@ class Builder:
         for t, cur, tgt in self.redists:
             v = self.rec.vals.get(id(t))
             for j, a in enumerate(args):
-                if a is v or (a.local is not None and False):
+                if a is v:
                     colls.append({"arg": j, "from": self.rec.full_placements(cur.mesh, cur.placements, v),
                                   "to": self.rec.full_placements(tgt.mesh, tgt.placements, v)})
                     break
@@ -1061,7 +1054,7 @@ class Builder:
     def check_ids(self, name, args):
         """An int64 input used as ids or targets gets its bound ({"ids": N})."""
         if name == "embedding":
-            ids, weight = args[0], args[1]
+            ids = args[0]
             bound = self.shape_of(0)[0]
         elif name == "nll_loss":
             ids = args[1]
@@ -1221,10 +1214,6 @@ def patch(rec: Recorder, model):
             rec.alias_tree(self, out)
         return out
     setattr_undo(LocalTensor, "contiguous", contiguous)
-    for mod in (_dispatch, _redistribute):
-        orig = mod.redistribute_local_tensor
-        setattr_undo(mod, "redistribute_local_tensor",
-                     lambda local, cur, tgt, *a, _o=orig, **k: rec.redistribute_local(_o, local, cur, tgt, *a, **k))
     # implicit redistributions: redistribute_local_args knows the argument index
     orig_args = _dispatch.OpDispatcher.redistribute_local_args
 
@@ -1237,8 +1226,6 @@ def patch(rec: Recorder, model):
                     rec.cur["redists"].append((i, spec, flat[i]))
         return orig_args(op_info, suggested, use_val)
     setattr_undo(_dispatch.OpDispatcher, "redistribute_local_args", staticmethod(redistribute_local_args))
-    if "redistribute_local_args" in vars(DTensor._op_dispatcher):
-        pass
     if _fsdp_param is not None:
         orig_unsharded = _fsdp_param.FSDPParam.to_unsharded
 
@@ -1434,6 +1421,32 @@ def run_import(args) -> None:
         "backward": backward,
     }
     common.write_json_atomic(args.out, doc)
+
+
+def creation_line(model, fqn: str, file: str) -> int | None:
+    """The line of the user's file that made parameter `fqn`: `self.NAME = ...` in the class (the
+    user's, in `file`) of the nearest module above it, e.g. `self.wq = nn.Linear(...)` for
+    `layers.0.attention.wq.weight`; None when no such line is found."""
+    target = os.path.realpath(file)
+    parts = fqn.split(".")
+    for i in range(len(parts) - 1, -1, -1):
+        try:
+            holder = model.get_submodule(".".join(parts[:i])) if i else model
+        except AttributeError:
+            continue
+        pattern = re.compile(rf"\bself\.{re.escape(parts[i])}\s*(:[^=]*)?=(?!=)")
+        for cls in type(holder).__mro__:
+            try:
+                src = inspect.getsourcefile(cls)
+                if not src or os.path.realpath(src) != target:
+                    continue
+                lines, start = inspect.getsourcelines(cls)
+            except (OSError, TypeError):
+                continue
+            for k, text in enumerate(lines):
+                if pattern.search(text):
+                    return start + k
+    return None
 
 
 def check_fits(model, mesh_arg) -> None:
