@@ -314,6 +314,29 @@ def to_copy(b, a):
     return b.cast(a[0])
 
 
+def sdpa(b, a):
+    """softmax(q @ k^T * scale [+ causal mask]) @ v, as meshsim ops (its logsumexp is not mapped)."""
+    q, k, v, dropout, causal = a[0], a[1], a[2], a[3], a[4]
+    mask, scale = (a[5] if len(a) > 5 else None), (a[6] if len(a) > 6 else None)
+    if dropout or mask is not None:
+        raise b.unmapped("scaled_dot_product_attention with dropout or an attn_mask")
+    qs, ks = b.shape_of(0), b.shape_of(1)
+    if qs[-3] != ks[-3]:
+        raise b.unmapped("scaled_dot_product_attention with grouped query heads (enable_gqa)")
+    scale = scale if scale is not None else 1.0 / math.sqrt(qs[-1])
+    bd = b.bdim_of(0)
+    kt = b.op("transpose", [k], {"dim0": -2, "dim1": -1}, bdim=bd, final=False, shape=ks[:-2] + [ks[-1], ks[-2]])
+    s = b.op("matmul", [q, kt], {}, bdim=bd, final=False, shape=qs[:-1] + [ks[-2]])
+    s = b.op("mul", [s], {"value": scale}, bdim=bd, final=False, shape=qs[:-1] + [ks[-2]])
+    if causal:
+        m = b.constant("ones", [qs[-2], ks[-2]], "bool")
+        m = b.op("triu", [m], {"diagonal": 1}, final=False, shape=[qs[-2], ks[-2]], kind="dt")
+        s = b.op("masked_fill", [s, m], {"value": "-inf"}, bdim=bd, final=False, shape=qs[:-1] + [ks[-2]])
+    p = b.op("softmax", [s], {"dim": -1}, bdim=bd, final=False, shape=qs[:-1] + [ks[-2]])
+    out = b.op("matmul", [p, v], {}, bdim=bd)
+    return (out,) + (None,) * (b.results() - 1)
+
+
 def creation(kind):
     """ones/zeros/full/arange and their _like and new_ forms: a creation op, replicated."""
     def emit(b, a):
@@ -329,6 +352,9 @@ def collective(op):
 
 ROWS: list[Row] = sorted([
     Row("aten._log_softmax", "log_softmax {dim}", "", softmax("log_softmax")),
+    Row("aten._scaled_dot_product_flash_attention_for_cpu",
+        "transpose, matmul, mul {value: scale}, (causal: ones, triu, masked_fill -inf), softmax, matmul",
+        "F.scaled_dot_product_attention on CPU: no dropout, no attn_mask, no grouped heads", sdpa),
     Row("aten._softmax", "softmax {dim}", "", softmax("softmax")),
     Row("aten._to_copy", "alias", "a cast to the same dtype; to another dtype: a creation op made again in that "
         "dtype (a constant), else unmapped", to_copy),

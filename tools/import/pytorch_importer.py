@@ -139,6 +139,7 @@ class Val:
         # oracle sees is the product of extent * factor (a factor: the ranks a shard splits it over)
         self.comps = None
         self.creation = None  # the program records that made it from a creation op alone (a constant)
+        self.lshape = None  # its shape as PyTorch has it, where no tensor of the program holds it
 
 
 def comps_of_shape(shape, factors=None):
@@ -483,8 +484,7 @@ class Recorder(TorchDispatchMode):
             return v
         if v.local is None:
             v.local = Val(self.unique(v.name + "_local"), "local", v.bdim, v.dpart)
-            v.local.dtype = v.dtype
-            v.local.comps = getattr(v, "lifted_comps", None)
+            v.local.dtype, v.local.lshape = v.dtype, v.lshape
             self.program.append({"out": v.local.name, "op": "to_local", "args": [v.name],
                                  "source": self.source()})
         return v.local
@@ -851,18 +851,33 @@ class Builder:
         self.pending_comps = comps
         return out
 
-    def local_comps(self, name, attrs, args):
+    def comps_val(self, v):
+        """The parts of an operand value's dims, as local code sees it."""
+        if v.comps is not None and v.kind == "local":
+            return v.comps
+        t = self.tensors.get(id(v))
+        shape = list(t.shape) if t is not None else getattr(v, "lshape", None)
+        if shape is None:
+            return None
+        factors = [1] * len(shape)
+        if v.bdim is not None and v.kind == "dt" and v.bdim < len(shape):
+            factors[v.bdim] = self.rec.data_size
+        return comps_of_shape(shape, factors)
+
+    def local_comps(self, name, attrs, args, shape=None):
         """The parts of a local op's result dims (see Val.comps)."""
         pend = getattr(self, "pending_comps", None)
         if pend is not None:
             self.pending_comps = None
             return pend
         first = next((o for o in self.outs if isinstance(o, torch.Tensor)), None)
-        if first is None:
+        if first is None and shape is None:
             return None
-        lshape = list(first.shape)
-        ins = [self.comps_of(t) for a in self.full for t in (a if isinstance(a, (list, tuple)) else [a])
-               if isinstance(t, torch.Tensor)]
+        lshape = list(shape) if shape is not None else list(first.shape)
+        ins = [self.comps_val(a) for a in args]
+        if any(c is None for c in ins):
+            ins = [self.comps_of(t) for a in self.full for t in (a if isinstance(a, (list, tuple)) else [a])
+                   if isinstance(t, torch.Tensor)]
         x = ins[0] if ins else []
         n = len(x)
 
@@ -982,6 +997,18 @@ class Builder:
         out.creation = [r for r in self.rec.program[-len(chain):]]
         return out
 
+    def results(self):
+        return len(self.outs)
+
+    def constant(self, kind, shape, dtype):
+        """A creation op the translation needs (a causal mask), replicated on every axis."""
+        attrs = {"shape": list(shape), "placements": ["R"] * len(self.rec.axes)}
+        if dtype != "float":
+            attrs["dtype"] = dtype
+        val, rec = self.rec.emit(kind, [], attrs, kind="dt")
+        val.dtype, val.lshape = dtype, list(shape)
+        return val
+
     def pieces_count(self):
         return len([o for o in self.outs if isinstance(o, torch.Tensor)])
 
@@ -1006,14 +1033,19 @@ class Builder:
             rec["collectives"] = colls
         return rec
 
-    def op(self, name, args, attrs, bdim=None, dpart=None, src=None, final=True, list_arg=False):
+    def op(self, name, args, attrs, bdim=None, dpart=None, src=None, final=True, list_arg=False, shape=None,
+           kind=None):
+        """Emits one meshsim op; `shape`: its result's shape as PyTorch would have it, for the parts
+        of an op that is not the aten op's last (whose result is the aten op's)."""
         self.check_ids(name, args)
-        val, rec = self.rec.emit(name, args, attrs, bdim, dpart)
+        val, rec = self.rec.emit(name, args, attrs, bdim, dpart, kind=kind)
         first = next((o for o in self.outs if isinstance(o, torch.Tensor)), None)
         if first is not None:
             val.dtype = dtype_text(first.dtype)
+        if shape is not None:
+            val.lshape = list(shape)
         if val.kind == "local":
-            val.comps = self.local_comps(name, attrs, args)
+            val.comps = self.local_comps(name, attrs, args, None if shape is None and final else shape)
             if os.environ.get("MESHSIM_IMPORT_DEBUG"):
                 print(f"  {val.name} = {name}{[a.name for a in args]} {attrs}: {val.comps}", file=sys.stderr)
         if self.dtensor:
@@ -1386,15 +1418,17 @@ def run_import(args) -> None:
     finish_inputs(rec)
     backward = loss_val.name
     if loss_val.kind == "local":
-        # each rank's loss, computed in local code: FSDP averages the gradients over its axes, so the
-        # loss is the average over the data ranks (P(avg); the oracle reads a local mean over the
-        # local batch as the mean over the global batch, which equal local batches make the same)
-        v = Val(rec.unique("loss"), "dt")
+        # each rank's loss, computed in local code; the oracle reads a local mean over the local batch
+        # as the mean over the global batch (P(avg) of the ranks' means), a local sum as the global
+        # sum (P(sum)); FSDP averaging the ranks' gradients divides the latter by the data ranks below
+        reduce = "P(sum)" if loss_val.dpart == "sum" else "P(avg)"
+        v = Val(rec.unique("loss"), "dt", dpart=loss_val.dpart)
         rec.program.append({"out": v.name, "op": "from_local", "args": [loss_val.name],
-                            "placements": ["P(avg)" if a in rec.data_axes else "R" for a in rec.axes],
-                            "source": {"module": "(loss: each rank's, averaged over the data axes)"}})
-        backward = v.name
-    elif loss_val.dpart == "sum" and rec.fsdp_axes:
+                            "placements": [reduce if a in rec.data_axes else "R" for a in rec.axes],
+                            "source": {"module": f"(loss: each rank's, {reduce} over {', '.join(rec.data_axes)})"
+                                       if rec.data_axes else "(loss)"}})
+        backward, loss_val = v.name, v
+    if loss_val.dpart == "sum" and rec.fsdp_axes:
         n = 1
         for a in rec.fsdp_axes:
             n *= rec.sizes[a]
