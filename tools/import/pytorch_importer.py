@@ -209,6 +209,22 @@ def traced(t):
     return t
 
 
+LOCAL_TENSOR_DIR = os.sep + "_local_tensor" + os.sep
+
+
+def local_tensor_internals() -> bool:
+    """Whether the op being dispatched comes from LocalTensor's own Python code (a method such as
+    tolist or reconcile running one op per rank), not from the program."""
+    f = sys._getframe(2)
+    for _ in range(12):
+        if f is None:
+            return False
+        if LOCAL_TENSOR_DIR in f.f_code.co_filename:
+            return True
+        f = f.f_back
+    return False
+
+
 class Recorder(TorchDispatchMode):
     def __init__(self, file, mesh_arg, mesh, model, inputs, loss_fn):
         super().__init__()
@@ -516,8 +532,8 @@ class Recorder(TorchDispatchMode):
             self.count_backward(func, args)
         if self.phase != "forward" or self.depth > 0 or name in METADATA_OPS:
             return func(*args, **kwargs)
-        if any(type(t) is torch.Tensor and id(t) not in self.vals for t in pytree.tree_leaves((args, kwargs))):
-            return func(*args, **kwargs)  # one rank's tensor: LocalTensor's own per-rank work
+        if local_tensor_internals():
+            return func(*args, **kwargs)  # LocalTensor's own per-rank work (its Python methods)
         out = func(*args, **kwargs)
         if not any(isinstance(o, torch.Tensor) for o in pytree.tree_leaves(out)):
             return out
