@@ -8,8 +8,8 @@ output projection (`ModelArgs(tied=True)` ties it to the embedding).
 
 Two choices differ from torchtitan, because meshsim does not have the op torchtitan calls:
 
-- attention is written out (matmul, scale, causal mask by `masked_fill(-inf)`, softmax, matmul)
-  instead of `F.scaled_dot_product_attention`: meshsim has no SDPA op yet;
+- attention is written out (matmul, scale, causal mask by `masked_fill(-inf)`, softmax, matmul) instead
+  of `F.scaled_dot_product_attention`: meshsim has no SDPA op (the importer records SDPA as these parts);
 - the rotary embedding is the rotate-half form (Hugging Face's `rotate_half`, cos/sin computed
   from `torch.arange` in the forward) instead of torchtitan's complex `freqs_cis`: meshsim has
   no complex tensors.
@@ -141,7 +141,7 @@ class Attention(nn.Module):
         xk = keys.transpose(1, 2)
         xv = values.transpose(1, 2)
 
-        # F.scaled_dot_product_attention(xq, xk, xv, is_causal=True), written out: meshsim has no SDPA op yet
+        # F.scaled_dot_product_attention(xq, xk, xv, is_causal=True), written out: meshsim has no SDPA op
         scores = torch.matmul(xq, xk.transpose(2, 3)) / math.sqrt(self.head_dim)
         mask = torch.ones(seqlen, seqlen, dtype=torch.bool, device=x.device).triu(1)
         scores = scores.masked_fill(mask, float("-inf"))
