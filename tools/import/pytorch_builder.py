@@ -12,6 +12,11 @@ import torch
 from pytorch_values import Unmapped, Val, comps_of_shape, dtype_text, extent, factor, view_comps
 from torch.distributed.tensor import DTensor
 
+try:
+    from torch.distributed.tensor.placement_types import _MaskPartial
+except ImportError:  # an older PyTorch: it lived with the embedding's strategy
+    from torch.distributed.tensor._ops._embedding_ops import _MaskPartial
+
 if TYPE_CHECKING:
     from pytorch_recorder import Recorder
 
@@ -322,6 +327,8 @@ class Builder:
         rec["placements"] = pls[0] if len(pls) == 1 else pls
         colls = []
         for t, cur, tgt in self.redists:
+            if any(isinstance(p, _MaskPartial) for p in tgt.placements):
+                continue  # the vocab-parallel embedding masking its ids: its own algorithm (meshsim's embedding too)
             v = self.rec.vals.get(id(t))
             for j, a in enumerate(args):
                 if a is v:

@@ -331,14 +331,22 @@ class Recorder(TorchDispatchMode):
 
         return val, rec
 
-    def as_local(self, v):
+    def as_local(self, v, grad_placements=None):
+        """v's local tensor (one to_local, shared); with `grad_placements` (the scenario's, of an
+        explicit to_local(grad_placements=...)): a to_local of its own, whose backward differs."""
         if v.kind == "local":
             return v
-        if v.local is None:
-            v.local = Val(self.unique(v.name + "_local"), "local", v.bdim, v.dpart)
-            v.local.dtype, v.local.lshape = v.dtype, v.lshape
-            self.program.append({"out": v.local.name, "op": "to_local", "args": [v.name],
-                                 "source": self.source()})
+        if v.local is None or grad_placements is not None:
+            lv = Val(self.unique(v.name + "_local"), "local", v.bdim, v.dpart)
+            lv.dtype, lv.lshape = v.dtype, v.lshape
+            rec = {"out": lv.name, "op": "to_local", "args": [v.name]}
+            if grad_placements is not None:
+                rec["grad_placements"] = grad_placements
+            rec["source"] = self.source()
+            self.program.append(rec)
+            if grad_placements is not None:
+                return lv
+            v.local = lv
         return v.local
 
     def dtensor_op(self, func, types, args, kwargs):
@@ -533,7 +541,10 @@ class Recorder(TorchDispatchMode):
         if not record:
             return out
         v = self.val_of(dt)
-        lv = self.as_local(v)  # a replicated value's local too is local code, as in PyTorch (its backward too)
+        grad = k.get("grad_placements")
+        if grad is not None:  # the layout of the gradient local code gives it, as the user asserts
+            grad = self.full_placements(dt.device_mesh, grad, v)
+        lv = self.as_local(v, grad)  # a replicated value's local too is local code, as in PyTorch (its backward too)
         if lv.comps is None:
             names = list(dt.device_mesh.mesh_dim_names or ())
             factors = [1] * dt.dim()
