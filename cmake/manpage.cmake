@@ -1,5 +1,5 @@
 # meshsim.1 from the command's own --help and each subcommand's: cmake -DMESHSIM=... -DOUT=... -P.
-set(subcommands run check replay render validate ops)
+set(subcommands run check replay render validate ops explain)
 execute_process(COMMAND ${MESHSIM} --help OUTPUT_VARIABLE top RESULT_VARIABLE rc)
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "${MESHSIM} --help failed (${rc})")
@@ -27,7 +27,10 @@ foreach(sub ${subcommands})
   string(TOUPPER "${sub}" title)
   string(APPEND page ".SH ${title}\n.nf\n${help}.fi\n")
 endforeach()
+# import's help is the Python importer's own (it needs python3 to print): said here in words.
+string(APPEND page ".SH IMPORT\n.nf\nmeshsim import pytorch FILE.py[:FUNC] --mesh dp=2,tp=2 -o OUT.json [--python PATH]\nmeshsim import jax FILE.py:FUNC --mesh dp=2,tp=2 -o OUT.json [--python PATH]\nmeshsim import regenerate [DIR] [-o OUTDIR] [--system pytorch|jax]\nmeshsim import table --markdown\n.fi\nReads the program you run (a parallelized nn.Module, or a jax.shard_map function) into a scenario;\nexit 0 written, 2 unusable input (nothing written), 5 the environment cannot be installed, 7 an importer bug.\nSee /usr/share/doc/meshsim/import.md.\n")
 string(APPEND page ".SH EXIT STATUS\n.TP\n0\nthe run passed (or met its expect block)\n.TP\n1\na check failed\n.TP\n2\nbad input or usage (the message names the file and the JSON path)\n.TP\n3\nthe scenario is refused by the semantics\n")
 string(APPEND page ".SH ENVIRONMENT\n.TP\nMESHSIM_PLUGINS\ncolon-separated plugins to load, as with \\fB\\-\\-plugin\\fR\n")
+string(APPEND page ".TP\nMESHSIM_BUILD_DIR\nwhere meshsim import keeps its Python environments (default: the build directory, else ~/.cache/meshsim)\n.TP\nMESHSIM_IMPORT_TOOL\nthe importer's entry script, tools/import/meshsim-import\n")
 string(APPEND page ".SH SEE ALSO\nThe scenario format, the rules and the C++ API: /usr/share/doc/meshsim/\n")
 file(WRITE ${OUT} "${page}")

@@ -8,7 +8,7 @@ out-of-place row's op, whose result then stands for the tensor it wrote. `alias`
 a contiguous layout, a detach on the way, a cast to the same type, a wait on a collective).
 
 Standard library only: the entry script prints this table without importing torch. Emitters get a
-builder `b` (pytorch_importer.Builder) and the op's arguments in schema order (defaults filled in):
+builder `b` (pytorch_builder.Builder) and the op's arguments in schema order (defaults filled in):
 tensor arguments are the importer's values, the others Python numbers, lists or None. An emitter
 returns the result value (a tuple for ops with several results; None where a result has no
 counterpart and must not be used) or raises b.unmapped(why) when an argument is outside the row.
