@@ -318,6 +318,8 @@ class ScenarioParser {
       decl.out = new_value(r_.field(op, path, "out"), child(path, "out"));
       decl.outs = {decl.out};
     }
+    if (decl.op == "to_local" && op.contains("grad_placements"))
+      decl.in_grad_placements.push_back(r_.spec(op["grad_placements"], child(path, "grad_placements"), s_.mesh));
     if (op.contains("source")) decl.source = parse_source(op["source"], child(path, "source"), s_.file);
     if (op.contains("recorded") && decl.op != "call")
       decl.recorded = parse_recorded(op["recorded"], child(path, "recorded"), s_.file, s_.mesh, decl.args.size(),
@@ -334,6 +336,13 @@ class ScenarioParser {
       if (r_.array(op["in_placements"], ip).size() != decl.args.size())
         r_.fail(ip, "expected one spec per argument (" + std::to_string(decl.args.size()) + ")");
       for (size_t k = 0; k < decl.args.size(); ++k) decl.in_placements.push_back(r_.spec(op["in_placements"][k], child(ip, k), s_.mesh));
+    }
+    if (op.contains("in_grad_placements")) {
+      const std::string ip = child(path, "in_grad_placements");
+      if (r_.array(op["in_grad_placements"], ip).size() != decl.args.size())
+        r_.fail(ip, "expected one spec per argument (" + std::to_string(decl.args.size()) + ")");
+      for (size_t k = 0; k < decl.args.size(); ++k)
+        decl.in_grad_placements.push_back(r_.spec(op["in_grad_placements"][k], child(ip, k), s_.mesh));
     }
     const std::string op_path = child(path, "out_placements");
     const json& outs = r_.array(op["out_placements"], op_path);

@@ -128,6 +128,9 @@ struct OpDecl {
 
   // local_map only.
   std::vector<Spec> in_placements;  // empty: the args as they are
+  // PyTorch's spellings of the layout of local code's gradients: local_map's in_grad_placements
+  // (one per arg) and to_local's grad_placements (one); empty: the value's own placements.
+  std::vector<Spec> in_grad_placements;
   std::vector<Spec> out_placements;
   std::vector<OpDecl> body;         // LTensor ops
   std::vector<OpDecl> reference;    // the same computation on global tensors, for the oracle

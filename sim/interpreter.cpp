@@ -73,7 +73,8 @@ std::vector<DTensor> run_local_map(Runtime& rt, const OpDecl& op, const std::vec
       }
     }
     const bool move = want != a.spec;
-    env[op.args[i]] = ctx.enter(move ? rt.redistribute(a, want, op.out + ".in" + std::to_string(i)) : a);
+    const Spec* grad = op.in_grad_placements.empty() ? nullptr : &op.in_grad_placements[i];
+    env[op.args[i]] = ctx.enter(move ? rt.redistribute(a, want, op.out + ".in" + std::to_string(i)) : a, "", grad);
   }
   for (const auto& b : op.body) {
     if (is_split_op(b.op)) {  // one narrow per piece (body values are rank-local: the local shape)
@@ -326,7 +327,8 @@ bool run_local_code(BodyContext& ctx, const OpDecl& op, SimRun& run, std::map<st
   if (op.op == "to_local") {
     if (any_local)
       throw SemanticError(ErrorKind::InvalidScenario, op.path + "/args/0: to_local: \"" + op.args[0] + "\" is a local tensor already");
-    LTensor t = ctx.enter(run.values.at(op.args[0]), op.out);
+    LTensor t = ctx.enter(run.values.at(op.args[0]), op.out,
+                          op.in_grad_placements.empty() ? nullptr : &op.in_grad_placements[0]);
     ctx.runtime().record_body_value(t);
     locals[op.out] = std::move(t);
     return true;

@@ -94,8 +94,9 @@ void check_exclusive(const Mesh& mesh, const LTensor& t, const std::string& what
 // ---------------------------------------------------------------------------------------------
 // Entering and leaving
 
-LTensor BodyContext::enter(const DTensor& x, const std::string& name) {
+LTensor BodyContext::enter(const DTensor& x_in, const std::string& name, const Spec* grad) {
   const Mesh& mesh = rt_.mesh();
+  const DTensor x = grad ? rt_.grad_placements_boundary(x_in, *grad) : x_in;
   LTensor t{name.empty() ? x.name : name, &mesh, x.locals, {}, {}, false, {}, !checked_};
   for (int a = 0; a < mesh.ndim() && checked_; ++a) {
     const Placement& p = x.spec[a];

@@ -28,7 +28,9 @@ class BodyContext {
 
   // Rd -> reduced; S(d) or P(sum) -> variant; R -> neither. P(avg|max|min) are refused.
   // The LTensor takes the DTensor's name (a local_map's body sees its args so), or `name`.
-  LTensor enter(const DTensor& x, const std::string& name = "");
+  // `grad` (PyTorch's grad_placements / in_grad_placements): the layout the local code's gradient
+  // of `x` has, moved to x's cotangent in the backward (kept as it is without the gradient hook).
+  LTensor enter(const DTensor& x, const std::string& name = "", const Spec* grad = nullptr);
   // Checks the LTensor's sets against the out placement (as JAX checks out_specs); unchecked, the
   // placement is trusted (DTensor.from_local with run_check false).
   DTensor leave(const LTensor& t, const Spec& out, const std::string& name);

@@ -200,6 +200,38 @@ DTensor Runtime::gradient_boundary(const DTensor& y, const std::string& note) {
   return out;
 }
 
+DTensor Runtime::grad_placements_boundary(const DTensor& x, const Spec& grad_written) {
+  Spec grad;
+  try {
+    grad = normalize_spec(grad_written, static_cast<int64_t>(x.shape.size()));
+  } catch (const std::invalid_argument& e) {
+    throw SemanticError(ErrorKind::ShapeMismatch, "grad_placements " + spec_str(grad_written) + " of \"" + x.name +
+                                                      "\": " + e.what());
+  }
+  if (std::string why = check_spec(mesh_, grad, static_cast<int64_t>(x.shape.size())); !why.empty())
+    throw SemanticError(ErrorKind::ShapeMismatch, "grad_placements " + spec_str(grad) + " of \"" + x.name + "\": " + why);
+  if (grad == x.spec || !x.requires_grad() || !at::GradMode::is_enabled()) return x;
+  DTensor out = x;
+  out.locals = detached(x.locals);
+  Runtime* rt = this;
+  const DTensor primal{x.name, x.shape, x.spec, detached(x.locals)};
+  const size_t n = x.locals.size();
+  const int program_op = recorder_.program_op;
+  const bool hookless = follows(Difference::NoGradientHook);
+  const std::string note = "grad_placements of \"" + x.name + "\": its local gradient is " + spec_str(grad);
+  connect("GradPlacements", x.locals, out.locals, [=](variable_list&& g) -> variable_list {
+    ScopedOverride<int> at(rt->recorder().program_op, program_op);
+    return rt->guarded(n, [&] {
+      Locals grads = defined_grads(std::move(g), primal.locals);
+      const GradSpec from{grad, 1};
+      if (hookless)
+        return rt->keep_grad_layout(std::move(grads), from, primal.name, primal.spec, primal.shape, primal.locals, note);
+      return rt->to_cotangent(std::move(grads), from, primal.spec, primal.name, primal.name, note);
+    });
+  });
+  return out;
+}
+
 GradSpec Runtime::grad_spec(const std::string& value, const Spec& primal) const {
   auto it = grad_specs_.find(value);
   if (it != grad_specs_.end()) return it->second;

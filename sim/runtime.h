@@ -199,6 +199,11 @@ class Runtime {
   // from_local's result) in its cotangent's layout: an identity node whose backward moves the
   // gradient there (PyTorch's from_local backward redistributes likewise). Otherwise `y` itself.
   DTensor gradient_boundary(const DTensor& y, const std::string& note);
+  // to_local's grad_placements, local_map's in_grad_placements: an identity node whose backward
+  // takes the local code's gradient of `x` as laid out by `grad` and moves it to x's cotangent
+  // (without the gradient hook: keeps it as `grad`, PyTorch's .grad). `x` itself when `grad` is its
+  // own placements. Throws SemanticError (shape_mismatch) for a layout that does not fit x.
+  DTensor grad_placements_boundary(const DTensor& x, const Spec& grad);
   // Whether the run's semantics profile follows this difference (core/semantics.h).
   bool follows(Difference d) const;
   void record_grad_spec(const std::string& value, const GradSpec& spec);

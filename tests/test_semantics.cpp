@@ -210,3 +210,79 @@ TEST(Semantics, LocalCodeRefusesMixedOperandsAndDTensorCollectives) {
 
 }  // namespace
 }  // namespace meshsim
+
+namespace meshsim {
+namespace {
+
+// PyTorch's spellings of local code's gradient layout (to_local grad_placements, local_map
+// in_grad_placements): the user's fix of a missing gradient reduction, written as in PyTorch.
+json example(const std::string& name) {
+  return read_json_file(std::string(MESHSIM_SOURCE_DIR) + "/examples/" + name + ".json");
+}
+
+int64_t count_of(const json& r, const std::string& phase, const std::string& op) {
+  int64_t n = 0;
+  for (const auto& c : r["collectives"]) n += c["phase"] == phase && c["op"] == op;
+  return n;
+}
+
+TEST(GradPlacements, ToLocalPartialSumReducesTheReplicatedWeightsGradient) {
+  json d = example("to_local_grad_placements");
+  json r = run_doc(d);
+  EXPECT_EQ(r["status"], "pass") << r.dump(1);
+  EXPECT_EQ(count_of(r, "backward", "all_reduce"), 1);
+  // Without the spelling, the ranks' parts are taken as replicas: the missing reduction.
+  d["program"][1].erase("grad_placements");
+  r = run_doc(d);
+  EXPECT_EQ(r["status"], "fail");
+  EXPECT_EQ(r["checks"]["gradient_equivalence"], false);
+  EXPECT_EQ(count_of(r, "backward", "all_reduce"), 0);
+  // Its own placements are the default: the same as leaving it out.
+  d["program"][1]["grad_placements"] = json::array({"R"});
+  EXPECT_EQ(run_doc(d)["status"], "fail");
+}
+
+TEST(GradPlacements, LocalMapInGradPlacementsLikewise) {
+  json d = example("local_map_in_grad_placements");
+  json r = run_doc(d);
+  EXPECT_EQ(r["status"], "pass") << r.dump(1);
+  EXPECT_EQ(count_of(r, "backward", "all_reduce"), 1);
+  d["program"][0].erase("in_grad_placements");
+  EXPECT_EQ(run_doc(d)["status"], "fail");
+}
+
+TEST(GradPlacements, WithoutTheHookTheGradientKeepsTheLayoutGiven) {
+  // semantics pytorch: w's .grad stays P(sum), as PyTorch leaves it; its value is still right.
+  const json r = run_doc(example("to_local_grad_placements"), {{"semantics", "pytorch"}});
+  EXPECT_EQ(r["status"], "pass") << r.dump(1);
+  EXPECT_EQ(r["grads"]["w"]["placements"], json::array({"P(sum)"}));
+  EXPECT_EQ(count_of(r, "backward", "all_reduce"), 0);
+}
+
+TEST(GradPlacements, ALayoutThatDoesNotFitIsRefused) {
+  json d = example("to_local_grad_placements");
+  d["program"][1]["grad_placements"] = json::array({"S(2)"});  // w is 2-D
+  try {
+    parse_scenario(d, "semantics.json");
+    ADD_FAILURE() << "a shard of a third dim of a 2-D value was read";
+  } catch (const InputError& e) {
+    EXPECT_EQ(e.json_path(), "/program/1/grad_placements");
+  }
+  // A local_map's, whose args' shapes are known when it runs: shape_mismatch then.
+  d = example("local_map_in_grad_placements");
+  d["program"][0]["in_grad_placements"][1] = json::array({"S(2)"});
+  const json r = run_doc(d);
+  EXPECT_EQ(r["status"], "error");
+  EXPECT_EQ(r["error"]["kind"], "shape_mismatch") << r.dump(1);
+  d = example("local_map_in_grad_placements");
+  d["program"][0]["in_grad_placements"] = json::array({json::array({"S(0)"})});
+  try {
+    parse_scenario(d, "semantics.json");
+    ADD_FAILURE() << "one spec for two arguments was read";
+  } catch (const InputError& e) {
+    EXPECT_EQ(e.json_path(), "/program/0/in_grad_placements");
+  }
+}
+
+}  // namespace
+}  // namespace meshsim

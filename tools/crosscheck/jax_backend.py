@@ -478,6 +478,9 @@ class Translation:
             name = op["op"]
             xs = [env[a] for a in op.get("args", [])]
             if name == "local_map":
+                if op.get("in_grad_placements") is not None:
+                    raise NotComparable("local_map in_grad_placements: PyTorch's spelling of the local gradients' "
+                                        "layout; JAX's shard_map derives them from its types")
                 outs = op["out"] if isinstance(op["out"], list) else [op["out"]]
                 env.update(zip(outs, self._region(op, xs)))
             elif name == "redistribute":

@@ -396,7 +396,9 @@ class Program:
             return outs
 
         in_grad = None
-        if REDUCED_GRAD_AS_PARTIAL:
+        if op.get("in_grad_placements") is not None:  # the scenario's own spelling, as PyTorch's
+            in_grad = tuple(tuple(self.placements(s, a.ndim)) for s, a in zip(op["in_grad_placements"], args))
+        elif REDUCED_GRAD_AS_PARTIAL:
             given = in_pl or tuple(tuple(a.placements) if isinstance(a, DTensor) else None for a in args)
             in_grad = tuple(self.reduced_grad(n, g) or g for n, g in zip(names, given))
         fn = local_map(body, out_placements=out_pl, in_placements=in_pl, in_grad_placements=in_grad,
@@ -662,7 +664,9 @@ OPS = {
     "mean": reduction(torch.mean),
     "amax": reduction(torch.amax),
     "amin": reduction(torch.amin),
-    "to_local": lambda p, op, x: x.to_local(grad_placements=p.reduced_grad(op["args"][0], x.placements)),
+    "to_local": lambda p, op, x: x.to_local(
+        grad_placements=tuple(p.placements(op["grad_placements"], x.ndim)) if op.get("grad_placements")
+        else p.reduced_grad(op["args"][0], x.placements)),
     "from_local": from_local,
     "all_reduce": all_reduce,
     "all_gather": all_gather,
