@@ -815,6 +815,12 @@ CAUSES = {
         "nothing moves the gradient back to the input's own sharding; meshsim's pytorch profile moves a "
         "gradient sharded otherwise than its input to the input's cotangent (docs/semantics.md, "
         "no_gradient_hook). The values agree.",
+    "from_local_avg_backward":
+        "DTensor.from_local's backward (tensor/_api.py, _FromTorchTensor.backward) redistributes the "
+        "gradient to the placements from_local asserted, and R -> Partial(avg) keeps every rank's value, "
+        "so each rank's local tensor gets the whole gradient; its cotangent is 1/n of it (the average's "
+        "derivative), which meshsim gives. A loss computed per rank and asserted P(avg) over the data "
+        "axes gets n-fold gradients in PyTorch.",
     "local_all_reduce_backward":
         "funcol.all_reduce's registered backward all_reduces the gradient (_functional_collectives.py, "
         "all_reduce_backward), and mark_varying has no PyTorch op (the identity both ways); meshsim's "
@@ -949,6 +955,25 @@ def axes_factor(expected, actual, mesh_shape: list[int]) -> str | None:
             if np.allclose(a, e * f, rtol=1e-9, atol=1e-12 * max(1.0, float(np.abs(e).max(initial=0.0)))):
                 return text
     return None
+
+
+def from_local_avg_factors(job: common.Job) -> set[str]:
+    """The sizes ("2", "4") of the mesh axes, and their products, over which a from_local of the
+    program asserts P(avg): where PyTorch's from_local backward leaves each rank the whole gradient."""
+    axes = job.mesh_axes
+    sizes: set[int] = set()
+    for op in job.doc.get("program", []):
+        if op.get("op") != "from_local":
+            continue
+        on = [job.mesh_shape[a] for a, p in enumerate(op.get("placements", [])) if p in ("P(avg)", "Partial(avg)")
+              and a < len(axes)]
+        prod = 1
+        for n in on:
+            sizes.add(n)
+            prod *= n
+        if on:
+            sizes.add(prod)
+    return {str(n) for n in sizes}
 
 
 def uneven_mean_and_after(job: common.Job) -> set[str]:
@@ -1090,7 +1115,10 @@ def check(job: common.Job) -> dict:
             d["kind"] = "grad"
             d["oracle_agrees_with"] = oracle_side(job, "grad", name, data, exact, dtype)
             factor = axes_factor(expected, data, job.mesh_shape)
-            if local_collectives:
+            if factor and factor in from_local_avg_factors(job) and d["oracle_agrees_with"] == "meshsim":
+                d["detail"] += f"; PyTorch's = meshsim's x {factor}"
+                with_cause(d, "from_local_avg_backward")
+            elif local_collectives:
                 if factor:
                     d["detail"] += f"; PyTorch's = meshsim's x {factor}"
                 convention.append((name, d))  # explained below if the convention is all that differs
