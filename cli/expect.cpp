@@ -228,7 +228,9 @@ std::vector<std::string> unmet_expectations(const Expectation& e, const json& re
     if (found != *e.recorded_differences)
       unmet.push_back("/expect/recorded_differences: expected " + std::to_string(*e.recorded_differences) +
                       " places where meshsim chooses otherwise than the recorded system, found " + std::to_string(found) +
-                      (diffs.empty() ? (result.contains("recorded") ? "" : " (the scenario records no choices)")
+                      (diffs.empty() ? (result.contains("recorded") ? ""
+                                        : result.contains("checks") ? " (the scenario records no choices)"
+                                                                    : " (the run stopped before any comparison)")
                                      : " (the first: " + text(diffs[0].value("message", json(""))) + ")"));
   }
   if (e.exit && *e.exit != exit_code)

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 
 #include <string>
 #include <vector>
@@ -19,10 +20,16 @@ int64_t collective_bytes(StepKind kind, int64_t full_bytes, int64_t group_size);
 // "3,840": a count or a byte figure with its thousands grouped, as every report prints them.
 std::string grouped_digits(int64_t n);
 
+// The bytes one rank moves for `step`, given every rank's local shape before it: all_reduce the
+// local tensor, all_gather the widest piece n times, reduce_scatter and all_to_all n padded chunks
+// of the split dim (SEMANTICS.md section 3); the largest group's figure. The run's collectives and
+// estimate_move count alike with it.
+int64_t step_bytes_of(const Mesh& mesh, const RedistStep& step,
+                      const std::function<std::vector<int64_t>(int64_t rank)>& local_shape, int64_t element_bytes);
+
 // What redistributing a tensor of global `shape` from `from` to `to` costs one rank by this model:
-// the planner's steps (plan_redistribute), each on the group's tensor (the global one divided by
-// the sizes of the other axes that shard it at that step; padding not counted). Throws what the
-// planner throws for an illegal move.
+// the planner's steps (plan_redistribute), each counted by step_bytes_of on the ranks' local shapes
+// at that step. Throws what the planner throws for an illegal move.
 struct MoveCost {
   struct Step {
     StepKind kind;

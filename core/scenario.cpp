@@ -323,7 +323,7 @@ class ScenarioParser {
     if (op.contains("source")) decl.source = parse_source(op["source"], child(path, "source"), s_.file);
     if (op.contains("recorded") && decl.op != "call")
       decl.recorded = parse_recorded(op["recorded"], child(path, "recorded"), s_.file, s_.mesh, decl.args.size(),
-                                     decl.outs.size());
+                                     decl.outs.size(), decl.op);
     (into ? *into : s_.program).push_back(std::move(decl));
   }
 

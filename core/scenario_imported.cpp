@@ -70,9 +70,13 @@ std::vector<std::optional<Placement>> recorded_spec(const Reader& r, const nlohm
 }  // namespace
 
 RecordedChoice parse_recorded(const nlohmann::json& v, const std::string& path, const std::string& file,
-                              const Mesh& mesh, size_t n_args, size_t n_outs) {
+                              const Mesh& mesh, size_t n_args, size_t n_outs, const std::string& op) {
   Reader r(file);
   r.only_keys(r.object(v, path), path, {"placements", "collectives"});
+  // A redistribute's and a local_map's moves are the program's own (their placements say them):
+  // only the system's implicit moves before an op are recorded.
+  if ((op == "redistribute" || op == "local_map") && v.contains("collectives"))
+    r.fail(child(path, "collectives"), op + " moves its operands as the program says: record its placements only");
   RecordedChoice c;
   c.present = true;
   if (v.contains("placements")) {
@@ -103,6 +107,10 @@ RecordedChoice parse_recorded(const nlohmann::json& v, const std::string& path, 
         r.fail(child(mp, "arg"), "the op has " + std::to_string(n_args) + " operand" + (n_args == 1 ? "" : "s") +
                                      ", there is no operand " + std::to_string(arg));
       m.arg = static_cast<size_t>(arg);
+      for (const auto& earlier : c.moves)
+        if (earlier.arg == m.arg)
+          r.fail(child(mp, "arg"), "operand " + std::to_string(arg) + " is moved once per op; " + earlier.path +
+                                       " names it already");
       m.from = r.spec(r.field(moves[k], mp, "from"), child(mp, "from"), mesh);
       m.to = r.spec(r.field(moves[k], mp, "to"), child(mp, "to"), mesh);
       if (moves[k].contains("ops")) r.array(moves[k]["ops"], child(mp, "ops"));  // informational

@@ -13,7 +13,7 @@ namespace meshsim {
 SourceRef parse_source(const nlohmann::json& v, const std::string& path, const std::string& file);
 // `recorded` of an op with `n_args` operands and `n_outs` results.
 RecordedChoice parse_recorded(const nlohmann::json& v, const std::string& path, const std::string& file,
-                              const Mesh& mesh, size_t n_args, size_t n_outs);
+                              const Mesh& mesh, size_t n_args, size_t n_outs, const std::string& op);
 ImportedFrom parse_imported(const nlohmann::json& v, const std::string& path, const std::string& file);
 
 }  // namespace meshsim

@@ -61,6 +61,14 @@ std::string op_text(const OpDecl& op) {
   return out;
 }
 
+// The bytes of one element of `value`: an int64 or bool input's own, else the run's float.
+int64_t element_bytes_of(const Scenario& sc, const std::string& value, int64_t float_bytes) {
+  const InputDecl* in = sc.find_input(value);
+  if (in && in->dtype == ElementType::Int64) return 8;
+  if (in && in->dtype == ElementType::Bool) return 1;
+  return float_bytes;
+}
+
 struct MeshsimMove {
   Spec from, to;
   int64_t bytes = 0;  // the forward collectives of the move
@@ -83,8 +91,10 @@ json recorded_json(const Scenario& sc, const RunOptions& options, const json& re
   const int64_t element_bytes = options.dtype == DType::Float32 ? 4 : 8;
   const json& values = result.contains("values") ? result["values"] : json::object();
 
-  // meshsim's own moves, per program op and operand: the planner's forward redistributions.
-  std::map<std::pair<std::string, int64_t>, MeshsimMove> moves;
+  // meshsim's own moves, per program op and operand value: the planner's forward redistributions.
+  // Keyed by the operand's name: an op meshsim runs as its parts (linear, cross_entropy) has
+  // operand indices of its parts, and moves of values the op makes itself are not the program's.
+  std::map<std::pair<std::string, std::string>, MeshsimMove> moves;
   if (result.contains("implicit"))
     for (const auto& m : result["implicit"]) {
       if (m.value("phase", "") != "forward" || !m["program_op"].is_string()) continue;
@@ -95,7 +105,8 @@ json recorded_json(const Scenario& sc, const RunOptions& options, const json& re
           mv.collectives += (mv.collectives.empty() ? "" : ", ") + c["op"].get<std::string>() + " over " +
                             c["axis"].get<std::string>() + " " + grouped_digits(c["bytes"].get<int64_t>()) + " B";
         }
-      moves[{m["program_op"].get<std::string>(), m.value("operand_index", int64_t{0})}] = mv;
+      if (m.contains("operand") && m["operand"].is_string())
+        moves[{m["program_op"].get<std::string>(), m["operand"].get<std::string>()}] = mv;
     }
 
   json differences = json::array();
@@ -127,8 +138,7 @@ json recorded_json(const Scenario& sc, const RunOptions& options, const json& re
     for (const auto& m : op.recorded.moves) theirs[static_cast<int64_t>(m.arg)] = &m;
     std::map<int64_t, const MeshsimMove*> ours;
     for (size_t a = 0; a < op.args.size(); ++a)
-      if (auto it = moves.find({op.path, static_cast<int64_t>(a)}); it != moves.end())
-        ours[static_cast<int64_t>(a)] = &it->second;
+      if (auto it = moves.find({op.path, op.args[a]}); it != moves.end()) ours[static_cast<int64_t>(a)] = &it->second;
     std::map<int64_t, bool> operands;
     for (const auto& [a, _] : theirs) operands[a] = true;
     for (const auto& [a, _] : ours) operands[a] = true;
@@ -139,13 +149,13 @@ json recorded_json(const Scenario& sc, const RunOptions& options, const json& re
       json rec = nullptr, mine = nullptr;
       std::string rec_text = "did not move it", mine_text = "did not move it (0 B)";
       if (t) {
-        rec = {{"from", placements_json(t->from)}, {"to", placements_json(t->to)}};
+        rec = {{"from", placements_json(t->from)}, {"to", placements_json(t->to)}, {"bytes", nullptr}};
         const std::string& operand = op.args[static_cast<size_t>(a)];
         rec_text = "moved it " + spec_str(t->from) + " -> " + spec_str(t->to);
         if (values.contains(operand) && values[operand].contains("shape")) {
           try {
             const MoveCost cost = estimate_move(sc.mesh, t->from, t->to, values[operand]["shape"].get<Shape>(),
-                                                element_bytes);
+                                                element_bytes_of(sc, operand, element_bytes));
             rec["bytes"] = cost.bytes;
             recorded_bytes += cost.bytes;
             rec_text += " (" + steps_text(cost, sc.mesh) + ")";

@@ -492,31 +492,10 @@ Locals apply_step(const Mesh& mesh, const RedistStep& step, const Locals& locals
 }
 
 int64_t step_bytes(const Mesh& mesh, const RedistStep& step, const Locals& locals) {
-  if (!step.communicates()) return 0;
-  const int64_t n = mesh.axis_size(step.axis);
-  // Elements of `t` per index along `dim` (well defined when that dim is empty too).
-  auto rest = [](const at::Tensor& t, int64_t dim) {
-    int64_t r = 1;
-    for (int64_t d = 0; d < t.dim(); ++d)
-      if (d != dim) r *= t.size(d);
-    return r;
-  };
-  int64_t most = 0;
-  for (const auto& ranks : mesh.groups(step.axis)) {
-    const at::Tensor& t = locals[ranks[0]];
-    const int64_t elem = static_cast<int64_t>(t.element_size());
-    int64_t full = t.numel() * elem;  // all_reduce
-    if (step.kind == StepKind::AllGather) {
-      int64_t widest = 0;
-      for (auto r : ranks) widest = std::max(widest, locals[r].size(step.dim));
-      full = n * widest * rest(t, step.dim) * elem;
-    } else if (step.kind == StepKind::ReduceScatter || step.kind == StepKind::AllToAll) {
-      int64_t d = step.kind == StepKind::ReduceScatter ? step.dim : step.split_dim;
-      full = n * padded_chunk(t.size(d), n) * rest(t, d) * elem;
-    }
-    most = std::max(most, collective_bytes(step.kind, full, n));
-  }
-  return most;
+  if (!step.communicates() || locals.empty()) return 0;
+  return step_bytes_of(
+      mesh, step, [&](int64_t r) { return locals[static_cast<size_t>(r)].sizes().vec(); },
+      static_cast<int64_t>(locals[0].element_size()));
 }
 
 }  // namespace meshsim

@@ -61,6 +61,11 @@ static bool tracked_local_map(const Runtime& rt, const OpDecl& op) {
 std::vector<DTensor> run_local_map(Runtime& rt, const OpDecl& op, const std::vector<DTensor>& args,
                                    std::map<std::string, LTensor>* body) {
   BodyContext ctx(rt, tracked_local_map(rt, op));
+  if (!op.in_grad_placements.empty() && tracked_local_map(rt, op))
+    throw SemanticError(ErrorKind::InvalidScenario,
+                        op.path + "/in_grad_placements: a tracked body (check_variance true) gives its arguments' "
+                                  "gradients the layout its variance sets say; in_grad_placements is for plain local "
+                                  "code (\"check_variance\": false), as PyTorch's local_map");
   std::map<std::string, LTensor> env;
   for (size_t i = 0; i < args.size(); ++i) {
     const DTensor& a = args[i];

@@ -210,6 +210,19 @@ DTensor Runtime::grad_placements_boundary(const DTensor& x, const Spec& grad_wri
   }
   if (std::string why = check_spec(mesh_, grad, static_cast<int64_t>(x.shape.size())); !why.empty())
     throw SemanticError(ErrorKind::ShapeMismatch, "grad_placements " + spec_str(grad) + " of \"" + x.name + "\": " + why);
+  for (size_t a = 0; a < grad.size(); ++a)
+    if (grad[a].is_partial() && grad[a].op != ReduceOp::Sum)
+      throw SemanticError(ErrorKind::InvalidScenario, "grad_placements " + spec_str(grad) + " of \"" + x.name +
+                                                          "\": a gradient's partial is a sum (P(sum)), not " + grad[a].str());
+  // The local gradients have the locals' shapes: a layout whose local shapes differ cannot hold them.
+  for (size_t r = 0; r < x.locals.size(); ++r) {
+    const Shape want = local_layout(mesh_, grad, x.shape, static_cast<int64_t>(r)).shape;
+    if (want != x.locals[r].sizes().vec())
+      throw SemanticError(ErrorKind::ShapeMismatch,
+                          "grad_placements " + spec_str(grad) + " of \"" + x.name + "\" (" + spec_str(x.spec) +
+                              "): rank " + std::to_string(r) + "'s local gradient would be " + shape_str(want) +
+                              ", its local tensor is " + shape_str(x.locals[r].sizes().vec()));
+  }
   if (grad == x.spec || !x.requires_grad() || !at::GradMode::is_enabled()) return x;
   DTensor out = x;
   out.locals = detached(x.locals);

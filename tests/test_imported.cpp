@@ -158,6 +158,56 @@ TEST(Imported, AFailureNamesTheUsersSource) {
   EXPECT_TRUE(r["mismatches"][0].contains("source")) << r["mismatches"].dump(1);
 }
 
+// A linear runs as a transpose, a matmul and an add: its moves are compared by operand value, so
+// the add's move of the matmul's own result is not taken for a move of x.
+TEST(Imported, MovesAreComparedByOperandNotByThePartsIndex) {
+  json d = json::parse(R"js({
+    "format": "meshsim.scenario/1", "name": "lin", "mesh": {"axes": ["tp"], "shape": [2]},
+    "imported": {"system": "pytorch"},
+    "inputs": [{"name": "x", "shape": [4, 8], "placements": ["S(0)"]},
+               {"name": "w", "shape": [6, 8], "placements": ["S(1)"], "requires_grad": true},
+               {"name": "b", "shape": [6], "placements": ["S(0)"], "requires_grad": true}],
+    "program": [{"out": "y", "op": "linear", "args": ["x", "w", "b"],
+                 "recorded": {"collectives": [{"arg": 0, "from": ["S(0)"], "to": ["S(1)"]}]}},
+                {"out": "loss", "op": "sum", "args": ["y"]}],
+    "backward": "loss"})js");
+  const json r = run_doc(d);
+  ASSERT_EQ(r["status"], "pass") << r.dump(1);
+  for (const auto& diff : r["recorded"]["differences"]) EXPECT_NE(diff["kind"], "move") << diff.dump(1);
+  // The same move costs the same on both sides: the recorded one by the run's own byte count.
+  EXPECT_EQ(r["recorded"]["bytes"]["recorded"], r["recorded"]["bytes"]["meshsim"]);
+  EXPECT_EQ(r["recorded"]["compared"]["moves"], 1);
+}
+
+// The recorded move's bytes are what meshsim's collectives move for it (padded uneven pieces).
+TEST(Imported, RecordedBytesAreTheRunsOwnCount) {
+  json d = json::parse(R"js({
+    "format": "meshsim.scenario/1", "name": "unev", "mesh": {"axes": ["tp"], "shape": [4]},
+    "inputs": [{"name": "x", "shape": [5, 3], "placements": ["S(0)"]}],
+    "program": [{"out": "g", "op": "redistribute", "args": ["x"], "placements": ["R"]},
+                {"out": "y", "op": "relu", "args": ["x"],
+                 "recorded": {"collectives": [{"arg": 0, "from": ["S(0)"], "to": ["R"]}]}}]})js");
+  const json r = run_doc(d);
+  int64_t gathered = 0;
+  for (const auto& c : r["collectives"])
+    if (c["value"] == "g") gathered += c["bytes"].get<int64_t>();
+  ASSERT_GT(gathered, 0) << r.dump(1);
+  EXPECT_EQ(r["recorded"]["differences"][0]["recorded"]["bytes"], gathered) << r["recorded"].dump(1);
+}
+
+TEST(Imported, MovesOfTheProgramsOwnAreNotRecorded) {
+  json d = mlp();
+  d["program"][2]["recorded"]["collectives"] = json::parse(R"js([{"arg": 0, "from": ["P(sum)"], "to": ["R"]}])js");
+  EXPECT_NE(parse_error(d).find("/program/2/recorded/collectives: redistribute moves its operands"), std::string::npos)
+      << parse_error(d);
+  d = mlp();
+  d["program"][1]["recorded"]["collectives"] =
+      json::parse(R"js([{"arg": 1, "from": ["S(0)"], "to": ["R"]}, {"arg": 1, "from": ["S(0)"], "to": ["R"]}])js");
+  EXPECT_NE(parse_error(d).find("/program/1/recorded/collectives/1/arg: operand 1 is moved once per op"),
+            std::string::npos)
+      << parse_error(d);
+}
+
 TEST(Imported, ScenariosWithoutTheFieldsAreUnchanged) {
   json d = mlp();
   d.erase("imported");

@@ -271,9 +271,28 @@ TEST(GradPlacements, ALayoutThatDoesNotFitIsRefused) {
   // A local_map's, whose args' shapes are known when it runs: shape_mismatch then.
   d = example("local_map_in_grad_placements");
   d["program"][0]["in_grad_placements"][1] = json::array({"S(2)"});
-  const json r = run_doc(d);
+  json r = run_doc(d);
   EXPECT_EQ(r["status"], "error");
   EXPECT_EQ(r["error"]["kind"], "shape_mismatch") << r.dump(1);
+  // A layout whose local shapes are not the locals' (x is S(0): its local gradient is a row block).
+  d = example("to_local_grad_placements");
+  d["program"][0]["grad_placements"] = json::array({"R"});
+  d["inputs"][1]["requires_grad"] = true;
+  r = run_doc(d);
+  EXPECT_EQ(r["status"], "error");
+  EXPECT_EQ(r["error"]["kind"], "shape_mismatch") << r.dump(1);
+  // A gradient's partial is a sum.
+  d = example("to_local_grad_placements");
+  d["program"][1]["grad_placements"] = json::array({"P(max)"});
+  r = run_doc(d);
+  EXPECT_EQ(r["status"], "error");
+  EXPECT_EQ(r["error"]["kind"], "invalid_scenario") << r.dump(1);
+  // A tracked body derives its gradients' layout itself: in_grad_placements there would reduce twice.
+  d = example("local_map_in_grad_placements");
+  d["program"][0]["check_variance"] = true;
+  r = run_doc(d);
+  EXPECT_EQ(r["status"], "error");
+  EXPECT_EQ(r["error"]["kind"], "invalid_scenario") << r.dump(1);
   d = example("local_map_in_grad_placements");
   d["program"][0]["in_grad_placements"] = json::array({json::array({"S(0)"})});
   try {
