@@ -281,6 +281,10 @@ class ScenarioParser {
     for (const auto& a : rule.attrs) allowed.push_back(a.key);
     allowed.push_back("source");  // imported programs: where the user's code made it
     if (region == Region::Program) allowed.push_back("recorded");
+    // Seed 003's per-op opt-out: the planner's moves of this op's operands above or below autograd.
+    if (region == Region::Program && decl.op != "redistribute" && decl.op != "local_map" && decl.op != "to_local" &&
+        decl.op != "from_local" && !is_creation_op(decl.op))
+      allowed.push_back("redistribute_mode");
     // A call passes its other fields to the Function as its attributes.
     if (decl.op != "call") r_.only_keys(op, path, allowed);
     static const json kNoArgs = json::array();
@@ -321,6 +325,11 @@ class ScenarioParser {
     if (decl.op == "to_local" && op.contains("grad_placements"))
       decl.in_grad_placements.push_back(r_.spec(op["grad_placements"], child(path, "grad_placements"), s_.mesh));
     if (op.contains("source")) decl.source = parse_source(op["source"], child(path, "source"), s_.file);
+    if (op.contains("redistribute_mode")) {
+      const std::string mode = r_.string(op["redistribute_mode"], child(path, "redistribute_mode"));
+      if (mode != "above_autograd" && mode != "below_autograd")
+        r_.fail(child(path, "redistribute_mode"), "expected \"above_autograd\" or \"below_autograd\", got " + in_quotes(mode));
+    }
     if (op.contains("recorded") && decl.op != "call")
       decl.recorded = parse_recorded(op["recorded"], child(path, "recorded"), s_.file, s_.mesh, decl.args.size(),
                                      decl.outs.size(), decl.op);

@@ -250,6 +250,13 @@ DTensor nll_loss(Runtime& rt, const OpDecl& op, const OpAttrs& a, const DTensor&
 // One DTensor op of the program. A binary op with a `value` takes it as a replicated 0-d operand;
 // linear runs as transpose, matmul and add (PyTorch decomposes aten.linear likewise), each with
 // its own rule row and event ("y.weight_t", "y.matmul").
+// A program op's `redistribute_mode`: where the planner moves its operands (unset: the run's).
+std::optional<RedistributeMode> op_redistribute_mode(const OpDecl& op) {
+  if (!op.attrs.is_object() || !op.attrs.contains("redistribute_mode")) return std::nullopt;
+  return op.attrs["redistribute_mode"] == "below_autograd" ? RedistributeMode::BelowAutograd
+                                                          : RedistributeMode::AboveAutograd;
+}
+
 DTensor apply_program_op(Runtime& rt, const OpDecl& op, const std::vector<DTensor>& args) {
   if (is_creation_op(op.op)) return create(rt, op);
   check_operand_types(op, args);
@@ -442,6 +449,7 @@ SimRun run_distributed(const Scenario& sc, const RunOptions& options,
   for (const auto& op : sc.program) {
     report_progress(static_cast<size_t>(&op - sc.program.data()), sc.program.size(), op.op);
     ScopedOverride<int> at(rt.recorder().program_op, static_cast<int>(&op - sc.program.data()));
+    ScopedOverride<std::optional<RedistributeMode>> mode(rt.recorder().redistribute, op_redistribute_mode(op));
     try {
       run_op(op);
     } catch (SemanticError& e) {

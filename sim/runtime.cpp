@@ -436,7 +436,7 @@ DTensor Runtime::apply_op(const std::string& op, const OpAttrs& attrs, const std
   // backward is Redistribute.backward. Below autograd (PyTorch today), the op's own node
   // redistributes the locals: autograd never sees it, and the op's backward sends its gradient
   // straight to the original operand (the hook moves it to that operand's cotangent).
-  const bool below = options_.redistribute == RedistributeMode::BelowAutograd;
+  const bool below = recorder_.redistribute.value_or(options_.redistribute) == RedistributeMode::BelowAutograd;
   std::vector<DTensor> ready;
   std::vector<std::string> operand_why(args.size());  // the planner's reason where it moved an operand
   for (size_t i = 0; i < args.size(); ++i) {

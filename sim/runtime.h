@@ -38,6 +38,9 @@ class Recorder {
   int program_op = -1;    // the program op running (forward) or whose backward node runs
   bool algorithm = false; // an op's own algorithm (loss parallel's all_reduces): never implicit
   bool muted = false;     // a backward re-run to localize a wrong gradient: records nothing
+  // The running program op's own `redistribute_mode` (seed 003's per-op opt-out): where the planner
+  // moves its operands, above or below autograd; unset: the run's option.
+  std::optional<RedistributeMode> redistribute;
 
  private:
   std::vector<Event> events_;

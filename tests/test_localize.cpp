@@ -203,9 +203,11 @@ TEST(Implicit, TheForgottenGatherIsListedWithItsReasons) {
 }
 
 TEST(Implicit, TheExamplesThatNeedNoneHaveNone) {
-  // Those that need the planner: a weight sharded the other way (mm_sharded_weight_*), a softmax
-  // over a sharded dim (softmax_sharded); each says why.
-  const std::set<std::string> need = {"mm_sharded_weight_above", "mm_sharded_weight_below", "softmax_sharded"};
+  // Those that need the planner: a weight sharded the other way (mm_sharded_weight_*, and
+  // mm_opt_out_below, whose mm moves it below autograd), a softmax over a sharded dim
+  // (softmax_sharded); each says why.
+  const std::set<std::string> need = {"mm_sharded_weight_above", "mm_sharded_weight_below", "mm_opt_out_below",
+                                      "softmax_sharded"};
   for (const auto& entry : fs::directory_iterator(source("examples"))) {
     if (entry.path().extension() != ".json") continue;
     SCOPED_TRACE(entry.path().string());
