@@ -5,7 +5,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <functional>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -19,6 +18,7 @@
 #include "cli/values.h"
 #include "core/cost_model.h"
 #include "core/error.h"
+#include "core/scenario_imported.h"
 #include "core/scenario.h"
 #include "oracles/check.h"
 #include "oracles/localize.h"
@@ -124,21 +124,7 @@ int64_t int_of(const nlohmann::json& obj, const char* key) {
 
 std::string grouped(int64_t n) { return grouped_digits(n); }
 
-// Where the user's code made each value of an imported program: "llama.py:57 (layers.0.wq)".
-std::map<std::string, std::string> value_sources(const Scenario& sc) {
-  std::map<std::string, std::string> out;
-  for (const auto& in : sc.inputs)
-    if (!in.source.empty()) out[in.name] = in.source.where();
-  std::function<void(const std::vector<OpDecl>&)> walk = [&](const std::vector<OpDecl>& ops) {
-    for (const auto& op : ops) {
-      walk(op.body);
-      if (!op.source.empty())
-        for (const auto& o : op.outs) out[o] = op.source.where();
-    }
-  };
-  walk(sc.program);
-  return out;
-}
+
 
 
 // A table line without trailing blanks.
@@ -257,12 +243,12 @@ void print_summary(const Scenario& sc, const RunOptions& options, const nlohmann
       if (values.contains(n) && std::find(order.begin(), order.end(), n) == order.end()) order.push_back(n);
     for (const auto& [name, v] : values.items())
       if (std::find(order.begin(), order.end(), name) == order.end()) order.push_back(name);
-    const std::map<std::string, std::string> sources = value_sources(sc);  // imported programs
+    const SourceIndex sources = index_sources(sc);  // imported programs: where the user's code made each value
     for (const auto& name : order) {
       const nlohmann::json& v = values[name];
       if (!v.is_object()) continue;
-      const auto src = sources.find(name);
-      const std::string at = src == sources.end() ? "" : "   <- " + src->second;
+      const auto src = sources.by_value.find(name);
+      const std::string at = src == sources.by_value.end() ? "" : "   <- " + src->second->where();
       if (v.contains("placements"))
         std::cout << "  value " << name << " " << join_specs(v["placements"]) << " shape " << v.value("shape", nlohmann::json()).dump() << at << "\n";
       else if (v.value("variance", "") == "unchecked")  // plain local code: no sets kept

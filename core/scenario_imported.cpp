@@ -120,6 +120,31 @@ RecordedChoice parse_recorded(const nlohmann::json& v, const std::string& path, 
   return c;
 }
 
+namespace {
+
+void index_ops(const std::vector<OpDecl>& ops, SourceIndex& index) {
+  for (const auto& op : ops) {
+    if (!op.source.empty()) {
+      index.by_path[op.path] = &op.source;
+      for (const auto& o : op.outs) index.by_value.emplace(o, &op.source);
+    }
+    index_ops(op.body, index);
+  }
+}
+
+}  // namespace
+
+SourceIndex index_sources(const Scenario& sc) {
+  SourceIndex index;
+  for (const auto& in : sc.inputs)
+    if (!in.source.empty()) {
+      index.by_path[in.path] = &in.source;
+      index.by_value[in.name] = &in.source;
+    }
+  index_ops(sc.program, index);
+  return index;
+}
+
 ImportedFrom parse_imported(const nlohmann::json& v, const std::string& path, const std::string& file) {
   Reader r(file);
   r.only_keys(r.object(v, path), path, {"system", "version", "file", "function", "mesh", "backward_collectives"});

@@ -1,11 +1,13 @@
 #include "oracles/recorded.h"
 
 #include <map>
+#include <set>
 #include <stdexcept>
 #include <utility>
 
 #include "core/cost_model.h"
 #include "core/error.h"
+#include "core/scenario_imported.h"
 
 namespace meshsim {
 
@@ -139,10 +141,10 @@ json recorded_json(const Scenario& sc, const RunOptions& options, const json& re
     std::map<int64_t, const MeshsimMove*> ours;
     for (size_t a = 0; a < op.args.size(); ++a)
       if (auto it = moves.find({op.path, op.args[a]}); it != moves.end()) ours[static_cast<int64_t>(a)] = &it->second;
-    std::map<int64_t, bool> operands;
-    for (const auto& [a, _] : theirs) operands[a] = true;
-    for (const auto& [a, _] : ours) operands[a] = true;
-    for (const auto& [a, _] : operands) {
+    std::set<int64_t> operands;
+    for (const auto& [a, _] : theirs) operands.insert(a);
+    for (const auto& [a, _] : ours) operands.insert(a);
+    for (const int64_t a : operands) {
       ++compared_moves;
       const RecordedMove* t = theirs.count(a) ? theirs[a] : nullptr;
       const MeshsimMove* o = ours.count(a) ? ours[a] : nullptr;
@@ -234,17 +236,6 @@ json recorded_json(const Scenario& sc, const RunOptions& options, const json& re
 
 namespace {
 
-void collect_sources(const std::vector<OpDecl>& ops, std::map<std::string, const SourceRef*>& by_path,
-                     std::map<std::string, const SourceRef*>& by_value) {
-  for (const auto& op : ops) {
-    if (!op.source.empty()) {
-      by_path[op.path] = &op.source;
-      for (const auto& o : op.outs) by_value.emplace(o, &op.source);
-    }
-    collect_sources(op.body, by_path, by_value);
-  }
-}
-
 void annotate(json& entry, const SourceRef* src) {
   if (!src || !entry.is_object() || entry.contains("source")) return;
   entry["source"] = src->to_json();
@@ -255,13 +246,9 @@ void annotate(json& entry, const SourceRef* src) {
 }  // namespace
 
 void attach_sources(const Scenario& sc, json& result) {
-  std::map<std::string, const SourceRef*> by_path, by_value;
-  for (const auto& in : sc.inputs)
-    if (!in.source.empty()) {
-      by_path[in.path] = &in.source;
-      by_value[in.name] = &in.source;
-    }
-  collect_sources(sc.program, by_path, by_value);
+  const SourceIndex sources = index_sources(sc);
+  const auto& by_path = sources.by_path;
+  const auto& by_value = sources.by_value;
   if (by_path.empty()) return;
   auto lookup = [](const std::map<std::string, const SourceRef*>& m, const json& key) -> const SourceRef* {
     if (!key.is_string()) return nullptr;
