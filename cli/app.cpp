@@ -9,6 +9,7 @@
 
 #include "cli/commands.h"
 #include "core/error.h"
+#include "core/files.h"
 #include "core/resources.h"
 #include "cli/check.h"
 #include "cli/emit.h"
@@ -87,6 +88,14 @@ void add_limits(CLI::App* sub, ResourceLimits& limits, std::string& max_memory) 
       ->check(whole_number(1, int64_t{1} << 40));
 }
 
+// --max-input, for every subcommand that reads a scenario or a trace.
+void add_input_limit(CLI::App* sub, std::string& max_input) {
+  sub->add_option("--max-input", max_input,
+                  "Refuse (exit 2, naming the limit) an input file larger than this, or a stream (a FIFO, "
+                  "/dev/stdin, <(...)) that goes on longer: 64M, 2G, bytes (default 1G)")
+      ->check(byte_size());
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -99,7 +108,7 @@ int main(int argc, char** argv) {
                  "(repeatable; before the subcommand; MESHSIM_PLUGINS, colon-separated, names more)");
 
   ResourceLimits limits;
-  std::string max_memory;
+  std::string max_memory, max_input;
   cli::RunArgs run;
   auto* run_cmd =
       app.add_subcommand("run", "Run scenarios on the fake mesh and check them against the single-device oracle");
@@ -131,6 +140,7 @@ int main(int argc, char** argv) {
                     "Keep every intermediate gradient in the run (option localize=always); by default a failing run "
                     "is run a second time to find its first divergence");
   add_limits(run_cmd, limits, max_memory);
+  add_input_limit(run_cmd, max_input);
 
   cli::CheckArgs check;
   auto* check_cmd = app.add_subcommand("check", "Run the property suite");
@@ -144,6 +154,7 @@ int main(int argc, char** argv) {
                         "Check these scenario files as properties: each runs over random mesh sizes, shapes, input "
                         "placements and options against the oracle (repeatable)");
   check_cmd->add_flag("--json", check.json, "Print the run as JSON (meshsim.check/1) instead of the report");
+  add_input_limit(check_cmd, max_input);
   check_cmd->add_option("--junit", check.junit, "Write the run as JUnit XML to this file");
   check_cmd->add_option("--shard", check.shard,
                         "Run shard I of N (1 <= I <= N): every N-th unit of 25 cases; the N shards together are the "
@@ -182,6 +193,7 @@ int main(int argc, char** argv) {
                          "Write the trace's scenario, with its recorded options, to this scenario file instead "
                          "of replaying");
   add_limits(replay_cmd, limits, max_memory);
+  add_input_limit(replay_cmd, max_input);
 
   cli::RenderArgs render;
   auto* render_cmd = app.add_subcommand("render", "Draw a scenario or a trace as a dataflow diagram");
@@ -193,6 +205,7 @@ int main(int argc, char** argv) {
                          "ranks collapsed)")
       ->check(CLI::IsMember({"logical", "ranks"}));
   add_limits(render_cmd, limits, max_memory);
+  add_input_limit(render_cmd, max_input);
 
   cli::OpsArgs ops;
   auto* ops_cmd = app.add_subcommand(
@@ -218,6 +231,7 @@ int main(int argc, char** argv) {
   explain_cmd->add_option("--option", explain.options, "Override a scenario option, key=value (repeatable)")
       ->allow_extra_args(false);
   add_limits(explain_cmd, limits, max_memory);
+  add_input_limit(explain_cmd, max_input);
 
   auto* import_cmd = app.add_subcommand(
       "import",
@@ -240,6 +254,7 @@ int main(int argc, char** argv) {
   validate_cmd->add_option("--timeout", validate.timeout_s, "Seconds any collective or rendezvous may take (default 30)")
       ->check(seconds(0.001, 86400));
   validate_cmd->add_flag("--json", validate.json, "Print the report as JSON (meshsim.validate/1)");
+  add_input_limit(validate_cmd, max_input);
   validate_cmd->add_flag("--keep", validate.keep, "Keep the workers' directory (logs, progress, verdicts)");
   validate_cmd->add_option("--fault", validate.fault, "Testing: kill:RANK:AT, hang:RANK:AT, stop:RANK:AT (SIGSTOP) or corrupt:RANK:AT, at that rank's AT-th collective");
   auto* worker = validate_cmd->add_option_group("worker", "Run one rank (workers started by hand, or by the coordinator)");
@@ -259,6 +274,10 @@ int main(int argc, char** argv) {
     return code == 0 ? 0 : 2;
   }
   if (!max_memory.empty()) limits.max_bytes = parse_byte_size(max_memory);
+  if (!max_input.empty()) {
+    const double bytes = parse_byte_size(max_input);  // "1e30" is as good as no limit
+    set_max_input_bytes(bytes >= 0x1p62 ? uint64_t{1} << 62 : std::max<uint64_t>(1, static_cast<uint64_t>(bytes)));
+  }
   cli::set_resource_limits(limits);
   if (!(*validate_cmd && validate.rank >= 0)) cli::install_progress_line();  // a worker has no terminal of its own
   struct Erase {

@@ -26,6 +26,7 @@
 #include "cli/commands.h"
 #include "core/coverage.h"
 #include "core/error.h"
+#include "core/files.h"
 #include "core/mutants.h"
 #include "gpu_validate/validate.h"
 #include "properties/runner.h"
@@ -293,9 +294,8 @@ std::vector<UnitResult> run_units(const std::vector<Property>& props, const std:
 // per unit; collected in unit order, so the report is the one a single process gives.
 std::vector<UnitResult> run_in_workers(const std::vector<Unit>& units, const CheckArgs& args, uint64_t seed, bool tty) {
   const int jobs = std::min<int>(args.jobs, static_cast<int>(units.size()));
-  std::string tmpl = (std::filesystem::temp_directory_path() / "meshsim-check-XXXXXX").string();
-  if (!::mkdtemp(tmpl.data())) throw std::runtime_error("cannot make a directory for the workers: " + std::string(std::strerror(errno)));
-  const std::filesystem::path dir = tmpl;
+  // meshsim-check-HOST-PID-XXXXXX; those of killed runs are removed here (core/files.h).
+  const std::filesystem::path dir = make_private_directory(std::filesystem::temp_directory_path().string(), "meshsim-check");
   struct Worker {
     pid_t pid = -1;
     std::string out, err;
@@ -313,7 +313,7 @@ std::vector<UnitResult> run_in_workers(const std::vector<Unit>& units, const Che
     std::string list;
     for (size_t pos : wk.positions) list += (list.empty() ? "" : ",") + std::to_string(pos);
     std::vector<std::string> a{self, "check", "--seed", std::to_string(seed), "--cases", std::to_string(args.cases),
-                               "--worker-units", list};
+                               "--worker-units", list, "--max-input", std::to_string(max_input_bytes())};
     if (!args.mutant.empty()) a.insert(a.end(), {"--mutant", args.mutant});
     if (args.coverage) a.push_back("--coverage");
     if (!args.shard.empty()) a.insert(a.end(), {"--shard", args.shard});

@@ -444,6 +444,7 @@ int run_single(const RunArgs& args) {
   const std::string& file = args.files.front();
   if (!args.trace_out.empty()) refuse_output_over_input("--trace", args.trace_out, {file});
   if (!args.render_out.empty()) refuse_output_over_input("--render", args.render_out, {file, args.trace_out});
+  if (!args.values_dir.empty()) refuse_directory_over_input("--values", args.values_dir, {file});
   std::optional<FileRun> run;
   std::optional<Report> refused;
   std::string said;  // unusable input: FILE: PATH: why, as main() says it

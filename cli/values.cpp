@@ -70,8 +70,8 @@ std::string write_npy(const std::string& path, const at::Tensor& t) {
     type = npy_type(at::kDouble);
   }
   c = c.contiguous();
-  write_file_atomically(path, {npy_header(type->descr, c.sizes()),
-                              {static_cast<const char*>(c.data_ptr()), static_cast<size_t>(c.numel() * c.element_size())}});
+  write_new_file(path, {npy_header(type->descr, c.sizes()),
+                        {static_cast<const char*>(c.data_ptr()), static_cast<size_t>(c.numel() * c.element_size())}});
   return type->name;
 }
 
@@ -131,8 +131,7 @@ class Writer {
                           {"files", files_},
                           {"missing", missing_}};
     const std::string text = doc.dump(2) + "\n";
-    const fs::path path = dir_ / "index.json";
-    write_file_atomically(path.string(), text);
+    write_new_file((dir_ / "index.json").string(), {text});
   }
 
  private:
@@ -140,9 +139,8 @@ class Writer {
   nlohmann::json files_ = nlohmann::json::array(), missing_ = nlohmann::json::array();
 };
 
-}  // namespace
-
-void write_values(const CheckedRun& run, const std::string& dir, bool per_rank) {
+// The files of write_values, in a fresh directory.
+void write_values_into(const CheckedRun& run, const std::string& dir, bool per_rank) {
   Writer w{fs::path(dir)};
   if (run.tensors) {
     const std::string no_assembly = "its locals do not form a tensor";
@@ -169,6 +167,12 @@ void write_values(const CheckedRun& run, const std::string& dir, bool per_rank) 
     }
   }
   w.index(run);
+}
+
+}  // namespace
+
+void write_values(const CheckedRun& run, const std::string& dir, bool per_rank) {
+  write_directory_atomically(dir, [&](const std::string& staging) { write_values_into(run, staging, per_rank); });
 }
 
 }  // namespace meshsim

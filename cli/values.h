@@ -19,7 +19,9 @@ namespace meshsim {
 // as they are. A gradient's rank files hold the locals as laid out: the gradient divided by the
 // index's `divisor` (P(avg) primals), as grads/NAME.npy holds it undivided.
 // Needs run.tensors (check_scenario with keep_values); without them only index.json is written.
-// Creates the directories; throws InputError naming the path and the reason when a write fails.
+// DIR is replaced whole (core/files.h, write_directory_atomically): a reader, a kill or a full
+// disk leaves the old directory or the new one, never a mix; InputError naming the path and the
+// reason when a write fails.
 void write_values(const CheckedRun& run, const std::string& dir, bool per_rank);
 
 }  // namespace meshsim

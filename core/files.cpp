@@ -4,16 +4,16 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstring>
-#include <filesystem>
+#include <iterator>
 #include <unordered_set>
 
 #include "core/error.h"
 
 namespace meshsim {
 
-namespace fs = std::filesystem;
 using json = nlohmann::json;
 
 namespace {
@@ -141,66 +141,61 @@ json parse_json_text(const std::string& text, const std::string& file) {
   }
 }
 
+namespace {
+
+std::atomic<uint64_t> g_max_input{kDefaultMaxInput};
+
+// "1 GiB (1073741824 bytes)".
+std::string limit_words(uint64_t bytes) {
+  const char* units[] = {"bytes", "KiB", "MiB", "GiB", "TiB"};
+  size_t u = 0;
+  uint64_t v = bytes;
+  while (u + 1 < std::size(units) && v >= 1024 && v % 1024 == 0) v /= 1024, ++u;
+  return std::to_string(v) + " " + units[u] + (u ? " (" + std::to_string(bytes) + " bytes)" : "");
+}
+
+[[noreturn]] void too_large(const std::string& path, const std::string& what) {
+  throw InputError(path, "/",
+                   what + " than the input limit of " + limit_words(g_max_input.load()) +
+                       "; no scenario or trace is that large: is this the file meant? (raise the limit with "
+                       "--max-input SIZE)");
+}
+
+}  // namespace
+
+void set_max_input_bytes(uint64_t bytes) { g_max_input.store(bytes); }
+uint64_t max_input_bytes() { return g_max_input.load(); }
+
 json read_json_file(const std::string& path) {
-  std::error_code ec;
-  if (fs::is_directory(path, ec)) throw InputError(path, "/", "cannot read: it is a directory");
+  // Opened as cat opens it: a FIFO without a writer waits for one (docs/scenario-format.md).
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) throw InputError(path, "/", std::string("cannot read: ") + std::strerror(errno));
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) throw InputError(path, "/", std::string("cannot read: ") + std::strerror(errno));
+  if (S_ISDIR(st.st_mode)) throw InputError(path, "/", "cannot read: it is a directory");
+  const uint64_t limit = g_max_input.load();
   std::string text;
+  if (S_ISREG(st.st_mode)) {
+    if (static_cast<uint64_t>(st.st_size) > limit)
+      too_large(path, "the file has " + std::to_string(st.st_size) + " bytes, more");
+    text.reserve(static_cast<size_t>(st.st_size));
+  }
   char buf[1 << 16];
   for (;;) {
     const ssize_t n = ::read(fd, buf, sizeof buf);
     if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      const int err = errno;
-      ::close(fd);
-      throw InputError(path, "/", std::string("cannot read: ") + std::strerror(err));
-    }
+    if (n < 0) throw InputError(path, "/", std::string("cannot read: ") + std::strerror(errno));
     if (n == 0) break;
     text.append(buf, static_cast<size_t>(n));
+    // A stream of NULs (/dev/zero) or random bytes is no JSON: said now, not after the limit.
+    if (std::memchr(buf, '\0', static_cast<size_t>(n))) break;
+    if (text.size() > limit) too_large(path, "it goes on longer");
   }
-  ::close(fd);
   return parse_json_text(text, path);
-}
-
-void write_file_atomically(const std::string& path, const std::vector<std::string_view>& parts) {
-  const fs::path target(path);
-  const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
-  // Hidden, unique, in the target's directory: the rename stays within one file system.
-  std::string tmp = (dir / ("." + target.filename().string() + ".XXXXXX")).string();
-  const int fd = ::mkstemp(tmp.data());
-  if (fd < 0) throw InputError(path, "", std::string("cannot write: ") + std::strerror(errno));
-  bool open = true;
-  auto give_up = [&](int err) {
-    if (open) ::close(fd);
-    ::unlink(tmp.c_str());
-    throw InputError(path, "", std::string("cannot write: ") + std::strerror(err) + "; the file was left as it was");
-  };
-  // mkstemp makes the file 0600; a written file has the usual 0666 less the umask.
-  const mode_t mask = ::umask(0);
-  ::umask(mask);
-  if (::fchmod(fd, 0666 & ~mask) != 0) give_up(errno);
-  for (const auto& text : parts) {
-    size_t done = 0;
-    while (done < text.size()) {
-      const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0) give_up(errno);
-      done += static_cast<size_t>(n);
-    }
-  }
-  open = false;
-  if (::close(fd) != 0) give_up(errno);
-  if (::rename(tmp.c_str(), path.c_str()) != 0) give_up(errno);
-}
-
-void refuse_output_over_input(const std::string& option, const std::string& out,
-                              const std::vector<std::string>& inputs) {
-  for (const auto& in : inputs) {
-    std::error_code ec;
-    if (fs::equivalent(out, in, ec) && !ec)
-      throw InputError(out, "", "refused as " + option + ": it is the input " + in + ", which writing would replace; name another file");
-  }
 }
 
 }  // namespace meshsim

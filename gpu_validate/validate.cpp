@@ -23,6 +23,7 @@
 #include <thread>
 
 #include "core/error.h"
+#include "core/files.h"
 #include "gpu_validate/gloo_engine.h"
 #include "gpu_validate/nccl_engine.h"
 #include "sim/data.h"
@@ -395,10 +396,9 @@ class InterruptWatch {
 class RunDir {
  public:
   explicit RunDir(bool keep) : keep_(keep) {
-    std::string tmpl = (fs::temp_directory_path() / "meshsim-validate-XXXXXX").string();
-    if (!::mkdtemp(tmpl.data()))
-      throw std::runtime_error("cannot make a private directory: " + std::string(std::strerror(errno)));
-    path_ = tmpl;
+    // meshsim-validate-HOST-PID-XXXXXX: those of coordinators killed before they could remove
+    // theirs (SIGKILL) are removed here.
+    path_ = make_private_directory(fs::temp_directory_path().string(), "meshsim-validate");
   }
   ~RunDir() { close(); }
   RunDir(const RunDir&) = delete;
@@ -544,7 +544,8 @@ int validate_coordinator(const Scenario& sc, const RunOptions& options, const Va
     std::vector<std::string> args{self_exe, "validate", sc.file, "--backend", config.backend,
                                   "--rank", std::to_string(r), "--store", (dir.path() / "store").string(),
                                   "--result", w.result, "--progress", w.progress,
-                                  "--timeout", std::to_string(config.timeout_s)};
+                                  "--timeout", std::to_string(config.timeout_s),
+                                  "--max-input", std::to_string(max_input_bytes())};
     for (const auto& o : config.options) args.insert(args.end(), {"--option", o});
     if (!config.fault.empty()) args.insert(args.end(), {"--fault", config.fault});
     w.pid = start_worker(self_exe, args, w.log, parent, crew.group);

@@ -736,7 +736,7 @@ TEST_F(Cli, AFailedWriteLeavesTheOldTraceWhole) {
   EXPECT_TRUE(contains(o.err, "t.json: cannot write: File too large; the file was left as it was")) << o;
   EXPECT_EQ(read_text(dir / "t.json"), before);
   for (const auto& entry : fs::directory_iterator(dir))
-    EXPECT_FALSE(contains(entry.path().filename().string(), ".t.json.")) << "temporary file left: " << entry.path();
+    EXPECT_FALSE(contains(entry.path().filename().string(), ".meshsim-")) << "temporary file left: " << entry.path();
 }
 
 // Limits: a mesh too large or a scenario estimated too large is refused before it runs (exit 2,

@@ -477,13 +477,13 @@ TEST(WriteValues, AValueNamedLikeAGradientFolderKeepsItsOwn) {
 TEST(WriteValues, AFailedWriteIsAnInputErrorNamingThePath) {
   const fs::path dir = fresh_dir("blocked");
   fs::create_directories(dir);
-  std::ofstream(dir / "values") << "a file where a folder must go";
+  std::ofstream(dir / "values") << "a file where the folder must go (DIR is replaced whole: not what is in it)";
   CheckedRun run;
   run.result = {{"name", "blocked"}};
   run.tensors = std::make_shared<RunTensors>();
   run.tensors->values.push_back({"y", spec_of({"R"}), {}, 1, f64({1}, {1}), at::Tensor()});
   try {
-    write_values(run, dir.string(), false);
+    write_values(run, (dir / "values").string(), false);
     ADD_FAILURE() << "no error";
   } catch (const InputError& e) {
     EXPECT_NE(std::string(e.what()).find((dir / "values").string()), std::string::npos) << e.what();

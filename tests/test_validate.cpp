@@ -313,6 +313,23 @@ TEST_F(Validate, AnInterruptedCoordinatorStopsItsWorkersAndRemovesTheirFiles) {
   expect_nothing_left(file, read_text(out));
 }
 
+// A coordinator killed by SIGKILL cannot remove its workers' directory (its workers die with it);
+// the next validate of this host removes it (#37, item 8), and leaves its own name for the next.
+TEST_F(Validate, ASigkilledCoordinatorsDirectoryIsRemovedByTheNextRun) {
+  const std::string file = example("fsdp_reduced.json");
+  const std::string script =
+      "export TMPDIR=" + q(tmp().string()) + "; " + q(MESHSIM_BIN) + " validate " + q(file) +
+      " --fault hang:1:2 --timeout 60 & pid=$!; "
+      "for i in $(seq 600); do ls \"$TMPDIR\"/meshsim-validate-*/rank0.progress >/dev/null 2>&1 && break; sleep 0.1; done; "
+      "kill -9 $pid; wait $pid; exit 0";
+  Outcome killed = run_process(dir, "/bin/bash", "-c " + q(script), 90, "killed");
+  ASSERT_EQ(killed.code, 0) << killed;
+  ASSERT_EQ(left_in_tmp().size(), 1u) << json(left_in_tmp()).dump() << killed;
+  const Outcome o = meshsim_in_tmp("validate " + q(file), 120, "next");
+  EXPECT_EQ(o.code, 0) << o;
+  expect_nothing_left(file, o.out);
+}
+
 TEST_F(Validate, EngineMessagesCarryNoBacktrace) {
   // A worker started by hand whose peers never come: its rendezvous times out in libtorch, whose
   // error carries a C++ backtrace after its first line. The verdict keeps the first line only.
