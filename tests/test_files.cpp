@@ -82,8 +82,11 @@ TEST(StrictJson, SyntaxErrorsNameTheElementBeingRead) {
       << refusal("{\"mesh\": {\"shape\": [2, }}");
 }
 
+// Numbered too: the writer sweeps a directory once a process, so a repeated test needs a new one.
 fs::path fresh_dir(const std::string& name) {
-  const fs::path dir = fs::temp_directory_path() / ("meshsim_test_files_" + name + "_" + std::to_string(::getpid()));
+  static int made = 0;
+  const fs::path dir = fs::temp_directory_path() /
+                       ("meshsim_test_files_" + name + "_" + std::to_string(::getpid()) + "_" + std::to_string(++made));
   fs::remove_all(dir);
   fs::create_directories(dir);
   return dir;

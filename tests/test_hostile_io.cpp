@@ -71,7 +71,8 @@ TEST_F(HostileIo, OutputsAreWrittenToWhatThePathNames) {
   copy("fsdp_reduced.json", "s.json");
   // A FIFO, read by cat: the trace goes through it, and it stays a FIFO.
   ASSERT_EQ(::mkfifo((dir / "fifo").c_str(), 0644), 0);
-  Outcome f = shell("cat fifo > got & $MESHSIM run s.json --trace fifo --quiet; code=$?; wait; exit $code");
+  Outcome f = shell("cat fifo > got & reader=$!; $MESHSIM run s.json --trace fifo --quiet; code=$?; "
+                    "[ $code = 0 ] || kill $reader; wait; exit $code");  // no cat left waiting if meshsim failed
   EXPECT_EQ(f.code, 0) << f;
   EXPECT_TRUE(S_ISFIFO(lstat_of(dir / "fifo").st_mode));
   EXPECT_TRUE(contains(read_text(dir / "got"), "\"format\": \"meshsim.trace/1\"")) << f;
