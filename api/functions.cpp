@@ -7,8 +7,10 @@
 
 #include "core/cost_model.h"
 #include "core/error.h"
+#include "core/ops.h"
 #include "meshsim/meshsim.h"
 #include "sim/local_map.h"
+#include "sim/local_ops.h"
 #include "sim/mesh_node.h"
 
 namespace meshsim {
@@ -42,20 +44,53 @@ AxisSet indices_of(const Mesh& mesh, const AxisNames& names, const std::string& 
   return out;
 }
 
+StrategyResult result_of(const Mesh& mesh, const VarianceOutput& out, const std::string& fn) {
+  StrategyResult r;
+  r.variant = indices_of(mesh, out.variant, fn);
+  if (out.reduced) r.reduced = indices_of(mesh, *out.reduced, fn);
+  for (const auto& o : out.outputs) r.outputs.push_back(result_of(mesh, o, fn));
+  return r;
+}
+
 Strategy strategy_of(const std::string& fn, VarianceStrategy v) {
   return [fn, v](const StrategyInput& in) {
     std::vector<AxisNames> variant, reduced;
     for (const auto& s : in.variant) variant.push_back(names_of(in.mesh, s));
     for (const auto& s : in.reduced) reduced.push_back(names_of(in.mesh, s));
-    const VarianceOutput out = v(VarianceInput{variant, reduced, in.mesh.axes(), in.args});
-    StrategyResult r;
-    r.variant = indices_of(in.mesh, out.variant, fn);
-    if (out.reduced) r.reduced = indices_of(in.mesh, *out.reduced, fn);
-    return r;
+    return result_of(in.mesh, v(VarianceInput{variant, reduced, in.mesh.axes(), in.args}), fn);
   };
 }
 
-std::string strategy_key(const std::string& name) { return "function:name:" + name; }
+std::string strategy_key(const std::string& name) { return "function:def:" + name; }
+
+// The registry key of a public target: ops by their name (the key BodyContext::op looks up), Functions
+// by the name scenarios call them (BodyContext::call_rank_local and call_on_groups look it up first).
+std::string key_of(const StrategyTarget& t) {
+  const std::string who = "register_variance_tracking_strategy: ";
+  if (t.name.empty()) throw std::invalid_argument(who + "a target has no name");
+  if (t.kind == StrategyTarget::Kind::Function) return function_name_key(t.name);
+  const OpSchema* found = find_op(t.name);
+  const OpSchema* rule = found && (found->scopes & kBody) && !is_split_op(t.name) ? found : nullptr;
+  if (!rule || rule->local_code)
+    throw std::invalid_argument(who + "op \"" + t.name + "\" " +
+                                (rule ? "has meshsim's own variance rule (a collective, a cast or call)"
+                                      : "is not an op of a local_map body") +
+                                "; a target op is one a body runs through variance tracking (mul, exp, mm, ...)");
+  return t.name;
+}
+
+// The Function's own strategy (FunctionDef::variance); the registry's entry for its name comes
+// first (BodyContext::call_rank_local).
+std::optional<Strategy> own_strategy(const FunctionDef& def) {
+  if (!def.variance) return std::nullopt;
+  return strategy_of(def.name, *def.variance);
+}
+
+const std::vector<std::string>& outs_of(const OpDecl& op, std::vector<std::string>& one) {
+  if (!op.outs.empty()) return op.outs;
+  one = {op.out};
+  return one;
+}
 
 void check_arity(const FunctionDef& def, const std::vector<LTensor>& xs, const OpDecl& op) {
   if (def.arity >= 0 && xs.size() != static_cast<size_t>(def.arity))
@@ -84,39 +119,43 @@ void record_declared(Runtime& rt, const std::string& op, int axis, int64_t bytes
   rt.recorder().add(std::move(e));
 }
 
-LTensor call_group(const FunctionDef& def, BodyContext& ctx, const std::vector<LTensor>& xs, const OpDecl& op) {
+std::vector<LTensor> call_group(const FunctionDef& def, BodyContext& ctx, const std::vector<LTensor>& xs,
+                                const OpDecl& op) {
   check_arity(def, xs, op);
   if (!op.attrs.contains("axis") || !op.attrs["axis"].is_string())
     throw SemanticError(ErrorKind::InvalidScenario, op.path + ": call " + def.name + " needs \"axis\" (a mesh axis name)");
   Runtime& rt = ctx.runtime();
   const int axis = rt.mesh().axis_index(op.attrs["axis"].get<std::string>());
-  const Strategy* strategy = find_variance_tracking_strategy(strategy_key(def.name));
   int64_t bytes = -1;
-  auto group_fn = def.group;
   const nlohmann::json attrs = op.attrs;
   const std::optional<CollectiveDecl> decl = def.collective;
-  LTensor t = ctx.call_on_groups(strategy_key(def.name), strategy ? std::optional<Strategy>(*strategy) : std::nullopt,
-                                 xs.at(0), axis, op.attrs, op.out, [&](const Locals& group) {
-                                   if (decl && bytes < 0) bytes = declared_bytes(*decl, group);
-                                   Locals out = group_fn(group, attrs);
-                                   if (out.size() != group.size())
-                                     throw SemanticError(ErrorKind::InvalidScenario,
-                                                         op.path + ": Function " + def.name + " returned " +
-                                                             std::to_string(out.size()) + " outputs for a group of " +
-                                                             std::to_string(group.size()));
-                                   return out;
-                                 });
-  if (!decl) return t;
+  std::vector<std::string> one;
+  const std::vector<std::string>& outs = outs_of(op, one);
+  std::vector<LTensor> ts = ctx.call_on_groups(strategy_key(def.name), own_strategy(def), xs.at(0), axis, op.attrs, outs,
+                                               [&](const Locals& group) {
+    if (decl && bytes < 0) bytes = declared_bytes(*decl, group);
+    std::vector<Locals> out = def.group_outputs ? def.group_outputs(group, attrs)
+                                                : std::vector<Locals>{def.group(group, attrs)};
+    for (const auto& o : out)
+      if (o.size() != group.size())
+        throw SemanticError(ErrorKind::InvalidScenario, op.path + ": Function " + def.name + " returned " +
+                                                            std::to_string(o.size()) + " tensors of an output for a group of " +
+                                                            std::to_string(group.size()));
+    return out;
+  });
+  if (!decl) return ts;
+  LTensor& t = ts.front();
   record_declared(rt, decl->op, axis, std::max<int64_t>(bytes, 0), op.out, t.locals, def.name);
   if (!decl->backward_op.empty() && at::GradMode::is_enabled() && any_requires_grad(t.locals)) {
-    // An identity node that records the backward's collective when the gradient flows through.
+    // An identity node on the first output that records the backward's collective when its
+    // gradient flows through.
     Runtime* runtime = &rt;
     const Locals inputs = t.locals;
-    Locals outs = detached(t.locals);
+    Locals outs_locals = detached(t.locals);
     const Locals like = detached(t.locals);
     const std::string back = decl->backward_op, fn = def.name, value = op.out;
     const CollectiveDecl backward_decl{back, "", decl->bytes};
-    connect("declared " + back, inputs, outs, [=](torch::autograd::variable_list&& g) {
+    connect("declared " + back, inputs, outs_locals, [=](torch::autograd::variable_list&& g) {
       Locals grads = defined_grads(std::move(g), like);
       const auto groups = runtime->mesh().groups(axis);
       Locals first;
@@ -124,9 +163,9 @@ LTensor call_group(const FunctionDef& def, BodyContext& ctx, const std::vector<L
       record_declared(*runtime, back, axis, declared_bytes(backward_decl, first), value, grads, fn, value);
       return grads;
     });
-    t.locals = outs;
+    t.locals = outs_locals;
   }
-  return t;
+  return ts;
 }
 
 }  // namespace
@@ -134,12 +173,22 @@ LTensor call_group(const FunctionDef& def, BodyContext& ctx, const std::vector<L
 void register_function(FunctionDef def) {
   if (def.name.empty()) throw std::invalid_argument("register_function: the Function has no name");
   const std::string who = "register_function(\"" + def.name + "\"): ";
-  if (static_cast<bool>(def.rank_local) == static_cast<bool>(def.group))
-    throw std::invalid_argument(who + "give exactly one of rank_local and group");
+  const int bodies = static_cast<bool>(def.rank_local) + static_cast<bool>(def.group) +
+                     static_cast<bool>(def.rank_local_outputs) + static_cast<bool>(def.group_outputs);
+  if (bodies != 1)
+    throw std::invalid_argument(who + "give exactly one of rank_local, group, rank_local_outputs and group_outputs");
+  const bool communicating = def.group || def.group_outputs;
   if (def.arity < -1) throw std::invalid_argument(who + "arity must be -1 (any) or at least 0");
-  if (def.group && def.arity != 1) throw std::invalid_argument(who + "a communicating Function takes 1 argument");
+  if (def.outputs < 1) throw std::invalid_argument(who + "outputs must be at least 1");
+  if (def.outputs > 1 && (def.rank_local || def.group))
+    throw std::invalid_argument(who + "a Function with several outputs gives rank_local_outputs or group_outputs");
+  if (def.reference && def.reference_outputs)
+    throw std::invalid_argument(who + "give at most one of reference and reference_outputs");
+  if (def.outputs > 1 && def.reference)
+    throw std::invalid_argument(who + "a Function with several outputs gives reference_outputs");
+  if (communicating && def.arity != 1) throw std::invalid_argument(who + "a communicating Function takes 1 argument");
   if (def.collective) {
-    if (def.rank_local) throw std::invalid_argument(who + "a rank-local Function performs no collective");
+    if (!communicating) throw std::invalid_argument(who + "a rank-local Function performs no collective");
     auto unknown = [&](const std::string& op) {
       return std::invalid_argument(who + "unknown collective \"" + op +
                                    "\" (all_reduce, all_gather, reduce_scatter or all_to_all)");
@@ -148,24 +197,40 @@ void register_function(FunctionDef def) {
     const std::string& back = def.collective->backward_op;
     if (!back.empty() && !declarable(back)) throw unknown(back);
   }
-  if (def.variance)
-    register_variance_tracking_strategy(strategy_key(def.name), strategy_of(def.name, *def.variance));
-  else
-    unregister_variance_tracking_strategy(strategy_key(def.name));
-  if (def.reference)
-    register_function_reference(def.name, def.reference);
-  else
+  if (def.reference) {
+    auto ref = def.reference;
+    register_function_reference(def.name, [ref](const std::vector<at::Tensor>& xs, const nlohmann::json& attrs) {
+      return std::vector<at::Tensor>{ref(xs, attrs)};
+    });
+  } else if (def.reference_outputs) {
+    register_function_reference(def.name, def.reference_outputs);
+  } else {
     unregister_function_reference(def.name);
+  }
   auto shared = std::make_shared<FunctionDef>(std::move(def));
   register_scenario_function(shared->name, [shared](BodyContext& ctx, const std::vector<LTensor>& xs, const OpDecl& op) {
-    if (shared->group) return call_group(*shared, ctx, xs, op);
+    if (shared->group || shared->group_outputs) return call_group(*shared, ctx, xs, op);
     check_arity(*shared, xs, op);
     const nlohmann::json attrs = op.attrs;
-    auto f = shared->rank_local;
-    const Strategy* strategy = find_variance_tracking_strategy(strategy_key(shared->name));
-    return ctx.call_rank_local(strategy_key(shared->name), strategy ? std::optional<Strategy>(*strategy) : std::nullopt,
-                               xs, op.attrs, op.out, [f, attrs](const std::vector<at::Tensor>& in) { return f(in, attrs); });
-  }, FunctionSignature{shared->arity});
+    const auto single = shared->rank_local;
+    const auto several = shared->rank_local_outputs;
+    std::vector<std::string> one;
+    return ctx.call_rank_local(strategy_key(shared->name), own_strategy(*shared), xs, op.attrs, outs_of(op, one),
+                               [single, several, attrs](const std::vector<at::Tensor>& in) {
+                                 return several ? several(in, attrs) : std::vector<at::Tensor>{single(in, attrs)};
+                               });
+  }, FunctionSignature{shared->arity, shared->outputs});
+}
+
+void register_variance_tracking_strategy(const std::vector<StrategyTarget>& targets, VarianceStrategy strategy) {
+  if (!strategy) throw std::invalid_argument("register_variance_tracking_strategy: the strategy is empty");
+  for (const auto& t : targets) key_of(t);  // every target checked before any is registered
+  for (const auto& t : targets)
+    register_variance_tracking_strategy(key_of(t), strategy_of(t.name, strategy));
+}
+
+void unregister_variance_tracking_strategy(const StrategyTarget& target) {
+  unregister_variance_tracking_strategy(key_of(target));
 }
 
 std::vector<std::string> function_names() {

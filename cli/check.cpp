@@ -459,7 +459,8 @@ std::vector<std::string> program_lines(const nlohmann::json& doc) {
       for (const char* k : {"out", "outs", "op", "args", "body", "reference", "returns"}) attrs.erase(k);
       std::string args;
       for (const auto& a : op.value("args", nlohmann::json::array())) args += (args.empty() ? "" : ", ") + a.get<std::string>();
-      const std::string out = op.contains("outs") ? op["outs"].dump() : op.value("out", "?");
+      const nlohmann::json named = op.contains("outs") ? op["outs"] : op.value("out", nlohmann::json("?"));
+      const std::string out = named.is_string() ? named.get<std::string>() : named.dump();
       lines.push_back(indent + out + " = " + op.value("op", "?") + "(" + args + ")" + (attrs.empty() ? "" : " " + attrs.dump()));
       if (op.contains("body")) {
         ops(op["body"], indent + "  | ");

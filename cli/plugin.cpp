@@ -18,6 +18,10 @@ class Host : public PluginHost {
  public:
   int api_version() const override { return MESHSIM_API_VERSION; }
   void register_function(FunctionDef def) override { meshsim::register_function(std::move(def)); }
+  void register_variance_tracking_strategy(const std::vector<StrategyTarget>& targets,
+                                           VarianceStrategy strategy) override {
+    meshsim::register_variance_tracking_strategy(targets, std::move(strategy));
+  }
 };
 
 std::set<std::string>& loaded() {

@@ -15,6 +15,7 @@ const char* error_kind_name(ErrorKind kind) {
     case ErrorKind::ShapeMismatch: return "shape_mismatch";
     case ErrorKind::UnsupportedOp: return "unsupported_op";
     case ErrorKind::OutSpecMismatch: return "out_spec_mismatch";
+    case ErrorKind::UnreducedMisuse: return "unreduced_misuse";
     case ErrorKind::ResourceLimit: return "resource_limit";
     case ErrorKind::OutOfMemory: return "out_of_memory";
   }

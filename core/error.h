@@ -17,6 +17,7 @@ enum class ErrorKind {
   ShapeMismatch,
   UnsupportedOp,
   OutSpecMismatch,  // a local_map returns a value whose variance contradicts its out placement
+  UnreducedMisuse,  // partial_in_local_map unreduced: an op a Partial's locals cannot take unreduced
   ResourceLimit,    // the scenario needs more memory or ranks than the limits allow (refused up front)
   OutOfMemory,      // memory ran out during the run (exit kExitResource)
 };

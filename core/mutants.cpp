@@ -37,6 +37,9 @@ const std::vector<MutantInfo>& mutant_catalog() {
        "collectives reduce float32 in an order that depends on a hidden random choice"},
       {Mutant::FunctionBackwardWrongFactor, "function_backward_wrong_factor",
        "a built-in Function's backward scales its gradient by 2 (local_square returns 4 x g, not 2 x g)"},
+      {Mutant::FunctionOutputsShareSets, "function_outputs_share_sets",
+       "a Function with several outputs: every output takes the first output's variant and reduced sets, not its "
+       "own (all_reduce_keep_local's kept local labelled invariant)"},
       {Mutant::GeluTanhDerivative, "gelu_tanh_derivative",
        "gelu {approximate: none} differentiated with the tanh approximation's derivative"},
       {Mutant::GradAccumulationMixedLayouts, "grad_accumulation_mixed_layouts",
@@ -73,6 +76,9 @@ const std::vector<MutantInfo>& mutant_catalog() {
        "tracked code does (a missing pvary goes unseen)"},
       {Mutant::UnevenArraySplit, "uneven_array_split",
        "uneven sharding as numpy.array_split instead of torch.chunk in the collectives"},
+      {Mutant::UnreducedAllReduceAnyOp, "unreduced_all_reduce_any_op",
+       "partial_in_local_map unreduced: all_reduce over an unreduced axis takes any op, not the Partial's own "
+       "(all_reduce(sum) of a P(avg) passes the types, n times the mean)"},
       {Mutant::VocabLookupUnmasked, "vocab_lookup_unmasked",
        "vocab-parallel embedding: ids outside the rank's vocab range are clamped into it instead of masked to zero"},
   };

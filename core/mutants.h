@@ -25,6 +25,7 @@ enum class Mutant {
   FlattenKeepsInnerShard,          // a view keeps a shard of a non-leading dim of a merged group
   Float32RandomReductionOrder,     // collectives reduce float32 in a hidden random order
   FunctionBackwardWrongFactor,     // a built-in Function's backward (local_square) scales its gradient by 2
+  FunctionOutputsShareSets,        // a Function with several outputs: every output takes the first one's sets
   GeluTanhDerivative,              // gelu {approximate: none} differentiated as the tanh approximation
   GradAccumulationMixedLayouts,    // pytorch semantics: a gradient contribution in another layout added unmoved
   LossParallelLocalMax,            // loss parallel: each rank shifts its logits by its own max (no all_reduce(max))
@@ -43,6 +44,7 @@ enum class Mutant {
   StridedGatheredPlain,            // a strided shard all_gathered in plain-shard order (no interleave)
   UncheckedInsertsMarkVarying,     // plain local code (unchecked) still marks invariant inputs varying
   UnevenArraySplit,                // collectives chunk uneven dims as numpy.array_split
+  UnreducedAllReduceAnyOp,         // partial_in_local_map unreduced: all_reduce takes any op of an unreduced axis
   VocabLookupUnmasked,             // vocab-parallel embedding: ids outside the rank's range are clamped, not masked
 };
 

@@ -263,7 +263,7 @@ std::vector<OpSchema> build() {
               kCollective),
       local_code(op("call", {{"args", kAny, false, true}},
                  {{"function", T::String, true}, {"axis", T::Axis, false}}, "", false,
-                 "a registered custom autograd Function (its other fields are its attributes)"),
+                 "a registered custom autograd Function (its other fields are its attributes); `out` a list for a Function of several outputs"),
               kBody | kReference),
       local_code(op("mark_varying", x(), {{"axis", T::Axis, true}}, "", true,
                  "an invariant value marked varying over axis (pvary)"),

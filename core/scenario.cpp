@@ -48,12 +48,15 @@ constexpr Choice<Semantics> kSemantics[] = {{"meshsim", Semantics::Meshsim}, {"p
 constexpr Choice<ImplicitPolicy> kImplicitPolicies[] = {{"allow", ImplicitPolicy::Allow}, {"error", ImplicitPolicy::Error}};
 constexpr Choice<Localize> kLocalize[] = {
     {"on_failure", Localize::OnFailure}, {"always", Localize::Always}, {"never", Localize::Never}};
+constexpr Choice<PartialEntry> kPartialEntries[] = {{"variant", PartialEntry::Variant},
+                                                    {"unreduced", PartialEntry::Unreduced}};
 constexpr Choice<DType> kDTypes[] = {{"float64", DType::Float64}, {"float32", DType::Float32}};
 constexpr Choice<ElementType> kElementTypes[] = {
     {"float", ElementType::Float}, {"bool", ElementType::Bool}, {"int64", ElementType::Int64}};
 
 constexpr const char* kOptionKeys =
-    "redistribute, reduced_propagation, partial_from_replicate, seed, dtype, mutant, semantics, implicit, localize";
+    "redistribute, reduced_propagation, partial_from_replicate, seed, dtype, mutant, semantics, implicit, localize, "
+    "partial_in_local_map";
 
 template <class E, size_t N>
 const char* name_of(E value, const Choice<E> (&choices)[N]) {
@@ -318,6 +321,13 @@ class ScenarioParser {
       if (outs.empty()) r_.fail(op_path, decl.op + " needs one name per piece in outs");
       for (size_t k = 0; k < outs.size(); ++k) decl.outs.push_back(new_value(outs[k], child(op_path, k)));
       decl.out = decl.outs.front();
+    } else if (decl.op == "call" && op.contains("out") && op["out"].is_array()) {
+      // A Function with several outputs (seed 001's "single or tuple result"): one name per output.
+      const std::string op_path = child(path, "out");
+      const json& outs = op["out"];
+      if (outs.empty()) r_.fail(op_path, "call needs one name per output of the Function in out");
+      for (size_t k = 0; k < outs.size(); ++k) decl.outs.push_back(new_value(outs[k], child(op_path, k)));
+      decl.out = decl.outs.front();
     } else {
       decl.out = new_value(r_.field(op, path, "out"), child(path, "out"));
       decl.outs = {decl.out};
@@ -560,6 +570,7 @@ json RunOptions::to_json() const {
   // read as they always did).
   if (implicit != ImplicitPolicy::Allow) out["implicit"] = name_of(implicit, kImplicitPolicies);
   if (localize != Localize::OnFailure) out["localize"] = name_of(localize, kLocalize);
+  if (partial_entry != PartialEntry::Variant) out["partial_in_local_map"] = name_of(partial_entry, kPartialEntries);
   return out;
 }
 
@@ -596,6 +607,8 @@ void set_option(RunOptions& options, const std::string& key, const json& value) 
     options.implicit = pick(key, value, kImplicitPolicies);
   else if (key == "localize")
     options.localize = pick(key, value, kLocalize);
+  else if (key == "partial_in_local_map")
+    options.partial_entry = pick(key, value, kPartialEntries);
   else
     throw std::invalid_argument("unknown option " + in_quotes(key) + " (known: " + kOptionKeys +
                                 ")");

@@ -30,6 +30,10 @@ enum class ImplicitPolicy { Allow, Error };
 // "first_divergence"): on failure (a second, instrumented run), always (in the run itself: every
 // intermediate gradient kept), or never.
 enum class Localize { OnFailure, Always, Never };
+// What a Partial placement is when it enters a tracked local_map (seed 002's open point, JAX
+// 0.10's `unreduced`; docs/semantics.md, "Partial placements entering a local_map"): a variant
+// value (the default, seed 002's rule), or unreduced, a state of its own whose ops are checked.
+enum class PartialEntry { Variant, Unreduced };
 // The element type of an input or a created value: float (the run's dtype), bool (masks and
 // conditions) or int64 (ids and targets). Only float values carry gradients or Partial placements.
 enum class ElementType { Float, Bool, Int64 };
@@ -52,6 +56,7 @@ struct RunOptions {
   Semantics semantics = Semantics::Meshsim;  // whose rules: meshsim's, or PyTorch DTensor's as released
   ImplicitPolicy implicit = ImplicitPolicy::Allow;
   Localize localize = Localize::OnFailure;
+  PartialEntry partial_entry = PartialEntry::Variant;
 
   nlohmann::json to_json() const;
 };

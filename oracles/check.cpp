@@ -360,6 +360,7 @@ Failed compare(const Scenario& sc, const RunOptions& options, const SimRun& run,
   for (const auto& name : run.runtime->body_order()) {
     const auto& b = run.runtime->body_values().at(name);
     r["values"][name] = {{"variant", b.variant}, {"reduced", b.reduced}, {"local_shapes", b.local_shapes}};
+    if (!b.unreduced.empty()) r["values"][name]["unreduced"] = b.unreduced;
     if (b.untracked) r["values"][name]["untracked"] = true;
     if (b.unchecked) {  // plain local code keeps no sets: null, not the empty (invariant) list
       r["values"][name]["variant"] = nullptr;
@@ -475,7 +476,7 @@ std::shared_ptr<RunTensors> kept_tensors(const Scenario& sc, const SimRun& run, 
 // all_reduce(avg) divides by its group size, checked with the mesh.
 bool exact_op(const OpDecl& op) {
   // Built-in Functions: x * x, and a sum over the group.
-  static const std::set<std::string> exact_functions = {"local_square", "opaque_all_reduce",
+  static const std::set<std::string> exact_functions = {"local_square", "opaque_all_reduce", "all_reduce_keep_local",
                                                         "opaque_all_reduce_unregistered"};
   const OpSchema* schema = find_op(op.op);
   const bool exact = schema && schema->exact && !is_creation_op(op.op);

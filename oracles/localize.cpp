@@ -177,9 +177,15 @@ json body_divergence(const Scenario& sc, const OpDecl& lm, SimRun& run, const st
   // (collectives, casts, products), to eps^2 on the others.
   const double eps = dtype == DType::Float32 ? 1e-2 : 1e-5;
   const double tol = dtype == DType::Float32 ? 2e-2 : 1e-6;
-  for (auto b = lm.body.rbegin(); b != lm.body.rend(); ++b) {
-    if (is_split_op(b->op) || !env.count(b->out)) continue;
-    const LTensor& y = env.at(b->out);
+  // Every result of every body op, the last first (a call of a Function with several outputs
+  // is tested output by output: each one's cotangent alone).
+  std::vector<std::pair<const OpDecl*, size_t>> results;
+  for (auto op = lm.body.rbegin(); op != lm.body.rend(); ++op)
+    for (size_t k = std::max<size_t>(op->outs.size(), 1); k-- > 0;) results.emplace_back(&*op, k);
+  for (const auto& [b, out_k] : results) {
+    const std::string& y_name = b->outs.empty() ? b->out : b->outs[out_k];
+    if (is_split_op(b->op) || !env.count(y_name)) continue;
+    const LTensor& y = env.at(y_name);
     // Plain local code keeps no sets: which inner product its values pair in (whether a result is
     // one value held n times) is unknown, so its ops get no verdict.
     if (y.unchecked || y.untracked) continue;
@@ -208,7 +214,7 @@ json body_divergence(const Scenario& sc, const OpDecl& lm, SimRun& run, const st
         for (const auto& t : x.locals) leaves.push_back(t.detach().clone().requires_grad_(true));
         fresh.at(b->args[i]).locals = leaves;
         BodyContext ctx(*run.runtime, !y.unchecked);
-        const LTensor yf = ctx.run(*b, fresh);
+        const LTensor yf = ctx.run_all(*b, fresh).at(out_k);
         std::vector<at::Tensor> ys, gs;
         for (size_t r = 0; r < yf.locals.size(); ++r) {
           base.push_back(yf.locals[r].detach());
@@ -232,7 +238,7 @@ json body_divergence(const Scenario& sc, const OpDecl& lm, SimRun& run, const st
         ScopedOverride<bool> mute(run.runtime->recorder().muted, true);
         at::NoGradGuard no_grad;
         BodyContext ctx(*run.runtime, !y.unchecked);
-        return ctx.run(*b, moved).locals;
+        return ctx.run_all(*b, moved).at(out_k).locals;
       };
       Locals plus, minus;
       try {
@@ -270,7 +276,7 @@ json body_divergence(const Scenario& sc, const OpDecl& lm, SimRun& run, const st
       if (rhs != 0 && std::isfinite(lhs / rhs)) factor = ": the gradient is " + ratio_text(mesh, lhs / rhs) + " times what the forward implies";
       json out = {{"op", b->path},
                   {"name", b->op},
-                  {"out", b->out},
+                  {"out", y_name},
                   {"text", op_text(*b)},
                   {"operand", b->args[i]},
                   {"operand_index", i},

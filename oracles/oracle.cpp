@@ -36,23 +36,41 @@ at::Tensor same_value(const at::Tensor& x) {
 }
 
 
+// A Function called in a reference (or in local code) runs its own reference on the global
+// tensors: one tensor per output.
+std::vector<at::Tensor> call_reference(const OpDecl& op, const std::vector<at::Tensor>& xs) {
+  const std::string fn = op.attrs.value("function", "");
+  const FunctionReference* ref = find_function_reference(fn);
+  if (!ref)
+    throw SemanticError(ErrorKind::InvalidScenario,
+                        op.path + ": the reference calls Function \"" + fn + "\", which has " +
+                            (find_scenario_function(fn) ? "no reference on global tensors (FunctionDef::reference)"
+                                                        : "not been registered"));
+  std::vector<at::Tensor> out = (*ref)(xs, op.attrs);
+  const size_t want = std::max<size_t>(op.outs.size(), 1);
+  if (out.size() != want)
+    throw SemanticError(ErrorKind::InvalidScenario, op.path + ": Function \"" + fn + "\"'s reference returned " +
+                                                        std::to_string(out.size()) + " tensors, the call names " +
+                                                        std::to_string(want) + " outputs");
+  return out;
+}
+
+// The results of a call with several outputs, under their names; false for any other op.
+bool several_outputs(const OpDecl& op, const std::vector<at::Tensor>& xs, bool defined,
+                     std::map<std::string, at::Tensor>& into) {
+  if (op.op != "call" || op.outs.size() < 2) return false;
+  std::vector<at::Tensor> ys = defined ? call_reference(op, xs) : std::vector<at::Tensor>(op.outs.size());
+  for (size_t k = 0; k < op.outs.size(); ++k) into[op.outs[k]] = same_value(ys[k]);
+  return true;
+}
+
 at::Tensor global_op(const OpDecl& op, const std::vector<at::Tensor>& xs, bool in_reference) {
   if (op.op == "redistribute") return same_value(xs.at(0));
   // Local code in a DTensor program (between to_local and from_local) read as the global
   // computation it stands for: a collective moves the value between layouts and leaves it as it is.
   if (is_layout_only_op(op.op)) return same_value(xs.at(0));
   try {
-    // A Function called in a reference runs its own reference on the global tensors.
-    if (op.op == "call") {
-      const std::string fn = op.attrs.value("function", "");
-      const FunctionReference* ref = find_function_reference(fn);
-      if (!ref)
-        throw SemanticError(ErrorKind::InvalidScenario,
-                            op.path + ": the reference calls Function \"" + fn + "\", which has " +
-                                (find_scenario_function(fn) ? "no reference on global tensors (FunctionDef::reference)"
-                                                            : "not been registered"));
-      return (*ref)(xs, op.attrs);
-    }
+    if (op.op == "call") return call_reference(op, xs).at(0);
     return local_op(op.op, op_attrs(op), xs);
   } catch (const SemanticError&) {
     throw;
@@ -131,6 +149,7 @@ std::vector<at::Tensor> reference(const OpDecl& op, const std::vector<at::Tensor
         env[r.outs[k]] = !defined ? at::Tensor() : local_op("narrow", pieces.at(k), {xs[0]});
       continue;
     }
+    if (several_outputs(r, xs, defined, env)) continue;
     env[r.out] = !defined ? at::Tensor() : global_op(r, xs, true);
   }
   std::vector<at::Tensor> out;
@@ -189,6 +208,7 @@ OracleRun run_oracle(const Scenario& sc, const std::map<std::string, at::Tensor>
         run.values[op.outs[j]] = !known ? at::Tensor() : same_value(local_op("narrow", pieces.at(j), {xs[0]}));
       continue;
     }
+    if (several_outputs(op, xs, known, run.values)) continue;
     run.values[op.out] = !known ? at::Tensor() : same_value(global_op(op, xs, false));
     if (known && mesh && tolerance > 0 && (op.op == "amax" || op.op == "amin"))
       run.values[op.out] = with_mesh_ties(op, xs.at(0), run.values[op.out], mesh(op.args.at(0)), tolerance);

@@ -12,8 +12,9 @@
 // as many inputs as its signature says (1-3 for "any"), all of one shape of 1-3 dims of 1-4
 // elements, float64 values of magnitude 0.17 to 2.04 that are never 0 nor a multiple of 1/8 (no
 // kink of abs, relu or a clamp at a round number is met), and a cotangent of the output's shape
-// (nonzero, multiples of 1/4). The loss is sum(output * cotangent); its gradient by the backward
-// must equal, per element, (sum((ref(x + h e) - ref(x - h e)) * cotangent)) / 2h within 1e-6
+// (nonzero, multiples of 1/4) per output. The loss is the sum over the outputs of
+// sum(output * cotangent); its gradient by the backward
+// must equal, per element, (sum((ref(x + h e) - ref(x - h e)) * cotangent)) / 2h (summed over outputs) within 1e-6
 // relative to max(1, |value|), h = 1e-6 * max(1, |x|). A failure says which Function, which input,
 // which element, both numbers, and the factor when the backward is a constant multiple.
 #include "properties/function_backward.h"
@@ -107,19 +108,25 @@ at::Tensor draw_cotangent(at::IntArrayRef shape) {
 }
 
 struct Forward {
-  at::Tensor output;
+  std::vector<at::Tensor> outputs;  // one per output of the Function
   std::vector<at::Tensor> leaves;
   std::optional<Runtime> runtime;
 };
 
-// The Function's gradient of sum(output * cotangent) for each input, by its own backward; an
-// undefined tensor where no gradient reached the input.
-std::vector<at::Tensor> backward_grads(Forward& f, const at::Tensor& cotangent, const std::string& name) {
+// The Function's gradient of the sum over its outputs of sum(output * cotangent) for each input, by
+// its own backward; an undefined tensor where no gradient reached the input.
+std::vector<at::Tensor> backward_grads(Forward& f, const std::vector<at::Tensor>& cotangents, const std::string& name) {
   std::vector<at::Tensor> grads(f.leaves.size());
-  if (!f.output.requires_grad()) return grads;
+  at::Tensor loss;
+  for (size_t k = 0; k < f.outputs.size(); ++k)
+    if (f.outputs[k].requires_grad()) {
+      const at::Tensor term = (f.outputs[k] * cotangents[k]).sum();
+      loss = loss.defined() ? loss + term : term;
+    }
+  if (!loss.defined()) return grads;
   std::string raised;
   try {
-    grads = torch::autograd::grad({(f.output * cotangent).sum()}, f.leaves, {}, false, false, /*allow_unused=*/true);
+    grads = torch::autograd::grad({loss}, f.leaves, {}, false, false, /*allow_unused=*/true);
   } catch (const std::exception& e) {
     raised = e.what();
   }
@@ -201,14 +208,17 @@ void function_backward_matches_reference() {
 
   // The call as a scenario writes it: the op object, with the mesh axis a communicating call names
   // (a rank-local Function ignores it, as it is meshsim's field).
-  nlohmann::json attrs = {{"op", "call"}, {"function", name}, {"out", "y"}, {"args", nlohmann::json::array()}};
+  std::vector<std::string> outs = {"y"};
+  for (int k = 1; k < signature.outputs; ++k) outs.push_back("y" + std::to_string(k));
+  nlohmann::json attrs = {{"op", "call"}, {"function", name}, {"args", nlohmann::json::array()}};
+  attrs["out"] = outs.size() == 1 ? nlohmann::json(outs[0]) : nlohmann::json(outs);
   for (int i = 0; i < arity; ++i) attrs["args"].push_back("x" + std::to_string(i));
   attrs["axis"] = kAxis;
 
   // The Function on a one-rank mesh, plain local code (its own forward and backward only), with
   // the check run's planted bug on.
   Forward f;
-  at::Tensor cotangent;
+  std::vector<at::Tensor> cotangents;
   std::vector<at::Tensor> grads;
   {
     MutantScope planted(parse_mutant(planted_mutant()));
@@ -225,41 +235,51 @@ void function_backward_matches_reference() {
       args.push_back(std::move(x));
     }
     OpDecl op;
-    op.out = "y";
+    op.out = outs[0];
+    op.outs = outs;
     op.op = "call";
     op.args = attrs["args"].get<std::vector<std::string>>();
     op.attrs = attrs;
     op.path = "function_backward_matches_reference/" + name;
     std::string refused;
     try {
-      f.output = (*invoker)(ctx, args, op).locals.at(0);
+      for (const auto& y : (*invoker)(ctx, args, op)) f.outputs.push_back(y.locals.at(0));
     } catch (const std::exception& e) {
       refused = e.what();
     }
     if (!refused.empty()) RC_DISCARD(name + " refused inputs of shape " + shape_str(shape) + ": " + refused);
-    if (!f.output.defined() || f.output.scalar_type() != at::kDouble)
-      RC_DISCARD(name + " gives no float64 output: nothing to differentiate");
-    cotangent = draw_cotangent(f.output.sizes());
-    grads = backward_grads(f, cotangent, name);
+    for (const auto& y : f.outputs)
+      if (!y.defined() || y.scalar_type() != at::kDouble)
+        RC_DISCARD(name + " gives an output that is not float64: nothing to differentiate");
+    for (const auto& y : f.outputs) cotangents.push_back(draw_cotangent(y.sizes()));
+    grads = backward_grads(f, cotangents, name);
   }
 
   // Central differences of the reference (the truth: no planted bug, no autograd).
   at::NoGradGuard no_grad;
-  auto run_reference = [&](const std::vector<at::Tensor>& xs) -> at::Tensor {
+  auto run_reference = [&](const std::vector<at::Tensor>& xs) -> std::vector<at::Tensor> {
     std::string raised;
     try {
-      return (*reference)(xs, attrs).to(at::kDouble);
+      std::vector<at::Tensor> ys = (*reference)(xs, attrs);
+      if (ys.size() != f.outputs.size())
+        raised = "it returned " + std::to_string(ys.size()) + " tensors for " + std::to_string(f.outputs.size()) + " outputs";
+      for (auto& y : ys) y = y.to(at::kDouble);
+      if (raised.empty()) return ys;
     } catch (const std::exception& e) {
       raised = e.what();
     }
     RC_FAIL(name + ": its reference raised on inputs its forward accepted (shape " + shape_str(shape) + "): " + raised);
     return {};
   };
-  const at::Tensor at_x = run_reference(inputs);
-  if (at_x.sizes() != f.output.sizes())
-    RC_FAIL(name + ": its forward gives shape " + shape_str(f.output.sizes()) + ", its reference " +
-            shape_str(at_x.sizes()));
-  const double forward_gap = at_x.numel() ? (f.output.detach() - at_x).abs().max().item<double>() : 0.0;
+  const std::vector<at::Tensor> at_x = run_reference(inputs);
+  double forward_gap = 0.0;
+  for (size_t k = 0; k < at_x.size(); ++k) {
+    if (at_x[k].sizes() != f.outputs[k].sizes())
+      RC_FAIL(name + ": output " + std::to_string(k) + " of its forward has shape " + shape_str(f.outputs[k].sizes()) +
+              ", of its reference " + shape_str(at_x[k].sizes()));
+    if (at_x[k].numel())
+      forward_gap = std::max(forward_gap, (f.outputs[k].detach() - at_x[k]).abs().max().item<double>());
+  }
 
   std::vector<std::string> problems;
   for (size_t i = 0; i < inputs.size(); ++i) {
@@ -275,8 +295,10 @@ void function_backward_matches_reference() {
       plus[i].data_ptr<double>()[k] = up;
       minus[i].data_ptr<double>()[k] = down;
       // The difference first, so that the elements the step does not move cancel exactly.
-      const at::Tensor diff = run_reference(plus) - run_reference(minus);
-      expected[static_cast<size_t>(k)] = (diff * cotangent).sum().item<double>() / (up - down);
+      const std::vector<at::Tensor> ys_plus = run_reference(plus), ys_minus = run_reference(minus);
+      double sum = 0.0;
+      for (size_t o = 0; o < ys_plus.size(); ++o) sum += ((ys_plus[o] - ys_minus[o]) * cotangents[o]).sum().item<double>();
+      expected[static_cast<size_t>(k)] = sum / (up - down);
     }
     const std::string problem = compare_input(i, x, expected, grads[i]);
     if (!problem.empty()) problems.push_back(problem);
@@ -290,7 +312,9 @@ void function_backward_matches_reference() {
   for (const auto& p : problems) why << nl << p;
   for (size_t i = 0; i < inputs.size(); ++i)
     why << nl << "drawn: input " << i << " " << shape_str(inputs[i].sizes()) << " = " << values_str(inputs[i]);
-  why << nl << "drawn: cotangent " << shape_str(cotangent.sizes()) << " = " << values_str(cotangent);
+  for (size_t k = 0; k < cotangents.size(); ++k)
+    why << nl << "drawn: cotangent" << (cotangents.size() > 1 ? " of output " + std::to_string(k) : std::string()) << " "
+        << shape_str(cotangents[k].sizes()) << " = " << values_str(cotangents[k]);
   why << nl << "its forward " << (forward_gap <= kTolerance ? "matches" : "differs from") << " its reference (max |difference| "
       << num(forward_gap) << ")";
   RC_FAIL(why.str());

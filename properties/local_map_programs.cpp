@@ -285,13 +285,23 @@ bool LocalMapBuilder::try_kind(int kind, const BodyValue& x, size_t a) {
     const BodyValue* z = mm_product(y, x, "mm");
     if (!z) return false;
     add_local(y, "mm", {x, *z});
-  } else if (kind == 3) {  // all_reduce, or the opaque all_reduce Function, of a Partial axis
+  } else if (kind == 3) {  // all_reduce, or an opaque all_reduce Function, of a Partial axis
     if (x.reading[a] != Reading::Partial) return false;
     y.reading[a] = Reading::Replicated;
     y.label[a] = Label::None;
-    const bool opaque = *rc::gen::inRange(0, 3) == 0;  // the Function a third of the time
-    body.push_back(opaque ? op(y.name, "call", {x.name}, {{"function", "opaque_all_reduce"}, {"axis", axis}})
-                          : op(y.name, "all_reduce", {x.name}, {{"axis", axis}, {"reduce", "sum"}}));
+    // The Function a third of the time, the one of two outputs (the sum and the kept local) a sixth.
+    const int which = *rc::gen::inRange(0, 6);
+    if (which == 2) {
+      BodyValue kept = renamed(x);
+      json call = op(y.name, "call", {x.name}, {{"function", "all_reduce_keep_local"}, {"axis", axis}});
+      call["out"] = {y.name, kept.name};
+      body.push_back(call);
+      add_collective(y, x);
+      add_collective(kept, x);
+      return true;
+    }
+    body.push_back(which < 2 ? op(y.name, "call", {x.name}, {{"function", "opaque_all_reduce"}, {"axis", axis}})
+                             : op(y.name, "all_reduce", {x.name}, {{"axis", axis}, {"reduce", "sum"}}));
     add_collective(y, x);
   } else if (kind == 4) {  // all_gather of a shard, to reduced or to varying
     const int64_t d = x.shard_dim[a];

@@ -77,11 +77,11 @@ json draw_options(json base) {
 json live_ops(const json& ops, std::set<std::string> live) {
   std::vector<json> kept;
   for (auto it = ops.rbegin(); it != ops.rend(); ++it) {
-    bool used = false;  // split and chunk name their results in `outs`; a live one keeps the op
-    if (it->contains("outs"))
-      for (const auto& o : (*it)["outs"]) used |= live.count(o.get<std::string>()) > 0;
-    else
-      used = live.count((*it)["out"].get<std::string>()) > 0;
+    // split and chunk name their results in `outs`, a call of several outputs in an `out` list; a
+    // live one keeps the op.
+    bool used = false;
+    const json& names = it->contains("outs") ? (*it)["outs"] : (*it)["out"];
+    for (const auto& o : names.is_array() ? names : json::array({names})) used |= live.count(o.get<std::string>()) > 0;
     if (!used) continue;
     for (const auto& a : (*it)["args"]) live.insert(a.get<std::string>());
     kept.push_back(*it);

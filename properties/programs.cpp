@@ -685,6 +685,17 @@ json dtensor_program(const ProgramOptions& o) {
     loss_of = "weighted";
   }
   program = live_ops(program, {loss_of});
+  // Seed 003's per-op opt-out, now and then: one op moves its operands the other way than the run
+  // (values and gradients alike; only where the backward's collectives run differs). Drawn last,
+  // so that every program drawn before keeps its ops.
+  if (*rc::gen::inRange(0, 4) == 0) {
+    std::vector<size_t> eligible;
+    for (size_t i = 0; i < program.size(); ++i)
+      if (program[i]["op"] != "redistribute" && !is_creation_op(program[i]["op"].get<std::string>())) eligible.push_back(i);
+    if (!eligible.empty())
+      program[*rc::gen::elementOf(eligible)]["redistribute_mode"] =
+          options["redistribute"] == "above_autograd" ? "below_autograd" : "above_autograd";
+  }
   program.push_back(op("loss", "sum", {loss_of}));
   for (const auto& in : b.extra_inputs) inputs.push_back(in);
   return {{"format", "meshsim.scenario/1"}, {"name", "dtensor_program"}, {"mesh", mesh_json(mesh)},

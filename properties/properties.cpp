@@ -11,6 +11,7 @@
 #include "properties/function_backward.h"
 #include "properties/generators.h"
 #include "properties/kernels.h"
+#include "properties/partial_entry.h"
 #include "properties/programs.h"
 #include "properties/runner.h"
 #include "traces/trace.h"
@@ -39,6 +40,19 @@ Failure& latest_failure() {
   return f;
 }
 
+// Runs a generated scenario against the oracle, with the planted bug of the check run on and the
+// rules it exercises covered; a failing case is kept for the trace.
+CheckedRun run_generated(const nlohmann::json& doc) {
+  note_case_scenario(doc);  // the meshes and shapes the report lists
+  Scenario sc = parse_scenario(doc, "<generated>");
+  RunOptions options = sc.options;
+  options.mutant = planted_mutant();
+  CoverageScope covered(case_coverage());
+  CheckedRun run = check_scenario(sc, options);
+  if (run.result["status"] != "pass") latest_failure() = {doc, options.to_json()};
+  return run;
+}
+
 namespace {
 
 // The run options a property case draws: every option a scenario may set, and the planted bug of
@@ -53,18 +67,6 @@ nlohmann::json draw_options() {
 }
 
 
-// Runs a generated scenario against the oracle, with the planted bug of the check run on and the
-// rules it exercises covered; a failing case is kept for the trace.
-CheckedRun run_generated(const nlohmann::json& doc) {
-  note_case_scenario(doc);  // the meshes and shapes the report lists
-  Scenario sc = parse_scenario(doc, "<generated>");
-  RunOptions options = sc.options;
-  options.mutant = planted_mutant();
-  CoverageScope covered(case_coverage());
-  CheckedRun run = check_scenario(sc, options);
-  if (run.result["status"] != "pass") latest_failure() = {doc, options.to_json()};
-  return run;
-}
 
 // The events of the fake mesh's run of a generated scenario alone (no oracle), with the planted
 // bug of the check run on and its rules covered.
@@ -747,6 +749,11 @@ const std::vector<Property>& property_catalog() {
        local_map_equivalence},
       {"local_map_exclusivity", "no LTensor is variant and reduced over one axis; labels by the LTensor rules",
        local_map_exclusivity},
+      {"local_map_partial_entry",
+       "a Partial entering a local_map, partial_in_local_map variant and unreduced: right programs pass both; a "
+       "misuse (exp of the locals, a bias on every rank, another all_reduce op) is refused by unreduced and fails the "
+       "oracle under variant",
+       local_map_partial_entry},
       {"placement_follows_rules", "every value's placement is what the rows and the Reduced policy give its operands",
        placement_follows_rules},
       {"pytorch_semantics_equivalence",

@@ -19,6 +19,11 @@ struct Property {
   std::function<void()> body;  // draws with rc::gen and asserts with RC_ASSERT
 };
 
+struct CheckedRun;
+// Runs a generated scenario against the oracle, with the planted bug of the check run on and the
+// rules it exercises covered; a failing case is kept in latest_failure().
+CheckedRun run_generated(const nlohmann::json& doc);
+
 // In alphabetical order.
 const std::vector<Property>& property_catalog();
 

@@ -50,6 +50,28 @@ struct OpaqueAllReduceUnregistered : public torch::autograd::Function<OpaqueAllR
   static variable_list backward(AutogradContext* ctx, variable_list g) { return g; }
 };
 
+// A Function with two outputs (seed 001's "tuple result"): the all_reduce(sum) of the group and
+// each member's own local, kept (a fused reduce that also hands back its input, as a residual
+// stream does). Backward: each member's gradient is the sum's cotangent (the identity, as
+// opaque_all_reduce) plus the kept local's. Its strategy gives each output its own sets.
+struct OpaqueAllReduceKeepLocal : public torch::autograd::Function<OpaqueAllReduceKeepLocal> {
+  static variable_list forward(AutogradContext* ctx, at::TensorList group) {
+    variable_list out = OpaqueAllReduce::forward(ctx, group);
+    for (const auto& x : group) out.push_back(x.clone());
+    return out;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list g) {
+    const size_t n = g.size() / 2;
+    variable_list out(n);
+    for (size_t m = 0; m < n; ++m) {
+      const at::Tensor& a = g[m];
+      const at::Tensor& b = g[n + m];
+      out[m] = !a.defined() ? b : !b.defined() ? a : a + b;
+    }
+    return out;
+  }
+};
+
 // The one argument of a Function that takes one (invalid_scenario otherwise).
 const LTensor& only_arg(const std::vector<LTensor>& xs, const OpDecl& op, const std::string& fn) {
   if (xs.size() != 1)
@@ -73,24 +95,45 @@ void register_builtins() {
     r.variant.erase(in.mesh.axis_index(in.args.at("axis").get<std::string>()));
     return r;
   });
+  // Per output: the sum is invariant over the kernel's axis, the kept local is the input's.
+  register_variance_tracking_strategy<OpaqueAllReduceKeepLocal>([](const StrategyInput& in) {
+    StrategyResult sum, kept;
+    sum.variant = in.variant.at(0);
+    sum.variant.erase(in.mesh.axis_index(in.args.at("axis").get<std::string>()));
+    kept.variant = in.variant.at(0);
+    StrategyResult r;
+    r.outputs = {sum, kept};
+    return r;
+  });
   register_scenario_function("local_square", [](BodyContext& ctx, const std::vector<LTensor>& xs, const OpDecl& op) {
     only_arg(xs, op, "local_square");
-    return ctx.call<LocalSquare>(xs, op.attrs, op.out);
+    return std::vector<LTensor>{ctx.call<LocalSquare>(xs, op.attrs, op.out)};
   }, {1});
   register_function_reference("local_square", [](const std::vector<at::Tensor>& xs, const nlohmann::json&) {
-    return xs.at(0) * xs.at(0);
+    return std::vector<at::Tensor>{xs.at(0) * xs.at(0)};
   });
   register_scenario_function("opaque_all_reduce", [](BodyContext& ctx, const std::vector<LTensor>& xs, const OpDecl& op) {
     const LTensor& x = only_arg(xs, op, "opaque_all_reduce");
-    return ctx.call_group<OpaqueAllReduce>(x, axis_of(ctx, op, "opaque_all_reduce"), op.attrs, op.out);
+    return std::vector<LTensor>{ctx.call_group<OpaqueAllReduce>(x, axis_of(ctx, op, "opaque_all_reduce"), op.attrs, op.out)};
   }, {1});
   register_scenario_function("opaque_all_reduce_unregistered",
                              [](BodyContext& ctx, const std::vector<LTensor>& xs, const OpDecl& op) {
                                const LTensor& x = only_arg(xs, op, "opaque_all_reduce_unregistered");
-                               return ctx.call_group<OpaqueAllReduceUnregistered>(
-                                   x, axis_of(ctx, op, "opaque_all_reduce_unregistered"), op.attrs, op.out);
+                               return std::vector<LTensor>{ctx.call_group<OpaqueAllReduceUnregistered>(
+                                   x, axis_of(ctx, op, "opaque_all_reduce_unregistered"), op.attrs, op.out)};
                              },
                              {1});
+  register_scenario_function("all_reduce_keep_local",
+                             [](BodyContext& ctx, const std::vector<LTensor>& xs, const OpDecl& op) {
+                               const LTensor& x = only_arg(xs, op, "all_reduce_keep_local");
+                               return ctx.call_group_outputs<OpaqueAllReduceKeepLocal>(
+                                   x, axis_of(ctx, op, "all_reduce_keep_local"), op.attrs, op.outs);
+                             },
+                             {1, 2});
+  // On global tensors a Partial's value is its sum, which the kept local stands for as well.
+  register_function_reference("all_reduce_keep_local", [](const std::vector<at::Tensor>& xs, const nlohmann::json&) {
+    return std::vector<at::Tensor>{xs.at(0), xs.at(0)};
+  });
 }
 
 std::map<std::string, FunctionReference>& references() {

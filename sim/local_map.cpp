@@ -1,6 +1,6 @@
 #include "sim/local_map.h"
 
-#include "core/scoped.h"
+#include <set>
 
 #include <torch/csrc/autograd/grad_mode.h>
 
@@ -29,7 +29,14 @@ std::string axes_str(const Mesh& mesh, const AxisSet& axes) {
 std::string meta_str(const Mesh& mesh, const LTensor& t) {
   if (t.untracked) return "untracked";
   if (t.unchecked) return "unchecked";
-  return "variant=" + axes_str(mesh, t.variant) + " reduced=" + axes_str(mesh, t.reduced);
+  std::string out = "variant=" + axes_str(mesh, t.variant) + " reduced=" + axes_str(mesh, t.reduced);
+  if (!t.unreduced.empty()) {
+    out += " unreduced=[";
+    for (const auto& [a, op] : t.unreduced)
+      out += (out.back() == '[' ? "" : ", ") + mesh.axes().at(a) + ":" + reduce_op_name(op);
+    out += "]";
+  }
+  return out;
 }
 
 namespace {
@@ -84,6 +91,11 @@ const Strategy* find_variance_tracking_strategy(const std::string& key) {
 }
 
 void check_exclusive(const Mesh& mesh, const LTensor& t, const std::string& what) {
+  for (const auto& [a, op] : t.unreduced)
+    if (t.variant.count(a) || t.reduced.count(a))
+      throw SemanticError(ErrorKind::ExclusivityViolation,
+                          what + ": \"" + t.name + "\" is unreduced and " + (t.variant.count(a) ? "variant" : "reduced") +
+                              " over mesh axis \"" + mesh.axes()[a] + "\" (" + meta_str(mesh, t) + ")");
   for (int a : t.variant)
     if (t.reduced.count(a))
       throw SemanticError(ErrorKind::ExclusivityViolation,
@@ -100,11 +112,8 @@ LTensor BodyContext::enter(const DTensor& x_in, const std::string& name, const S
   LTensor t{name.empty() ? x.name : name, &mesh, x.locals, {}, {}, false, {}, !checked_};
   for (int a = 0; a < mesh.ndim() && checked_; ++a) {
     const Placement& p = x.spec[a];
-    if (p.is_partial() && p.op != ReduceOp::Sum)
-      throw SemanticError(ErrorKind::InvalidScenario,
-                          "local_map: \"" + x.name + "\" is " + p.str() + " over \"" + mesh.axes()[a] +
-                              "\": a tracked local_map supports P(sum) only among the Partials");
     if (p.is_reduced()) t.reduced.insert(a);
+    else if (p.is_partial() && rt_.options().partial_entry == PartialEntry::Unreduced) t.unreduced[a] = p.op;
     else if (p.is_shard() || p.is_partial()) t.variant.insert(a);
   }
   if (!checked_ && mutant_on(Mutant::UncheckedInsertsMarkVarying))  // planted bug: plain local code tracks variance
@@ -133,11 +142,21 @@ DTensor BodyContext::leave(const LTensor& t, const Spec& out_written, const std:
     for (int a = 0; a < mesh.ndim(); ++a) {
       const Placement& p = out[a];
       const bool v = t.variant.count(a) > 0, r = t.reduced.count(a) > 0;
+      const auto u = t.unreduced.find(a);
       std::string want;
-      if ((p.is_shard() || (p.is_partial() && p.op == ReduceOp::Sum)) && !v) want = "variant";
+      if (u != t.unreduced.end()) {
+        if (!p.is_partial() || p.op != u->second)
+          throw SemanticError(ErrorKind::UnreducedMisuse,
+                              "local_map returns \"" + t.name + "\" (" + meta_str(mesh, t) + ") as " + p.str() + " over \"" +
+                                  mesh.axes()[a] + "\": its locals still need their " + reduce_op_name(u->second) +
+                                  " over it (all_reduce " + reduce_op_name(u->second) +
+                                  (u->second == ReduceOp::Sum ? ", or reduce_scatter" : "") + " first), or return it as P(" +
+                                  reduce_op_name(u->second) + ")");
+        continue;
+      }
+      if ((p.is_shard() || p.is_partial()) && !v) want = "variant";
       else if (p.is_plain_replicate() && (v || r)) want = "neither variant nor reduced";
       else if (p.is_reduced() && !r) want = "reduced";
-      else if (p.is_partial() && p.op != ReduceOp::Sum) want = "P(sum) among the Partials";
       if (!want.empty())
         throw SemanticError(ErrorKind::OutSpecMismatch,
                             "local_map returns \"" + t.name + "\" (" + meta_str(mesh, t) + ") as " +
@@ -169,11 +188,12 @@ void BodyContext::check_mesh(const std::vector<LTensor>& xs, const std::string& 
 }
 
 LTensor BodyContext::wrap(const std::string& kind, const std::string& name, const std::string& out, Locals locals,
-                          AxisSet variant, AxisSet reduced, const std::vector<LTensor>& inputs) {
+                          AxisSet variant, AxisSet reduced, const std::vector<LTensor>& inputs, Unreduced unreduced) {
   if (coverage_sink() && checked_) cover("local_map: " + name);
   // Plain local code keeps no sets (but under the planted bug unchecked_inserts_mark_varying).
-  if (!checked_ && !mutant_on(Mutant::UncheckedInsertsMarkVarying)) variant.clear(), reduced.clear();
-  LTensor t{out, &rt_.mesh(), std::move(locals), std::move(variant), std::move(reduced), false, {}, !checked_};
+  if (!checked_ && !mutant_on(Mutant::UncheckedInsertsMarkVarying)) variant.clear(), reduced.clear(), unreduced.clear();
+  LTensor t{out, &rt_.mesh(), std::move(locals), std::move(variant), std::move(reduced), false, {}, !checked_,
+            std::move(unreduced)};
   for (const auto& x : inputs)
     if (x.untracked) {
       t.untracked = true;
@@ -192,7 +212,8 @@ LTensor BodyContext::wrap(const std::string& kind, const std::string& name, cons
 }
 
 AxisSet BodyContext::fit_inputs(std::vector<LTensor>& xs, const AxisSet& variant,
-                                const std::optional<AxisSet>& strategy_reduced, const std::string& out) {
+                                const std::optional<AxisSet>& strategy_reduced, const std::string& out,
+                                const AxisSet& keep) {
   const auto& axes = rt_.mesh().axes();
   for (size_t i = 0; i < xs.size(); ++i)
     for (int a : variant)
@@ -209,7 +230,7 @@ AxisSet BodyContext::fit_inputs(std::vector<LTensor>& xs, const AxisSet& variant
   // unreduced one (divided by n, or kept on rank 0), as DTensor's Rd -> R relabel does.
   for (size_t i = 0; i < xs.size(); ++i)
     for (int a : AxisSet(xs[i].reduced))
-      if (!reduced.count(a) && !variant.count(a) && !mutant_on(Mutant::MissingReducedInvariantCast))
+      if (!reduced.count(a) && !variant.count(a) && !keep.count(a) && !mutant_on(Mutant::MissingReducedInvariantCast))
         xs[i] = reduced_to_invariant(xs[i], a, out + ".in" + std::to_string(i) + ".invariant." + axes[a]);
   return reduced;
 }
@@ -233,10 +254,14 @@ LTensor BodyContext::op(const std::string& op, const nlohmann::json& attrs, std:
                         const std::string& out) {
   check_mesh(xs, op);
   AxisSet variant, reduced;
+  Unreduced unreduced;
   if (checked_ || mutant_on(Mutant::UncheckedInsertsMarkVarying)) {  // planted bug: fit_inputs in plain local code
+    unreduced = unreduced_of(op, attrs, xs);
+    AxisSet keep;
+    for (const auto& u : unreduced) keep.insert(u.first);
     auto [v, strategy_reduced] = output_sets(xs, find_variance_tracking_strategy(op), attrs);
     variant = v;
-    reduced = fit_inputs(xs, variant, strategy_reduced, out);
+    reduced = fit_inputs(xs, variant, strategy_reduced, out, keep);
   }
   OpDecl decl;
   decl.op = op;
@@ -255,7 +280,7 @@ LTensor BodyContext::op(const std::string& op, const nlohmann::json& attrs, std:
       a.range = chunk_of(extent, mesh.axis_size(axis), mesh.coords(static_cast<int64_t>(r))[static_cast<size_t>(axis)]);
     locals[r] = local_op(op, a, in);
   }
-  return wrap("op", op, out, std::move(locals), variant, reduced, xs);
+  return wrap("op", op, out, std::move(locals), variant, reduced, xs, unreduced);
 }
 
 Locals BodyContext::collective_node(const std::string& name, const LTensor& x, const std::string& out,
@@ -312,24 +337,36 @@ LTensor BodyContext::varying_on(const LTensor& x, int axis, const std::string& o
 
 LTensor BodyContext::mark_varying(const LTensor& x, int axis, const std::string& out) {
   Locals locals = collective_node("mark_varying", x, out, std::nullopt, {true, step(StepKind::AllReduce, axis)});
-  return wrap("op", "mark_varying", out, std::move(locals), with(x.variant, axis), without(x.reduced, axis), {x});
+  return wrap("op", "mark_varying", out, std::move(locals), with(x.variant, axis), without(x.reduced, axis), {x},
+              carried(x, axis, "mark_varying", false));
 }
 
 LTensor BodyContext::reduced_to_varying(const LTensor& x, int axis, const std::string& out) {
   // Free both ways: the cotangent is cast varying -> unreduced (JAX's reduced_vary_cast).
   Locals locals = collective_node("reduced_vary_cast", x, out, std::nullopt, {true, std::nullopt});
-  return wrap("op", "reduced_vary_cast", out, std::move(locals), with(x.variant, axis), without(x.reduced, axis), {x});
+  return wrap("op", "reduced_vary_cast", out, std::move(locals), with(x.variant, axis), without(x.reduced, axis), {x},
+              x.unreduced);
 }
 
 LTensor BodyContext::reduced_to_invariant(const LTensor& x, int axis, const std::string& out) {
   RedistStep back = step(StepKind::PartialFromReplicate, axis);
   back.convention = rt_.options().partial_from_replicate;
   Locals locals = collective_node("reduced_invariant_cast", x, out, std::nullopt, {true, back});
-  return wrap("op", "reduced_invariant_cast", out, std::move(locals), x.variant, without(x.reduced, axis), {x});
+  return wrap("op", "reduced_invariant_cast", out, std::move(locals), x.variant, without(x.reduced, axis), {x},
+              x.unreduced);
 }
 
 LTensor BodyContext::all_reduce(const LTensor& in, int axis, ReduceOp op, const std::string& out) {
-  LTensor x = varying_on(in, axis, out);
+  // An unreduced axis takes the reduction its locals need, and that one only.
+  const auto u = in.unreduced.find(axis);
+  if (u != in.unreduced.end() && u->second != op && !mutant_on(Mutant::UnreducedAllReduceAnyOp))
+    throw SemanticError(ErrorKind::UnreducedMisuse,
+                        "all_reduce(" + std::string(reduce_op_name(op)) + ") of \"" + in.name + "\" (" +
+                            meta_str(rt_.mesh(), in) + ") over \"" + rt_.mesh().axes()[axis] + "\": its locals stand for their " +
+                            reduce_op_name(u->second) + ", so the " + reduce_op_name(op) + " of them is not its value (all_reduce " +
+                            reduce_op_name(u->second) + ")");
+  Unreduced left = carried(in, axis, "all_reduce", is_linear(op));
+  LTensor x = u != in.unreduced.end() ? in : varying_on(in, axis, out);
   // sum: the backward is the identity (Megatron's g); avg: the gradient divided by n; max, min:
   // not differentiable.
   Backward bwd{is_linear(op), std::nullopt};
@@ -337,30 +374,40 @@ LTensor BodyContext::all_reduce(const LTensor& in, int axis, ReduceOp op, const 
   if (op == ReduceOp::Sum && mutant_on(Mutant::AllReduceBackwardAllReduces)) bwd.step = step(StepKind::AllReduce, axis);
   Locals locals = collective_node("all_reduce", x, out, step(StepKind::AllReduce, axis, 0, op), bwd);
   return wrap("op", std::string("all_reduce_") + reduce_op_name(op), out, std::move(locals),
-              without(x.variant, axis), x.reduced, {x});
+              without(x.variant, axis), x.reduced, {x}, left);
 }
 
 LTensor BodyContext::all_gather(const LTensor& in, int axis, int64_t dim, bool to_reduced, const std::string& out) {
+  const Unreduced left = carried(in, axis, "all_gather", true);
   LTensor x = varying_on(in, axis, out);
   Locals locals = collective_node("all_gather", x, out, step(StepKind::AllGather, axis, dim),
                                   {true, step(StepKind::ReduceScatter, axis, dim)});
   if (to_reduced)
-    return wrap("op", "all_gather_to_reduced", out, std::move(locals), without(x.variant, axis), with(x.reduced, axis), {x});
+    return wrap("op", "all_gather_to_reduced", out, std::move(locals), without(x.variant, axis), with(x.reduced, axis), {x},
+                left);
   const AxisSet variant = mutant_on(Mutant::AllGatherVaryingDropsAxis) ? without(x.variant, axis) : x.variant;
-  return wrap("op", "all_gather_to_varying", out, std::move(locals), variant, x.reduced, {x});
+  return wrap("op", "all_gather_to_varying", out, std::move(locals), variant, x.reduced, {x}, left);
 }
 
 LTensor BodyContext::reduce_scatter(const LTensor& in, int axis, int64_t dim, const std::string& out) {
-  LTensor x = varying_on(in, axis, out);
+  const auto u = in.unreduced.find(axis);
+  if (u != in.unreduced.end() && u->second != ReduceOp::Sum)
+    throw SemanticError(ErrorKind::UnreducedMisuse,
+                        "reduce_scatter of \"" + in.name + "\" (" + meta_str(rt_.mesh(), in) + ") over \"" +
+                            rt_.mesh().axes()[axis] + "\": reduce_scatter sums the locals, which stand for their " +
+                            reduce_op_name(u->second));
+  const Unreduced left = carried(in, axis, "reduce_scatter", true);
+  LTensor x = u != in.unreduced.end() ? in : varying_on(in, axis, out);
   int64_t back_dim = dim;
   if (mutant_on(Mutant::ReduceScatterBackwardWrongDim) && x.locals.at(0).dim() > 1)
     back_dim = (dim + 1) % x.locals.at(0).dim();  // planted bug
   Locals locals = collective_node("reduce_scatter", x, out, step(StepKind::ReduceScatter, axis, dim),
                                   {true, step(StepKind::AllGather, axis, back_dim)});
-  return wrap("op", "reduce_scatter", out, std::move(locals), with(x.variant, axis), without(x.reduced, axis), {x});
+  return wrap("op", "reduce_scatter", out, std::move(locals), with(x.variant, axis), without(x.reduced, axis), {x}, left);
 }
 
 LTensor BodyContext::all_to_all(const LTensor& in, int axis, int64_t split_dim, int64_t concat_dim, const std::string& out) {
+  const Unreduced left = carried(in, axis, "all_to_all", true);
   LTensor x = varying_on(in, axis, out);
   RedistStep fwd = step(StepKind::AllToAll, axis);
   fwd.split_dim = split_dim;
@@ -368,81 +415,259 @@ LTensor BodyContext::all_to_all(const LTensor& in, int axis, int64_t split_dim, 
   RedistStep back = fwd;  // the backward swaps split and concat
   if (!mutant_on(Mutant::AllToAllBackwardUnswapped)) std::swap(back.split_dim, back.concat_dim);
   Locals locals = collective_node("all_to_all", x, out, fwd, {true, back});
-  return wrap("op", "all_to_all", out, std::move(locals), x.variant, x.reduced, {x});
+  return wrap("op", "all_to_all", out, std::move(locals), x.variant, x.reduced, {x}, left);
+}
+
+// ---------------------------------------------------------------------------------------------
+// partial_in_local_map unreduced (JAX 0.10's {U:axis}; docs/semantics.md, "Partial placements
+// entering a local_map"): a value whose locals still need a reduction takes only ops that are
+// linear in it, so that the reduction still gives the value the program means.
+
+namespace {
+
+// Ops linear in their one tensor operand (views, and sums of elements).
+bool linear_unary(const std::string& op) {
+  static const std::set<std::string> ops = {"neg",     "scale",     "sum",   "mean",   "reshape", "view",
+                                            "flatten", "unflatten", "transpose", "permute", "narrow", "squeeze",
+                                            "unsqueeze", "expand",  "tril",  "triu"};
+  return ops.count(op) > 0;
+}
+
+// Ops linear in each operand, the others held (a product): one operand may be unreduced if the
+// others are reduced over its axes (their gradients are then unreduced, as JAX 0.10 requires).
+bool product_like(const std::string& op) {
+  static const std::set<std::string> ops = {"mul", "div", "mm", "matmul", "bmm", "linear"};
+  return ops.count(op) > 0;
+}
+
+}  // namespace
+
+Unreduced BodyContext::carried(const LTensor& x, int axis, const std::string& what, bool linear) const {
+  if (x.unreduced.empty()) return {};
+  const Mesh& mesh = rt_.mesh();
+  const auto refuse = [&](const std::string& why) {
+    throw SemanticError(ErrorKind::UnreducedMisuse, what + " over \"" + mesh.axes()[axis] + "\" of \"" + x.name + "\" (" +
+                                                        meta_str(mesh, x) + "): " + why);
+  };
+  Unreduced left = x.unreduced;
+  const auto u = left.find(axis);
+  if (u != left.end()) {
+    if (what != "all_reduce" && what != "reduce_scatter")
+      refuse("its locals still need their " + std::string(reduce_op_name(u->second)) +
+             " over that axis, which this would mix up (all_reduce or reduce_scatter it first)");
+    left.erase(u);
+  }
+  for (const auto& [a, op] : left)
+    if (!linear || !is_linear(op))
+      refuse("its locals still need their " + std::string(reduce_op_name(op)) + " over \"" + mesh.axes()[a] +
+             "\", and this collective does not commute with it (reduce it first)");
+  return left;
+}
+
+Unreduced BodyContext::unreduced_of(const std::string& op, const nlohmann::json& attrs,
+                                    const std::vector<LTensor>& xs) const {
+  const LTensor* first = nullptr;
+  for (const auto& x : xs)
+    if (!x.unreduced.empty()) {
+      first = &x;
+      break;
+    }
+  if (!first) return {};
+  const Mesh& mesh = rt_.mesh();
+  const Unreduced& u = first->unreduced;
+  const auto refuse = [&](const LTensor& x, const std::string& why) {
+    throw SemanticError(ErrorKind::UnreducedMisuse, op + ": \"" + x.name + "\" (" + meta_str(mesh, x) + ") " + why);
+  };
+  std::string axes;
+  for (const auto& [a, r] : u) axes += (axes.empty() ? "\"" : ", \"") + mesh.axes()[a] + "\"";
+  for (const auto& [a, r] : u)
+    if (!is_linear(r))
+      refuse(*first, std::string("is unreduced by ") + reduce_op_name(r) + " over \"" + mesh.axes()[a] +
+                         "\": no op but all_reduce(" + reduce_op_name(r) + ") keeps what its locals stand for");
+  const bool scalar = attrs.is_object() && attrs.contains("value");
+  if (xs.size() == 1) {
+    const bool linear = linear_unary(op) || (scalar && (op == "mul" || op == "div"));
+    if (!linear)
+      refuse(*first, "is unreduced over " + axes + ": " + op + " is not linear, so on the locals it does not compute " +
+                         op + " of the value (all_reduce it first)");
+    return u;
+  }
+  if (op == "add" || op == "sub" || op == "cat" || op == "stack") {
+    for (const auto& x : xs)
+      if (x.unreduced != u)
+        refuse(x, "meets \"" + first->name + "\", unreduced over " + axes + ": both must be unreduced over the same " +
+                      "axes by the same op (what is not would be added once per rank)");
+    return u;
+  }
+  if (product_like(op) && !(op == "div" && first != &xs[0]) && !(op == "linear" && xs.size() > 2)) {
+    for (const auto& x : xs) {
+      if (&x == first) continue;
+      if (!x.unreduced.empty())
+        refuse(x, "and \"" + first->name + "\" are both unreduced: " + op + " is bilinear (reduce one first)");
+      for (const auto& [a, r] : u)
+        if (!x.reduced.count(a))
+          refuse(x, "meets \"" + first->name + "\", unreduced over \"" + mesh.axes()[a] + "\", in " + op +
+                        ": it must be reduced (Rd) there, so that its gradient, unreduced, is summed where it is reduced "
+                        "(as JAX 0.10 requires)");
+    }
+    return u;
+  }
+  refuse(*first, "is unreduced over " + axes + ": " + op + " is not linear in it (all_reduce it first)");
+  return u;
 }
 
 // ---------------------------------------------------------------------------------------------
 // Custom autograd Functions
 
-LTensor BodyContext::call_rank_local(const std::string& key, const std::optional<Strategy>& strategy,
-                                     std::vector<LTensor> xs, const nlohmann::json& args, const std::string& out,
-                                     const RankFn& f) {
-  check_mesh(xs, key);
-  AxisSet variant, reduced;
-  if (checked_) {
-    auto [v, strategy_reduced] = output_sets(xs, strategy ? &*strategy : nullptr, args);
-    variant = v;
-    reduced = fit_inputs(xs, variant, strategy_reduced, out);
+std::vector<StrategyResult> BodyContext::function_sets(const std::vector<LTensor>& xs, const Strategy* strategy,
+                                                       const nlohmann::json& args, size_t outputs,
+                                                       const std::string& key) const {
+  if (!strategy) return std::vector<StrategyResult>(outputs, StrategyResult{set_union(xs), std::nullopt, {}});
+  std::vector<AxisSet> vs, rs;
+  for (const auto& x : xs) {
+    vs.push_back(x.variant);
+    rs.push_back(x.reduced);
   }
-  Locals locals(xs.at(0).locals.size());
-  for (size_t r = 0; r < locals.size(); ++r) {
-    std::vector<at::Tensor> in;
-    for (const auto& x : xs) in.push_back(x.locals[r]);
-    locals[r] = f(in);
-  }
-  return wrap("op", "call " + args.value("function", key), out, std::move(locals), variant, reduced, xs);
+  StrategyResult r = (*strategy)({vs, rs, rt_.mesh(), args});
+  if (r.outputs.empty()) return std::vector<StrategyResult>(outputs, r);
+  if (r.outputs.size() != outputs)
+    throw SemanticError(ErrorKind::InvalidScenario,
+                        "call " + args.value("function", key) + ": its variance strategy gives " +
+                            std::to_string(r.outputs.size()) + " outputs' sets, the call has " + std::to_string(outputs) +
+                            " outputs");
+  // The planted bug function_outputs_share_sets: every output takes the first output's sets.
+  if (mutant_on(Mutant::FunctionOutputsShareSets)) return std::vector<StrategyResult>(outputs, r.outputs.front());
+  return r.outputs;
 }
 
-LTensor BodyContext::call_on_groups(const std::string& key, const std::optional<Strategy>& strategy, LTensor x,
-                                    int axis, const nlohmann::json& args, const std::string& out, const GroupFn& f) {
+namespace {
+
+// A Function is opaque: whether it is linear in an unreduced input is unknown.
+void refuse_unreduced(const Mesh& mesh, const std::vector<LTensor>& xs, const nlohmann::json& args, const std::string& key) {
+  for (const auto& x : xs)
+    if (!x.unreduced.empty())
+      throw SemanticError(ErrorKind::UnreducedMisuse,
+                          "call " + args.value("function", key) + ": \"" + x.name + "\" (" + meta_str(mesh, x) +
+                              ") is unreduced, and a Function is opaque: nothing says it is linear in it (all_reduce it first)");
+}
+
+// The registry entry for the called Function's name, else the strategy the caller found.
+std::optional<Strategy> in_force(const nlohmann::json& args, const std::optional<Strategy>& strategy) {
+  if (args.is_object() && args.contains("function") && args["function"].is_string())
+    if (const Strategy* s = find_variance_tracking_strategy(function_name_key(args["function"].get<std::string>())))
+      return *s;
+  return strategy;
+}
+
+}  // namespace
+
+std::vector<LTensor> BodyContext::call_rank_local(const std::string& key, const std::optional<Strategy>& own,
+                                                  std::vector<LTensor> xs, const nlohmann::json& args,
+                                                  const std::vector<std::string>& outs, const RankFn& f) {
+  check_mesh(xs, key);
+  if (checked_) refuse_unreduced(rt_.mesh(), xs, args, key);
+  const std::optional<Strategy> strategy = in_force(args, own);
+  std::vector<StrategyResult> sets(outs.size());
+  if (checked_) {
+    sets = function_sets(xs, strategy ? &*strategy : nullptr, args, outs.size(), key);
+    // One computation on every rank: the inputs meet as an op's do, at the union of the outputs'
+    // variant sets (an output reduced where the strategy says so keeps its inputs reduced there).
+    AxisSet variant;
+    std::optional<AxisSet> reduced;
+    for (const auto& o : sets) {
+      variant.insert(o.variant.begin(), o.variant.end());
+      if (o.reduced) (reduced ? *reduced : reduced.emplace()).insert(o.reduced->begin(), o.reduced->end());
+    }
+    fit_inputs(xs, variant, reduced, outs.front());
+    for (auto& o : sets)
+      if (!o.reduced) o.reduced = set_intersection(xs);
+  }
+  std::vector<Locals> locals(outs.size(), Locals(xs.at(0).locals.size()));
+  for (size_t r = 0; r < xs.at(0).locals.size(); ++r) {
+    std::vector<at::Tensor> in;
+    for (const auto& x : xs) in.push_back(x.locals[r]);
+    std::vector<at::Tensor> ys = f(in);
+    if (ys.size() != outs.size())
+      throw SemanticError(ErrorKind::InvalidScenario, "call " + args.value("function", key) + " returned " +
+                                                          std::to_string(ys.size()) + " tensors, the call names " +
+                                                          std::to_string(outs.size()) + " outputs");
+    for (size_t k = 0; k < outs.size(); ++k) locals[k][r] = std::move(ys[k]);
+  }
+  std::vector<LTensor> result;
+  for (size_t k = 0; k < outs.size(); ++k)
+    result.push_back(wrap("op", "call " + args.value("function", key), outs[k], std::move(locals[k]), sets[k].variant,
+                          sets[k].reduced.value_or(AxisSet{}), xs));
+  return result;
+}
+
+std::vector<LTensor> BodyContext::call_on_groups(const std::string& key, const std::optional<Strategy>& own, LTensor x,
+                                                 int axis, const nlohmann::json& args,
+                                                 const std::vector<std::string>& outs, const GroupFn& f) {
   check_mesh({x}, key);
+  if (checked_) refuse_unreduced(rt_.mesh(), {x}, args, key);
+  const std::optional<Strategy> strategy = in_force(args, own);
   const Mesh& mesh = rt_.mesh();
   // The kernel communicates over `axis` as a collective does: an input invariant there is made
   // varying first (its backward all_reduces the gradient of every replica's contribution).
-  x = varying_on(x, axis, out);
-  Locals locals(x.locals.size());
+  x = varying_on(x, axis, outs.front());
+  std::vector<Locals> locals(outs.size(), Locals(x.locals.size()));
   for (const auto& ranks : mesh.groups(axis)) {
     Locals group;
     for (auto r : ranks) group.push_back(x.locals[r]);
     InGroup in_group(ranks);  // a kernel's own collectives reach the communicator with these ranks
-    Locals result = f(group);
-    for (size_t k = 0; k < ranks.size(); ++k) locals[ranks[k]] = result.at(k);
+    std::vector<Locals> result = f(group);
+    if (result.size() != outs.size())
+      throw SemanticError(ErrorKind::InvalidScenario, "call " + args.value("function", key) + " returned " +
+                                                          std::to_string(result.size()) + " outputs, the call names " +
+                                                          std::to_string(outs.size()));
+    for (size_t k = 0; k < outs.size(); ++k)
+      for (size_t m = 0; m < ranks.size(); ++m) locals[k][ranks[m]] = result[k].at(m);
   }
   const std::string name = "call " + args.value("function", key);
-  if (!checked_) return wrap("op", name, out, std::move(locals), {}, {}, {x});
-  if (!strategy) {
-    LTensor t = wrap("op", name, out, std::move(locals), x.variant, x.reduced, {x});
-    t.untracked = true;
-    t.untracked_why = "\"" + out + "\" comes from " + name + ", a Function that communicates over \"" +
-                      mesh.axes()[axis] + "\" and has no variance-tracking strategy: its variant and reduced sets are unknown";
-    rt_.record_body_value(t);
-    return t;
+  std::vector<LTensor> result;
+  if (!checked_) {
+    for (size_t k = 0; k < outs.size(); ++k) result.push_back(wrap("op", name, outs[k], std::move(locals[k]), {}, {}, {x}));
+    return result;
   }
-  StrategyResult r = (*strategy)({{x.variant}, {x.reduced}, mesh, args});
-  return wrap("op", name, out, std::move(locals), r.variant, r.reduced ? *r.reduced : x.reduced, {x});
+  if (!strategy) {
+    for (size_t k = 0; k < outs.size(); ++k) {
+      LTensor t = wrap("op", name, outs[k], std::move(locals[k]), x.variant, x.reduced, {x});
+      t.untracked = true;
+      t.untracked_why = "\"" + outs[k] + "\" comes from " + name + ", a Function that communicates over \"" +
+                        mesh.axes()[axis] + "\" and has no variance-tracking strategy: its variant and reduced sets are unknown";
+      rt_.record_body_value(t);
+      result.push_back(std::move(t));
+    }
+    return result;
+  }
+  const std::vector<StrategyResult> sets = function_sets({x}, &*strategy, args, outs.size(), key);
+  for (size_t k = 0; k < outs.size(); ++k)
+    result.push_back(wrap("op", name, outs[k], std::move(locals[k]), sets[k].variant,
+                          sets[k].reduced ? *sets[k].reduced : x.reduced, {x}));
+  return result;
 }
 
 // ---------------------------------------------------------------------------------------------
 // A body op of a scenario
 
-LTensor BodyContext::run(const OpDecl& op, const std::map<std::string, LTensor>& env) {
+std::vector<LTensor> BodyContext::run_all(const OpDecl& op, const std::map<std::string, LTensor>& env) {
   std::vector<LTensor> args;
   for (const auto& a : op.args) args.push_back(env.at(a));
   const nlohmann::json& at = op.attrs;
   auto axis = [&] { return rt_.mesh().axis_index(at.at("axis").get<std::string>()); };
   if (op.op == "all_reduce")
-    return all_reduce(args[0], axis(), parse_reduce_op(at.value("reduce", "sum")), op.out);
+    return {all_reduce(args[0], axis(), parse_reduce_op(at.value("reduce", "sum")), op.out)};
   if (op.op == "all_gather") {
     const std::string to = at.value("to", "varying");
     if (to != "varying" && to != "reduced")
       throw SemanticError(ErrorKind::InvalidScenario,
                           op.path + "/to: expected \"varying\" or \"reduced\", got \"" + to + "\"");
-    return all_gather(args[0], axis(), at.at("dim").get<int64_t>(), to == "reduced", op.out);
+    return {all_gather(args[0], axis(), at.at("dim").get<int64_t>(), to == "reduced", op.out)};
   }
-  if (op.op == "reduce_scatter") return reduce_scatter(args[0], axis(), at.at("dim").get<int64_t>(), op.out);
+  if (op.op == "reduce_scatter") return {reduce_scatter(args[0], axis(), at.at("dim").get<int64_t>(), op.out)};
   if (op.op == "all_to_all")
-    return all_to_all(args[0], axis(), at.at("split_dim").get<int64_t>(), at.at("concat_dim").get<int64_t>(), op.out);
-  if (op.op == "mark_varying") return mark_varying(args[0], axis(), op.out);
+    return {all_to_all(args[0], axis(), at.at("split_dim").get<int64_t>(), at.at("concat_dim").get<int64_t>(), op.out)};
+  if (op.op == "mark_varying") return {mark_varying(args[0], axis(), op.out)};
   if (op.op == "call") {
     const std::string fn = at.at("function").get<std::string>();
     const FunctionInvoker* invoke = find_scenario_function(fn);
@@ -455,9 +680,16 @@ LTensor BodyContext::run(const OpDecl& op, const std::map<std::string, LTensor>&
                               "this command with `meshsim --plugin libyours.so run ...`, or build a meshsim of your own "
                               "that calls meshsim::main (docs/cpp-api.md)");
     }
+    const int outputs = scenario_function_signature(fn).outputs;
+    const size_t named = op.outs.empty() ? 1 : op.outs.size();
+    if (static_cast<size_t>(outputs) != named)
+      throw SemanticError(ErrorKind::InvalidScenario,
+                          op.path + "/out: Function \"" + fn + "\" returns " + std::to_string(outputs) + " tensor" +
+                              (outputs == 1 ? "" : "s") + ", the call names " + std::to_string(named) +
+                              (outputs == 1 ? " (a string names its one output)" : " (out lists one name per output)"));
     return (*invoke)(*this, args, op);
   }
-  return this->op(op.op, at, args, op.out);
+  return {this->op(op.op, at, args, op.out)};
 }
 
 }  // namespace meshsim

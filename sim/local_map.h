@@ -26,7 +26,8 @@ class BodyContext {
   explicit BodyContext(Runtime& rt, bool checked = true) : rt_(rt), checked_(checked) {}
   bool checked() const { return checked_; }
 
-  // Rd -> reduced; S(d) or P(sum) -> variant; R -> neither. P(avg|max|min) are refused.
+  // Rd -> reduced; S(d) or P(any op) -> variant (under partial_in_local_map unreduced, P(op) ->
+  // unreduced by op); R -> neither.
   // The LTensor takes the DTensor's name (a local_map's body sees its args so), or `name`.
   // `grad` (PyTorch's grad_placements / in_grad_placements): the layout the local code's gradient
   // of `x` has, moved to x's cotangent in the backward (kept as it is without the gradient hook).
@@ -56,31 +57,59 @@ class BodyContext {
   // default union / intersection), checks exclusivity and wraps. `Fn` is a
   // torch::autograd::Function whose forward takes (AutogradContext*, at::TensorList); it is called
   // with an at::TensorList (libtorch 1.13 silently does not differentiate a std::vector argument).
-  // Rank-local: runs once per rank on that rank's inputs, returns its first output.
+  // Rank-local: runs once per rank on that rank's inputs; `call` gives the first output, and
+  // `call_outputs` one LTensor per name in `outs` (a Function with several outputs).
   template <class Fn>
   LTensor call(const std::vector<LTensor>& xs, const nlohmann::json& args, const std::string& out) {
-    return call_rank_local(function_key<Fn>(), strategy_for<Fn>(), xs, args, out,
-                           [](const std::vector<at::Tensor>& in) { return Fn::apply(at::TensorList(in))[0]; });
+    return call_outputs<Fn>(xs, args, {out}).front();
+  }
+  template <class Fn>
+  std::vector<LTensor> call_outputs(const std::vector<LTensor>& xs, const nlohmann::json& args,
+                                    const std::vector<std::string>& outs) {
+    const size_t n = outs.size();
+    return call_rank_local(function_key<Fn>(), strategy_for<Fn>(), xs, args, outs,
+                           [n](const std::vector<at::Tensor>& in) {
+                             auto all = Fn::apply(at::TensorList(in));
+                             return std::vector<at::Tensor>(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(n));
+                           });
   }
   // Communicating (an opaque kernel): runs once per group of `axis` and sees every member's
   // local of the input, made varying on `axis` first as a collective's is; without a strategy its
-  // output is flagged untracked.
+  // outputs are flagged untracked. Fn returns one tensor per member, output after output.
   template <class Fn>
   LTensor call_group(const LTensor& x, int axis, const nlohmann::json& args, const std::string& out) {
-    return call_on_groups(function_key<Fn>(), strategy_for<Fn>(), x, axis, args, out,
-                          [](const Locals& group) { return Fn::apply(at::TensorList(group)); });
+    return call_group_outputs<Fn>(x, axis, args, {out}).front();
+  }
+  template <class Fn>
+  std::vector<LTensor> call_group_outputs(const LTensor& x, int axis, const nlohmann::json& args,
+                                          const std::vector<std::string>& outs) {
+    const size_t n = outs.size();
+    return call_on_groups(function_key<Fn>(), strategy_for<Fn>(), x, axis, args, outs, [n](const Locals& group) {
+      const auto all = Fn::apply(at::TensorList(group));
+      std::vector<Locals> per_output(n);
+      for (size_t k = 0; k < n; ++k)
+        per_output[k].assign(all.begin() + static_cast<std::ptrdiff_t>(k * group.size()),
+                             all.begin() + static_cast<std::ptrdiff_t>((k + 1) * group.size()));
+      return per_output;
+    });
   }
 
-  using RankFn = std::function<at::Tensor(const std::vector<at::Tensor>&)>;
-  using GroupFn = std::function<Locals(const Locals&)>;
-  LTensor call_rank_local(const std::string& key, const std::optional<Strategy>& strategy,
-                          std::vector<LTensor> xs, const nlohmann::json& args, const std::string& out,
-                          const RankFn& f);
-  LTensor call_on_groups(const std::string& key, const std::optional<Strategy>& strategy, LTensor x,
-                         int axis, const nlohmann::json& args, const std::string& out, const GroupFn& f);
+  // One rank's outputs from its inputs; a group's outputs, one Locals (a tensor per member) per output.
+  using RankFn = std::function<std::vector<at::Tensor>(const std::vector<at::Tensor>&)>;
+  using GroupFn = std::function<std::vector<Locals>(const Locals&)>;
+  // The strategy in force for a call: a registry entry for the called Function's name (the public
+  // register_variance_tracking_strategy) first, else `strategy` (the type's entry or its own).
+  std::vector<LTensor> call_rank_local(const std::string& key, const std::optional<Strategy>& strategy,
+                                       std::vector<LTensor> xs, const nlohmann::json& args,
+                                       const std::vector<std::string>& outs, const RankFn& f);
+  std::vector<LTensor> call_on_groups(const std::string& key, const std::optional<Strategy>& strategy, LTensor x,
+                                      int axis, const nlohmann::json& args, const std::vector<std::string>& outs,
+                                      const GroupFn& f);
 
-  // Runs one body op of a scenario.
-  LTensor run(const OpDecl& op, const std::map<std::string, LTensor>& env);
+  // Runs one body op of a scenario: `run_all` gives one LTensor per name in op.outs (a call of a
+  // Function with several outputs), `run` the first.
+  std::vector<LTensor> run_all(const OpDecl& op, const std::map<std::string, LTensor>& env);
+  LTensor run(const OpDecl& op, const std::map<std::string, LTensor>& env) { return run_all(op, env).front(); }
 
   Runtime& runtime() { return rt_; }
 
@@ -89,12 +118,23 @@ class BodyContext {
   // varying where the output is; exclusivity is checked.
   // Makes inputs varying where the output is, and casts reduced inputs to invariant where the
   // output is neither; returns the output's reduced set.
+  // `keep`: axes left as they are (those the output is unreduced over, under partial_in_local_map
+  // unreduced: the operand reduced there stays reduced, its gradient unreduced).
   AxisSet fit_inputs(std::vector<LTensor>& xs, const AxisSet& variant, const std::optional<AxisSet>& strategy_reduced,
-                     const std::string& out);
+                     const std::string& out, const AxisSet& keep = {});
+  // partial_in_local_map unreduced: what a value unreduced over an axis may meet (docs/semantics.md):
+  // the output's unreduced axes; UnreducedMisuse naming the op, the operand and why.
+  Unreduced unreduced_of(const std::string& op, const nlohmann::json& attrs, const std::vector<LTensor>& xs) const;
+  // A collective over `axis` of x: x's unreduced axes carried (linear collectives over other axes),
+  // or UnreducedMisuse.
+  Unreduced carried(const LTensor& x, int axis, const std::string& what, bool linear) const;
   std::pair<AxisSet, std::optional<AxisSet>> output_sets(const std::vector<LTensor>& xs, const Strategy* strategy,
                                                          const nlohmann::json& args) const;
+  // A Function's outputs' sets: the strategy's per output, or its one result (or the default) for each.
+  std::vector<StrategyResult> function_sets(const std::vector<LTensor>& xs, const Strategy* strategy,
+                                            const nlohmann::json& args, size_t outputs, const std::string& key) const;
   LTensor wrap(const std::string& kind, const std::string& name, const std::string& out, Locals locals,
-               AxisSet variant, AxisSet reduced, const std::vector<LTensor>& inputs);
+               AxisSet variant, AxisSet reduced, const std::vector<LTensor>& inputs, Unreduced unreduced = {});
   LTensor varying_on(const LTensor& x, int axis, const std::string& out);
   // A collective as one node over the mesh: the forward step (none: the identity) and the
   // backward (none: the identity; not differentiable: an error if a gradient reaches it).
@@ -116,11 +156,13 @@ class BodyContext {
 void check_exclusive(const Mesh& mesh, const LTensor& t, const std::string& what);
 
 // Functions a scenario can `call` by name (the built-ins are registered on first use).
-using FunctionInvoker = std::function<LTensor(BodyContext&, const std::vector<LTensor>&, const OpDecl&)>;
+// An invoker returns one LTensor per name in the call's op.outs.
+using FunctionInvoker = std::function<std::vector<LTensor>(BodyContext&, const std::vector<LTensor>&, const OpDecl&)>;
 // What a Function's definition says of its calls, for callers without a scenario (the property
 // function_backward_matches_reference): how many args a call passes (-1: any).
 struct FunctionSignature {
   int arity = 1;
+  int outputs = 1;  // how many tensors a call returns
 };
 void register_scenario_function(const std::string& name, FunctionInvoker invoker, FunctionSignature signature = {});
 const FunctionInvoker* find_scenario_function(const std::string& name);
@@ -131,7 +173,9 @@ std::vector<std::string> scenario_function_names();
 
 // A Function's reference: the same computation on global tensors, which the oracle runs where a
 // local_map's `reference` calls the Function (include/meshsim/meshsim.h, FunctionDef::reference).
-using FunctionReference = std::function<at::Tensor(const std::vector<at::Tensor>&, const nlohmann::json& attrs)>;
+// One global tensor per output of the Function.
+using FunctionReference =
+    std::function<std::vector<at::Tensor>(const std::vector<at::Tensor>&, const nlohmann::json& attrs)>;
 void register_function_reference(const std::string& name, FunctionReference reference);
 void unregister_function_reference(const std::string& name);
 const FunctionReference* find_function_reference(const std::string& name);

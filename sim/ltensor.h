@@ -22,6 +22,7 @@
 namespace meshsim {
 
 using AxisSet = std::set<int>;  // mesh axis indices
+using Unreduced = std::map<int, ReduceOp>;  // mesh axis index -> the reduction its locals still need
 
 struct LTensor {
   std::string name;
@@ -35,10 +36,13 @@ struct LTensor {
   // Plain local code (a local_map with check_variance false, or to_local's result): no sets are
   // kept, nothing is inserted, and the oracle alone says whether the code is right.
   bool unchecked = false;
+  // partial_in_local_map unreduced: the axes a Partial entered on, with its reduce op; the locals
+  // still need that reduction (JAX 0.10's {U:axis}). Never shares an axis with variant or reduced.
+  Unreduced unreduced = {};
 };
 
 std::string axes_str(const Mesh& mesh, const AxisSet& axes);  // "[dp, tp]"
-std::string meta_str(const Mesh& mesh, const LTensor& t);     // "variant=[dp] reduced=[]"
+std::string meta_str(const Mesh& mesh, const LTensor& t);     // "variant=[dp] reduced=[]" (+ " unreduced=[tp:sum]")
 
 // ---------------------------------------------------------------------------------------------
 // Variance-tracking strategies: one registry serves ops (keyed by op name) and Functions (keyed by
@@ -54,6 +58,9 @@ struct StrategyInput {
 struct StrategyResult {
   AxisSet variant;
   std::optional<AxisSet> reduced;  // absent: the default (intersection of the inputs')
+  // A Function with several outputs: one result per output (`variant` and `reduced` above are then
+  // unused); empty: every output gets the result above (seed 001's "single or tuple return").
+  std::vector<StrategyResult> outputs = {};
 };
 
 using Strategy = std::function<StrategyResult(const StrategyInput&)>;
@@ -62,6 +69,9 @@ using Strategy = std::function<StrategyResult(const StrategyInput&)>;
 void register_variance_tracking_strategy(const std::string& key, Strategy strategy);
 void unregister_variance_tracking_strategy(const std::string& key);
 const Strategy* find_variance_tracking_strategy(const std::string& key);
+
+// The registry key of a Function by the name scenarios `call` it (the public API's targets).
+inline std::string function_name_key(const std::string& name) { return "function:name:" + name; }
 
 // The registry key of a Function type.
 template <class Fn>

@@ -139,6 +139,7 @@ class Runtime {
   // LTensors of local_map bodies, for the result: their sets and local shapes.
   struct BodyValue {
     std::vector<std::string> variant, reduced;
+    std::map<std::string, std::string> unreduced;  // axis -> reduce op (partial_in_local_map unreduced)
     std::vector<std::vector<int64_t>> local_shapes;
     bool untracked = false;
     bool unchecked = false;  // plain local code: no sets
@@ -149,6 +150,7 @@ class Runtime {
     BodyValue v;
     for (int a : t.variant) v.variant.push_back(mesh_.axes()[a]);
     for (int a : t.reduced) v.reduced.push_back(mesh_.axes()[a]);
+    for (const auto& [a, op] : t.unreduced) v.unreduced[mesh_.axes()[a]] = reduce_op_name(op);
     for (const auto& l : t.locals) v.local_shapes.push_back(l.sizes().vec());
     v.untracked = t.untracked;
     v.unchecked = t.unchecked;

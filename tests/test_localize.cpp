@@ -51,6 +51,8 @@ const Where kWhere[] = {
     {"missing_reduced_invariant_cast", "backward", "/program/0", "local_map", "/program/0/body/2", "mul"},
     // A Function's backward, a kernel's derivative, in a body.
     {"function_backward_wrong_factor", "backward", "/program/0", "local_map", "/program/0/body/0", "call"},
+    // A Function of two outputs labelling its kept local invariant: the call, for that output.
+    {"function_outputs_share_sets", "backward", "/program/0", "local_map", "/program/0/body/0", "call"},
     {"gelu_tanh_derivative", "backward", "/program/0", "local_map", "/program/0/body/2", "gelu"},
     // The cotangent of Rd at the local_map's boundary (its enter and leave).
     {"cotangent_rd_as_r", "backward", "/program/0", "local_map", "", ""},
@@ -87,6 +89,7 @@ const std::pair<const char*, const char*> kNotLocalized[] = {
     {"reduced_label_dropped", "an error of the semantics at the op (reduced_mismatch)"},
     {"strategy_registry_ignored", "variance sets only: the variance_tracking check"},
     {"unchecked_inserts_mark_varying", "plain local code's verdict: the local_code_verdict property"},
+    {"unreduced_all_reduce_any_op", "a refusal the unreduced reading misses: the local_map_partial_entry property"},
 };
 
 TEST(Localize, EveryPlantedBugHasARow) {

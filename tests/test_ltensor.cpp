@@ -272,6 +272,24 @@ TEST(CustomFunctions, BothRegistrationStylesOfTheDocs) {
   user::register_fused_all_reduce();
 }
 
+// The lookup order for a C++ Function type (docs/cpp-api.md, "Which strategy wins"): the registry's
+// entry for the name a scenario calls, then the type's entry, then the class's own static strategy.
+TEST(CustomFunctions, TheRegistryWinsOverTheClassesOwnStrategy) {
+  user::register_user_functions();
+  const Strategy keeps_axis = [](const StrategyInput& in) { return StrategyResult{in.variant.at(0), std::nullopt, {}}; };
+  ASSERT_EQ(run(all_reduce_call("fused_all_reduce_mixin")).result["status"], "pass");
+  register_variance_tracking_strategy<user::FusedAllReduceMixin>(keeps_axis);  // the type's entry
+  auto by_type = run(all_reduce_call("fused_all_reduce_mixin"));
+  EXPECT_EQ(by_type.result["error"]["kind"], "out_spec_mismatch") << by_type.result.dump(2);
+  EXPECT_NE(by_type.result["error"]["message"].get<std::string>().find("variant=[tp]"), std::string::npos);
+  // The entry for the called name beats the type's.
+  register_variance_tracking_strategy(function_name_key("fused_all_reduce_mixin"), &user::FusedAllReduceMixin::variance_strategy);
+  EXPECT_EQ(run(all_reduce_call("fused_all_reduce_mixin")).result["status"], "pass");
+  unregister_variance_tracking_strategy(function_name_key("fused_all_reduce_mixin"));
+  unregister_variance_tracking_strategy(function_key<user::FusedAllReduceMixin>());
+  EXPECT_EQ(run(all_reduce_call("fused_all_reduce_mixin")).result["status"], "pass");
+}
+
 TEST(CustomFunctions, TheDocsQuoteTheExampleUnchanged) {
   const fs::path root(MESHSIM_SOURCE_DIR);
   const std::string code = read(root / "examples" / "cpp" / "user_functions.h");

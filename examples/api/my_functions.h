@@ -1,5 +1,5 @@
-// Two Functions of a user's own, as meshsim::FunctionDef: a rank-local one and one that
-// communicates, each with its reference on global tensors so that the oracle checks them.
+// Functions of a user's own, as meshsim::FunctionDef: rank-local ones and ones that communicate,
+// one output or two, each with its reference on global tensors so that the oracle checks them.
 #pragma once
 
 #include <torch/csrc/autograd/custom_function.h>
@@ -84,6 +84,48 @@ inline meshsim::FunctionDef scatter_rows() {
   f.variance = [](const meshsim::VarianceInput& in) { return meshsim::VarianceOutput{in.variant[0], std::nullopt}; };
   f.reference = [](const std::vector<at::Tensor>& xs, const nlohmann::json&) { return xs[0]; };
   f.collective = meshsim::CollectiveDecl{"reduce_scatter", "all_gather", nullptr};
+  return f;
+}
+
+// fused_reduce_keep: a Function with two outputs (FunctionDef::outputs), the kernel's all_reduce(sum)
+// over the call's axis and each member's own local kept beside it, as a residual stream keeps its
+// input. Each output has its own sets: the sum is invariant over the axis, the kept local varies.
+inline meshsim::FunctionDef fused_reduce_keep() {
+  meshsim::FunctionDef f;
+  f.name = "fused_reduce_keep";
+  f.outputs = 2;
+  f.group_outputs = [](const std::vector<at::Tensor>& group, const nlohmann::json&) {
+    std::vector<at::Tensor> kept;
+    for (const auto& x : group) kept.push_back(x.clone());
+    return std::vector<std::vector<at::Tensor>>{FusedAllReduce::apply(at::TensorList(group)), kept};
+  };
+  f.variance = [](const meshsim::VarianceInput& in) {
+    meshsim::VarianceOutput sum, kept, both;
+    sum.variant = in.variant[0];
+    sum.variant.erase(in.attrs.at("axis").get<std::string>());
+    kept.variant = in.variant[0];
+    both.outputs = {sum, kept};
+    return both;
+  };
+  // Globally a P(sum) value's sum is the value, and so is what its kept locals stand for.
+  f.reference_outputs = [](const std::vector<at::Tensor>& xs, const nlohmann::json&) {
+    return std::vector<at::Tensor>{xs[0], xs[0]};
+  };
+  f.collective = meshsim::CollectiveDecl{"all_reduce", "", nullptr};
+  return f;
+}
+
+// sum_and_difference: a rank-local Function with two outputs, a + b and a - b (the default
+// variance, the union of the inputs', is right for both).
+inline meshsim::FunctionDef sum_and_difference() {
+  meshsim::FunctionDef f;
+  f.name = "sum_and_difference";
+  f.arity = 2;
+  f.outputs = 2;
+  f.rank_local_outputs = [](const std::vector<at::Tensor>& xs, const nlohmann::json&) {
+    return std::vector<at::Tensor>{xs[0] + xs[1], xs[0] - xs[1]};
+  };
+  f.reference_outputs = f.rank_local_outputs;
   return f;
 }
 

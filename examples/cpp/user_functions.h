@@ -57,13 +57,13 @@ inline void register_user_functions() {
       "fused_all_reduce", [](meshsim::BodyContext& ctx, const std::vector<meshsim::LTensor>& xs,
                              const meshsim::OpDecl& op) {
         int axis = ctx.runtime().mesh().axis_index(op.attrs.at("axis").get<std::string>());
-        return ctx.call_group<FusedAllReduce>(xs.at(0), axis, op.attrs, op.out);
+        return std::vector<meshsim::LTensor>{ctx.call_group<FusedAllReduce>(xs.at(0), axis, op.attrs, op.out)};
       });
   meshsim::register_scenario_function(
       "fused_all_reduce_mixin", [](meshsim::BodyContext& ctx, const std::vector<meshsim::LTensor>& xs,
                                    const meshsim::OpDecl& op) {
         int axis = ctx.runtime().mesh().axis_index(op.attrs.at("axis").get<std::string>());
-        return ctx.call_group<FusedAllReduceMixin>(xs.at(0), axis, op.attrs, op.out);
+        return std::vector<meshsim::LTensor>{ctx.call_group<FusedAllReduceMixin>(xs.at(0), axis, op.attrs, op.out)};
       });
 }
 

@@ -20,7 +20,7 @@
 #include <nlohmann/json.hpp>
 
 // The version of this header's ABI that plugins are built against (meshsim_plugin_init checks it).
-#define MESHSIM_API_VERSION 1
+#define MESHSIM_API_VERSION 2
 
 namespace meshsim {
 
@@ -83,6 +83,9 @@ struct VarianceInput {
 struct VarianceOutput {
   AxisNames variant;
   std::optional<AxisNames> reduced;  // absent: the default, the intersection of the inputs'
+  // A Function with several outputs: one entry per output, each its own sets (`variant` and
+  // `reduced` above are then unused); empty: every output gets the sets above.
+  std::vector<VarianceOutput> outputs = {};
 };
 using VarianceStrategy = std::function<VarianceOutput(const VarianceInput&)>;
 
@@ -98,16 +101,25 @@ struct CollectiveDecl {
 struct FunctionDef {
   std::string name;  // as scenarios `call` it; registering a name again replaces the Function
 
-  // Exactly one of the two bodies.
+  // Exactly one of the bodies.
   // Rank-local: runs once per rank on that rank's locals of the call's args (an autograd
   // Function's apply, or any differentiable libtorch code).
   std::function<at::Tensor(const std::vector<at::Tensor>& locals, const nlohmann::json& attrs)> rank_local;
   // Communicating: runs once per group of the mesh axis named by the call's "axis" attribute, on
   // every member's local of its one argument, and returns one output per member, in rank order.
   std::function<std::vector<at::Tensor>(const std::vector<at::Tensor>& group, const nlohmann::json& attrs)> group;
+  // The same two for a Function with several outputs (seed 001's tuple result): rank-local, one
+  // tensor per output; communicating, per output one tensor per member in rank order.
+  std::function<std::vector<at::Tensor>(const std::vector<at::Tensor>& locals, const nlohmann::json& attrs)>
+      rank_local_outputs;
+  std::function<std::vector<std::vector<at::Tensor>>(const std::vector<at::Tensor>& group, const nlohmann::json& attrs)>
+      group_outputs;
 
   // How many args a call passes (checked, with the JSON path, before the body runs); -1: any.
   int arity = 1;
+  // How many tensors a call returns: a call of a Function with several names them in "out", a
+  // list (checked, with the JSON path). More than 1 needs one of the *_outputs bodies.
+  int outputs = 1;
 
   // The outputs' variance. Unset: a rank-local Function gets the default (variant by union,
   // reduced by intersection); a communicating one's output is flagged untracked.
@@ -117,17 +129,48 @@ struct FunctionDef {
   // Function, and what a local_map's `reference` may `call`. Unset: the oracle has no value there
   // and the run is "unchecked".
   std::function<at::Tensor(const std::vector<at::Tensor>& globals, const nlohmann::json& attrs)> reference;
+  // The reference of a Function with several outputs: one global tensor per output (at most one
+  // of the two references).
+  std::function<std::vector<at::Tensor>(const std::vector<at::Tensor>& globals, const nlohmann::json& attrs)>
+      reference_outputs;
 
   // Communicating Functions: the collective they perform (unset: none is counted).
   std::optional<CollectiveDecl> collective;
 };
 
 // Registers (or replaces) a Function for every later run in this process. Throws
-// std::invalid_argument for a malformed definition (no name, no body or both, a collective on a
-// rank-local Function, an unknown collective op).
+// std::invalid_argument for a malformed definition (no name, no body or two, a collective on a
+// rank-local Function, an unknown collective op, several outputs without an *_outputs body).
 void register_function(FunctionDef def);
 // The names scenarios can `call`, built-ins included, sorted.
 std::vector<std::string> function_names();
+
+// ---------------------------------------------------------------------------------------------
+// One registry for ops and Functions (seed 001's register_variance_tracking_strategy): a variance
+// strategy for a local_map body's ops (by op name: "mul", "exp", ...) or for Functions (by the
+// name scenarios `call`), one target or a list, as the seed's decorator takes one or a list.
+//
+// The lookup, first found wins: for a call, (1) this registry's entry for the Function's name,
+// (2) the Function's own strategy (FunctionDef::variance, or a C++ Function class's static
+// variance_strategy), (3) the default (variant by union, reduced by intersection). For an op,
+// (1) this registry, (2) the default. The registry comes first so that a strategy can be corrected
+// from outside a Function one cannot edit (docs/cpp-api.md, "Which strategy wins").
+struct StrategyTarget {
+  enum class Kind { Op, Function };
+  Kind kind = Kind::Op;
+  std::string name;
+};
+inline StrategyTarget op_target(std::string name) { return {StrategyTarget::Kind::Op, std::move(name)}; }
+inline StrategyTarget function_target(std::string name) { return {StrategyTarget::Kind::Function, std::move(name)}; }
+
+// Registers (or replaces) the strategy of each target for every later run in this process. Throws
+// std::invalid_argument for an op that a body does not run through variance tracking (an unknown
+// op, a collective, `call`: their rules are meshsim's own) or a Function target with no name.
+void register_variance_tracking_strategy(const std::vector<StrategyTarget>& targets, VarianceStrategy strategy);
+inline void register_variance_tracking_strategy(const StrategyTarget& target, VarianceStrategy strategy) {
+  register_variance_tracking_strategy(std::vector<StrategyTarget>{target}, std::move(strategy));
+}
+void unregister_variance_tracking_strategy(const StrategyTarget& target);
 
 // ---------------------------------------------------------------------------------------------
 // The command line in a binary of your own: register your Functions, then
@@ -145,6 +188,9 @@ class PluginHost {
   virtual ~PluginHost() = default;
   virtual int api_version() const = 0;  // MESHSIM_API_VERSION of the loading meshsim
   virtual void register_function(FunctionDef def) = 0;
+  // meshsim::register_variance_tracking_strategy, for a plugin (API version 2).
+  virtual void register_variance_tracking_strategy(const std::vector<StrategyTarget>& targets,
+                                                   VarianceStrategy strategy) = 0;
 };
 
 }  // namespace meshsim

@@ -97,6 +97,7 @@ SPLIT_OPS = {"split", "chunk"}
 FUNCTIONS = {
     "local_square": lambda x, op: x * x,
     "opaque_all_reduce": lambda x, op: jax.lax.psum(x, op["axis"]),
+    "all_reduce_keep_local": lambda x, op: [jax.lax.psum(x, op["axis"]), x],
     "scale_by": lambda x, op: x * float(op.get("factor", 1.0)),
     "fused_all_reduce": lambda x, op: jax.lax.psum(x, op["axis"]),
     "fused_all_reduce_mixin": lambda x, op: jax.lax.psum(x, op["axis"]),
@@ -363,7 +364,8 @@ CAUSES = {
     "jax_unreduced_ops_restricted":
         "JAX's unreduced values (P(sum)) admit only add with another unreduced value and mul by a reduced one "
         "(jax/_src/lax/lax.py: unop_ur_rule, nary_ur_rule, the mul and dot_general unreduced rules); meshsim's "
-        "LTensor maps P(sum) to variant and admits any op",
+        "LTensor maps P(sum) to variant by default and admits any op; under partial_in_local_map: unreduced it "
+        "refuses these as JAX does (unreduced_misuse)",
     "jax_reduced_rule_differs":
         "JAX's result type has other reduced axes than meshsim's: JAX's dot_general never propagates reduced "
         "(jax/_src/lax/lax.py, _dot_general_ur_rule) where meshsim's intersection keeps it, and JAX's where "
@@ -402,7 +404,8 @@ REFUSALS = [
     (("cannot be replicated on the same axes that another input is reduced on",
       "should be reduced across the same mesh axes"), "jax_reduced_meets_invariant"),
     (("unreduced rule for", "should be reduced along the same axes", "dot_general cannot be unreduced",
-      "vary_unreduced_cast only accepts inputs that are varying"),
+      "vary_unreduced_cast only accepts inputs that are varying", "there will be implicit communication",
+      "pvary cannot accept args which are unreduced", "cannot be unreduced since mul is bilinear"),
      "jax_unreduced_ops_restricted"),
     (("should be equal to the reduced present on the out_aval", "out_specs which require replication"),
      "jax_reduced_rule_differs"),
@@ -575,7 +578,7 @@ class Translation:
             env = dict(zip(names, locals_))
             for bop in op["body"]:
                 res = self._body_op(bop, [env[a] for a in bop.get("args", [])])
-                outs = bop["outs"] if "outs" in bop else [bop["out"]]
+                outs = bop.get("outs") or (bop["out"] if isinstance(bop["out"], list) else [bop["out"]])
                 for name, val in zip(outs, res if isinstance(res, list) else [res]):
                     env[name] = val
                     if checked:

@@ -205,8 +205,24 @@ class _OpaqueAllReduce(torch.autograd.Function):
         return g, None
 
 
+class _AllReduceKeepLocal(torch.autograd.Function):
+    """meshsim's built-in `all_reduce_keep_local`: two outputs, the all_reduce(sum) kernel's and the
+    local kept beside it; backward the sum of the two cotangents (OpaqueAllReduceKeepLocal)."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        return funcol.all_reduce(x, "sum", group), x.clone()
+
+    @staticmethod
+    def backward(ctx, g_sum, g_kept):
+        if g_sum is None:
+            return g_kept, None
+        return (g_sum if g_kept is None else g_sum + g_kept), None
+
+
 FUNCTIONS = {
     "local_square": lambda x, group: _LocalSquare.apply(x),
+    "all_reduce_keep_local": lambda x, group: list(_AllReduceKeepLocal.apply(x, group)),
     "opaque_all_reduce": lambda x, group: _OpaqueAllReduce.apply(x, group),
     "opaque_all_reduce_unregistered": lambda x, group: _OpaqueAllReduce.apply(x, group),
 }
@@ -982,7 +998,8 @@ def uneven_mean_and_after(job: common.Job) -> set[str]:
     values = job.result.get("values") or {}
     found: set[str] = set()
     for op in job.doc.get("program", []):
-        outs = op.get("outs") or ([op["out"]] if op.get("out") else [])
+        out = op.get("out")
+        outs = op.get("outs") or (out if isinstance(out, list) else [out] if out else [])
         args = op.get("args", [])
         if op.get("op") == "mean" and args:
             shapes = (values.get(args[0]) or {}).get("local_shapes") or []
