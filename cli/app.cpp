@@ -155,6 +155,7 @@ int main(int argc, char** argv) {
                         "placements and options against the oracle (repeatable)");
   check_cmd->add_flag("--json", check.json, "Print the run as JSON (meshsim.check/1) instead of the report");
   add_input_limit(check_cmd, max_input);
+  add_limits(check_cmd, limits, max_memory);
   check_cmd->add_option("--junit", check.junit, "Write the run as JUnit XML to this file");
   check_cmd->add_option("--shard", check.shard,
                         "Run shard I of N (1 <= I <= N): every N-th unit of 25 cases; the N shards together are the "
@@ -330,7 +331,8 @@ int main(int argc, char** argv) {
   } catch (const SemanticError& e) {
     // FILE: PATH: kind: message, as `meshsim run` says it, where the file is known.
     const std::string file = *validate_cmd ? validate.file : *render_cmd ? render.file : *replay_cmd ? replay.trace
-                             : *explain_cmd ? explain.file : "";
+                             : *explain_cmd ? explain.file
+                             : *check_cmd && check.scenarios.size() == 1 ? check.scenarios.front() : "";
     std::cerr << cli::error_line(file, e.path(), error_kind_name(e.kind()), e.what()) << "\n";
     json_error(e.kind(), e.what(), file, e.path());
     return exit_code_for(e.kind());

@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
@@ -49,7 +50,7 @@ std::vector<Property> select(const CheckArgs& args) {
     if (!args.properties.empty())
       throw UsageError("--property and --scenario: the scenarios are the properties; give one or the other");
     std::vector<Property> out;
-    for (const auto& file : args.scenarios) out.push_back(scenario_property(file));
+    for (const auto& file : args.scenarios) out.push_back(scenario_property(file, resource_limits()));
     return out;
   }
   std::vector<Property> out;
@@ -213,7 +214,7 @@ Shard parse_shard(const std::string& text) {
 // What one unit found.
 struct UnitResult {
   size_t unit = 0;  // position in the shard's unit list
-  std::string status = "pass";  // pass | fail | gave_up
+  std::string status = "pass";  // pass | fail | gave_up | out_of_memory
   Progress progress;
   std::string description;
   std::vector<std::pair<std::string, std::string>> counterexample;
@@ -256,6 +257,7 @@ UnitResult run_unit(const Property& p, const Unit& u, size_t position, uint64_t 
   r.stats = o.stats;
   if (o.status == PropertyOutcome::Status::Failed) r.status = "fail";
   if (o.status == PropertyOutcome::Status::GaveUp) r.status = "gave_up";
+  if (o.status == PropertyOutcome::Status::OutOfMemory) r.status = "out_of_memory";
   r.description = o.description;
   r.counterexample = o.counterexample;
   r.scenario = o.failure.scenario;
@@ -285,6 +287,7 @@ std::vector<UnitResult> run_units(const std::vector<Property>& props, const std:
     out.push_back(run_unit(p, u, pos, seed, args.coverage, show));
     if (out.back().status != "pass") failed.insert(u.property);
     if (finished) finished(out.back());
+    if (out.back().status == "out_of_memory") break;  // the run stops: cmd_check exits 6
   }
   if (tty) std::cerr << "\r\033[K" << std::flush;
   return out;
@@ -313,7 +316,12 @@ std::vector<UnitResult> run_in_workers(const std::vector<Unit>& units, const Che
     std::string list;
     for (size_t pos : wk.positions) list += (list.empty() ? "" : ",") + std::to_string(pos);
     std::vector<std::string> a{self, "check", "--seed", std::to_string(seed), "--cases", std::to_string(args.cases),
-                               "--worker-units", list, "--max-input", std::to_string(max_input_bytes())};
+                               "--worker-units", list, "--max-input", std::to_string(max_input_bytes()),
+                               "--max-ranks", std::to_string(resource_limits().max_ranks)};
+    if (resource_limits().max_bytes > 0) {  // the limits of the run, whole bytes
+      const double bytes = std::clamp(resource_limits().max_bytes, 1.0, 0x1p62);
+      a.insert(a.end(), {"--max-memory", std::to_string(static_cast<uint64_t>(bytes))});
+    }
     if (!args.mutant.empty()) a.insert(a.end(), {"--mutant", args.mutant});
     if (args.coverage) a.push_back("--coverage");
     if (!args.shard.empty()) a.insert(a.end(), {"--shard", args.shard});
@@ -650,6 +658,10 @@ int cmd_check(const CheckArgs& args, std::ostream& out) {
       last = now;
     });
   }
+  // Memory that ran out is the machine's limit, not a verdict: the run stops with exit 6.
+  for (const auto& r : results)
+    if (r.status == "out_of_memory")
+      throw SemanticError(ErrorKind::OutOfMemory, std::string(props[units[r.unit].property].name) + ": " + r.description);
   std::vector<PropertyReport> reports = reports_of(props, units, results);
 
   int passed = 0, failed = 0;

@@ -21,6 +21,7 @@ struct Held {
   double numel = 0;
   double copies = 1;
   double element_bytes = 8;
+  Shape shape;  // as inferred; empty where it is not known
 };
 
 double numel_of(const Shape& shape) {
@@ -36,9 +37,122 @@ double copies_of(const Mesh& mesh, const Spec& spec) {
   return c;
 }
 
+// A placements attribute (redistribute's, a creation op's); what is not a placement is skipped.
+Spec spec_attr(const nlohmann::json& placements) {
+  Spec out;
+  if (placements.is_array())
+    for (const auto& p : placements)
+      if (p.is_string()) try {
+          out.push_back(parse_placement(p.get<std::string>()));
+        } catch (const std::exception&) {
+        }
+  return out;
+}
+
+double element_bytes(ElementType type, double float_bytes) {
+  return type == ElementType::Float ? float_bytes : type == ElementType::Bool ? 1 : 8;
+}
+
 // Per value and rank, beyond the data: a libtorch tensor and its storage, the DTensor's entry,
 // the trace's hash; measured on examples/scale/fsdp_4096.json (docs/performance.md).
 constexpr double kBytesPerLocal = 1024;
+
+// One walk over a list of ops (the program, a local_map's body or its reference) with the values
+// it sees: its own and, for a body or reference, those its local_map sees (`outer`). A program's
+// values are the mesh's and the oracle's; a body's are the mesh's alone (every rank's locals); a
+// reference's the oracle's alone (global tensors, on no rank).
+struct Walk {
+  const Scenario& sc;
+  double float_bytes;
+  ResourceEstimate& e;
+  size_t& locals;
+  const Walk* outer = nullptr;
+  bool on_mesh = true, in_oracle = true;
+  std::map<std::string, Held> held;
+
+  const Held* find(const std::string& name) const {
+    auto it = held.find(name);
+    return it != held.end() ? &it->second : outer ? outer->find(name) : nullptr;
+  }
+
+  void add(const std::string& name, const std::string& path, const Held& h) {
+    held[name] = h;
+    if (in_oracle) e.oracle_bytes += h.numel * h.element_bytes;
+    if (!on_mesh) return;
+    const double over_mesh = h.numel * h.copies * h.element_bytes;
+    e.mesh_bytes += over_mesh;
+    ++locals;
+    if (over_mesh > e.largest_bytes) e.largest = name, e.largest_path = path, e.largest_bytes = over_mesh;
+  }
+
+  void run(const std::vector<OpDecl>& ops) {
+    for (const auto& op : ops) {
+      if (is_creation_op(op.op)) {
+        created(op);
+        continue;
+      }
+      // The largest argument stands for the result's size; the result is sharded where its
+      // arguments are (an op of a sharded and a replicated value is sharded): the fewest copies.
+      Held out{0, 1, float_bytes, {}};
+      double copies = -1;
+      std::vector<Shape> in_shapes;
+      for (const auto& a : op.args) {
+        const Held* h = find(a);
+        if (!h) continue;
+        in_shapes.push_back(h->shape);
+        copies = copies < 0 ? h->copies : std::min(copies, h->copies);
+        if (h->numel > out.numel) out = *h;
+      }
+      out.copies = copies < 0 ? 1 : copies;
+      if (op.op == "local_map") {
+        local_map(op, out);
+        continue;
+      }
+      if (op.op == "redistribute" && op.attrs.contains("placements")) {
+        out.copies = copies_of(sc.mesh, spec_attr(op.attrs["placements"]));
+      } else if (op.outs.size() <= 1 && in_shapes.size() == op.args.size()) {
+        // The shape the rules infer, where they can (mm of [n,1] by [1,n] is n*n, not n).
+        try {
+          out.shape = infer_shape(op.op, in_shapes, op_attrs(op));
+          out.numel = numel_of(out.shape);
+        } catch (const std::exception&) {
+          // Not inferable here (local code, a collective): the largest argument stands for it.
+        }
+      }
+      for (const auto& name : op.outs.empty() ? std::vector<std::string>{op.out} : op.outs) add(name, op.path, out);
+    }
+  }
+
+  // ones, zeros, full, arange: a value of the attributes' shape, dtype and placements.
+  void created(const OpDecl& op) {
+    Held h{0, 1, float_bytes, {}};
+    try {
+      h.shape = op.attrs.at("shape").get<Shape>();
+      h.element_bytes = element_bytes(parse_element_type(op.attrs.value("dtype", "float")), float_bytes);
+    } catch (const std::exception&) {
+      // Not a creation op the reader accepts: what it could read stands.
+    }
+    h.numel = numel_of(h.shape);
+    if (op.attrs.contains("placements")) h.copies = copies_of(sc.mesh, spec_attr(op.attrs["placements"]));
+    add(op.out, op.path, h);
+  }
+
+  // A local_map: its body's values on every rank, its reference's in the oracle; each result as
+  // large as the body value it returns (or, where that is unknown, as its largest argument).
+  void local_map(const OpDecl& op, const Held& largest) {
+    Walk body{sc, float_bytes, e, locals, this, on_mesh, false, {}};
+    body.run(op.body);
+    Walk reference{sc, float_bytes, e, locals, this, false, in_oracle, {}};
+    reference.run(op.reference);
+    const auto& outs = op.outs.empty() ? std::vector<std::string>{op.out} : op.outs;
+    for (size_t i = 0; i < outs.size(); ++i) {
+      const Held* returned = i < op.returns.size() ? body.find(op.returns[i]) : nullptr;
+      Held out = returned ? *returned : largest;
+      if (i < op.out_placements.size()) out.copies = copies_of(sc.mesh, op.out_placements[i]);
+      add(outs[i], op.path, out);
+    }
+  }
+};
 
 }  // namespace
 
@@ -51,64 +165,18 @@ double default_max_memory() {
 ResourceEstimate estimate_resources(const Scenario& sc, const RunOptions& options) {
   const double float_bytes = options.dtype == DType::Float32 ? 4 : 8;
   const double ranks = static_cast<double>(sc.mesh.size());
-  std::map<std::string, Held> held;
-  std::map<std::string, Shape> shapes;
   ResourceEstimate e;
   size_t locals = 0;
-  auto add = [&](const std::string& name, const std::string& path, const Held& h) {
-    held[name] = h;
-    const double over_mesh = h.numel * h.copies * h.element_bytes;
-    e.mesh_bytes += over_mesh;
-    e.oracle_bytes += h.numel * h.element_bytes;
-    ++locals;
-    if (over_mesh > e.largest_bytes) e.largest = name, e.largest_path = path, e.largest_bytes = over_mesh;
-  };
+  Walk walk{sc, float_bytes, e, locals, nullptr, true, true, {}};
   bool grads = false;
   for (const auto& in : sc.inputs) {
-    const double element = in.dtype == ElementType::Float ? float_bytes : in.dtype == ElementType::Bool ? 1 : 8;
     // A from_local input gives each rank's local shape: every rank holds that much.
-    Held h{numel_of(in.shape), in.from_local ? ranks : copies_of(sc.mesh, in.placements), element};
-    shapes[in.name] = in.shape;
-    add(in.name, in.path, h);
+    Held h{numel_of(in.shape), in.from_local ? ranks : copies_of(sc.mesh, in.placements),
+           element_bytes(in.dtype, float_bytes), in.shape};
+    walk.add(in.name, in.path, h);
     grads |= in.requires_grad;
   }
-  for (const auto& op : sc.program) {
-    // The largest argument stands for the result's size; the result is sharded where its
-    // arguments are (an op of a sharded and a replicated value is sharded): the fewest copies.
-    Held out{0, 1, float_bytes};
-    Shape out_shape;
-    double copies = -1;
-    for (const auto& a : op.args) {
-      auto it = held.find(a);
-      if (it == held.end()) continue;
-      copies = copies < 0 ? it->second.copies : std::min(copies, it->second.copies);
-      if (it->second.numel > out.numel) {
-        out = it->second;
-        out_shape = shapes[a];
-      }
-    }
-    out.copies = copies < 0 ? 1 : copies;
-    if (op.op == "redistribute" && op.attrs.contains("placements") && op.attrs["placements"].is_array()) {
-      Spec to;
-      for (const auto& p : op.attrs["placements"])
-        if (p.is_string()) to.push_back(parse_placement(p.get<std::string>()));
-      out.copies = copies_of(sc.mesh, to);
-    } else if (op.op != "local_map" && op.outs.size() <= 1) {
-      // The shape the rules infer, where they can (mm of [n,1] by [1,n] is n*n, not n).
-      try {
-        std::vector<Shape> in_shapes;
-        for (const auto& a : op.args) in_shapes.push_back(shapes.at(a));
-        out_shape = infer_shape(op.op, in_shapes, op_attrs(op));
-        out.numel = numel_of(out_shape);
-      } catch (const std::exception&) {
-        // Not inferable here (creation ops, local code): the largest argument stands for it.
-      }
-    }
-    for (const auto& name : op.outs.empty() ? std::vector<std::string>{op.out} : op.outs) {
-      shapes[name] = out_shape;
-      add(name, op.path, out);
-    }
-  }
+  walk.run(sc.program);
   // Backward: a gradient for every value on the path, and the tensors autograd saves, each about
   // as large as the value; the oracle's backward likewise.
   if (!sc.backward.empty() && grads) e.autograd_bytes = 2 * (e.mesh_bytes + e.oracle_bytes);

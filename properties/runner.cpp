@@ -9,6 +9,7 @@
 #include <rapidcheck.h>
 #include <rapidcheck/detail/Configuration.h>
 
+#include "core/error.h"
 #include "core/scoped.h"
 #include "oracles/check.h"
 
@@ -207,6 +208,22 @@ void note_case_implicit(const nlohmann::json& implicit) {
   throw rc::detail::CaseResult(rc::detail::CaseResult::Type::Discard, reason);
 }
 
+namespace {
+
+// The out-of-memory message of the property running in this thread ("" while memory lasts);
+// null outside run_property.
+std::string*& out_of_memory_message() {
+  static thread_local std::string* message = nullptr;
+  return message;
+}
+
+}  // namespace
+
+[[noreturn]] void out_of_memory_in_case(const std::string& message) {
+  if (std::string* m = out_of_memory_message(); m && m->empty()) *m = message.empty() ? "out of memory" : message;
+  discard_case("out of memory");
+}
+
 void discard_unless(bool holds, const std::string& reason) {
   if (!holds) discard_case(reason);
 }
@@ -307,7 +324,24 @@ PropertyOutcome run_property(const Property& property, uint64_t seed, int cases,
   // The search does not localize its failing cases (shrinking runs thousands); the counterexample's
   // own run, written after it, does.
   ScopedOverride<bool> no_localization(localization_enabled(), false);
-  const auto result = rc::detail::checkProperty(rc::detail::toProperty(property.body), metadata, params, listener);
+  std::string out_of_memory;
+  ScopedOverride<std::string*> oom(out_of_memory_message(), &out_of_memory);
+  // Once memory ran out, every case left is discarded at once (RapidCheck then gives up).
+  const std::function<void()> body = [&property, &out_of_memory] {
+    if (!out_of_memory.empty()) discard_case("out of memory");
+    try {
+      property.body();
+    } catch (const std::exception& e) {
+      if (!is_out_of_memory(e)) throw;
+      out_of_memory_in_case("out of memory: " + first_line(e.what()));
+    }
+  };
+  const auto result = rc::detail::checkProperty(rc::detail::toProperty(body), metadata, params, listener);
+  if (!out_of_memory.empty()) {
+    out.status = PropertyOutcome::Status::OutOfMemory;
+    out.description = out_of_memory;
+    return out;
+  }
   rc::detail::FailureResult failure;
   rc::detail::GaveUpResult gave_up;
   if (result.match(failure)) {

@@ -56,16 +56,22 @@ void note_case_implicit(const nlohmann::json& implicit);
 void discard_unless(bool holds, const std::string& reason);
 [[noreturn]] void discard_case(const std::string& reason);
 
+// Memory ran out in the current case (a run's error of kind out_of_memory): the machine's limit,
+// not a property's verdict. The property stops: this case and the rest are discarded, and its
+// outcome is OutOfMemory with `message` (meshsim check exits 6). An out-of-memory exception a
+// property's body lets through is taken the same way.
+[[noreturn]] void out_of_memory_in_case(const std::string& message);
+
 // The reason of a discarded case from RapidCheck's description of it: RC_DISCARD's message,
 // "precondition COND" for RC_PRE(COND), "generation failed: ..." for a generator that gave up;
 // the description itself for discard_case.
 std::string discard_reason_of(const std::string& description);
 
 struct PropertyOutcome {
-  enum class Status { Passed, Failed, GaveUp } status = Status::Passed;
+  enum class Status { Passed, Failed, GaveUp, OutOfMemory } status = Status::Passed;
   Progress progress;
   CaseStats stats;
-  std::string description;  // why it failed or gave up
+  std::string description;  // why it failed, gave up or ran out of memory
   std::vector<std::pair<std::string, std::string>> counterexample;  // (type, value), shrunk
   Failure failure;          // the scenario of the shrunk counterexample, when it has one
 };

@@ -9,6 +9,10 @@
 //   are (they reach a local_map without in_placements, or to_local: its local code is written for
 //   its layout); the run options redistribute, reduced_propagation, partial_from_replicate and the
 //   data seed. `semantics` is the user's: under another the same program means something else.
+// - a variant over the limits of the run (--max-memory, --max-ranks: the estimate meshsim run
+//   refuses with) is a discard ("the variant is refused: resource_limit"); the scenario as written
+//   over them is refused before any case, as meshsim run refuses it (exit 2).
+// - memory that runs out in a case ends the property as out of memory (exit 6), not as a failure.
 // - a variant the semantics refuse or that is invalid input (an error, exit 2 or 3) is a discard,
 //   counted by its error kind ("the variant is refused: illegal_redistribute"): a mesh too small for
 //   a view, an Rd where the reduced policy refuses it. Only the scenario as written must not be
@@ -25,6 +29,7 @@
 #include <rapidcheck.h>
 
 #include "core/error.h"
+#include "core/resources.h"
 #include "core/scenario.h"
 #include "oracles/check.h"
 #include "properties/runner.h"
@@ -136,7 +141,13 @@ std::string failures_of(const json& result) {
   return result.value("status", "?");
 }
 
-void check_case(const std::string& path, const json& original, bool original_unchecked) {
+// What a run that ran out of memory says (its error's message).
+std::string out_of_memory_message(const CheckedRun& run) {
+  const json error = run.result.value("error", json::object());
+  return error.is_object() ? error.value("message", std::string("out of memory")) : "out of memory";
+}
+
+void check_case(const std::string& path, const json& original, bool original_unchecked, const ResourceLimits& limits) {
   const bool as_written = *rc::gen::inRange(0, 5) == 0;
   const json doc = as_written ? original : draw_variant(original);
   Scenario sc;
@@ -148,11 +159,17 @@ void check_case(const std::string& path, const json& original, bool original_unc
   note_case_scenario(doc);
   RunOptions options = sc.options;
   options.mutant = planted_mutant();
+  try {
+    check_resources(sc, options, limits);
+  } catch (const SemanticError& e) {
+    discard_case(std::string("the variant is refused: ") + error_kind_name(e.kind()));
+  }
   CheckedRun run;
   {
     CoverageScope covered(case_coverage());
     run = check_scenario(sc, options);
   }
+  if (run.exit_code == kExitResource) out_of_memory_in_case(out_of_memory_message(run));
   note_case_implicit(run.result.value("implicit", nlohmann::json::array()));
   const std::string status = run.result.value("status", "");
   if (status == "pass" || (status == "unchecked" && original_unchecked)) return;
@@ -164,13 +181,18 @@ void check_case(const std::string& path, const json& original, bool original_unc
 
 }  // namespace
 
-Property scenario_property(const std::string& path) {
+Property scenario_property(const std::string& path, const ResourceLimits& limits) {
   const json original = read_json_file(path);
   const Scenario sc = parse_scenario(original, path);  // InputError names the file and path
-  // Whether the scenario as written is unchecked (a local_map without reference): run it once.
+  // Whether the scenario as written is unchecked (a local_map without reference): run it once,
+  // within the limits meshsim run holds it to.
   RunOptions options = sc.options;
   options.mutant.clear();
-  const bool unchecked = check_scenario(sc, options).result.value("status", "") == "unchecked";
+  check_resources(sc, options, limits);
+  const CheckedRun first = check_scenario(sc, options);
+  if (first.exit_code == kExitResource)
+    throw SemanticError(ErrorKind::OutOfMemory, out_of_memory_message(first));
+  const bool unchecked = first.result.value("status", "") == "unchecked";
   // Property holds C strings: their storage lives as long as the process.
   static std::deque<std::string> names;
   names.push_back("scenario:" + path);
@@ -179,7 +201,8 @@ Property scenario_property(const std::string& path) {
                   " over random mesh sizes, input shapes, input placements and run options: values and gradients "
                   "equal the oracle's");
   const char* checks = names.back().c_str();
-  return Property{name, checks, [path, original, unchecked] { check_case(path, original, unchecked); }};
+  return Property{name, checks,
+                  [path, original, unchecked, limits] { check_case(path, original, unchecked, limits); }};
 }
 
 }  // namespace meshsim
