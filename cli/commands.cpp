@@ -289,8 +289,18 @@ void print_summary(const Scenario& sc, const RunOptions& options, const nlohmann
     std::cout << "  failure: " << (f.is_string() ? f.get<std::string>() : f.dump()) << "\n";
 }
 
+// A trace's scenario: its paths are the trace file's ("/scenario/program/0", not "/program/0").
+Scenario scenario_of_trace(const Trace& t, const std::string& file) {
+  try {
+    return parse_scenario(t.scenario, file);
+  } catch (const InputError& e) {
+    if (e.file() != file) throw;
+    throw InputError(file, "/scenario" + (e.json_path() == "/" ? std::string() : e.json_path()), e.detail(), e.kind());
+  }
+}
+
 Scenario scenario_from_trace(const Trace& t, const std::string& file, RunOptions& options) {
-  Scenario sc = parse_scenario(t.scenario, file);
+  Scenario sc = scenario_of_trace(t, file);
   options = sc.options;
   if (t.options.is_object())
     for (const auto& [key, value] : t.options.items()) {
@@ -639,20 +649,46 @@ int cmd_replay(const ReplayArgs& args) {
   return 0;
 }
 
+// The exit code of the run a diagram draws, as `meshsim run` would give it (contract 1): 0 for a
+// run that passed (or met its expect block), 1 failed, 2 or 3 refused, 6 out of memory.
+int exit_of_drawn(const nlohmann::json& result, const std::optional<Expectation>& expect) {
+  if (!result.is_object()) return 0;  // a trace without its result: nothing to judge
+  const std::string status = result.value("status", "");
+  int code = status == "fail" ? 1 : 0;
+  if (status == "error") {
+    const std::string kind = result.contains("error") ? result["error"].value("kind", "") : "";
+    code = 3;
+    for (ErrorKind k : {ErrorKind::InvalidScenario, ErrorKind::ShapeMismatch, ErrorKind::UnsupportedOp,
+                        ErrorKind::ResourceLimit, ErrorKind::OutOfMemory})
+      if (kind == error_kind_name(k)) code = exit_code_for(k);
+  }
+  if (expect) return unmet_expectations(*expect, result, code).empty() ? 0 : 1;
+  return code;
+}
+
 int cmd_render(const RenderArgs& args) {
   refuse_output_over_input("--out", args.out, {args.file});
   nlohmann::json doc = read_json_file(args.file);
   Trace trace;
+  std::optional<Expectation> expect;
   if (is_trace_document(doc)) {
     trace = trace_from_json(doc, args.file);
+    expect = parse_expectation(scenario_of_trace(trace, args.file));
   } else {
     Scenario sc = parse_scenario(doc, args.file);
+    expect = parse_expectation(sc);
     check_resources(sc, sc.options, g_limits);
     trace = trace_of(sc, sc.options, check_scenario(sc, sc.options));
   }
   render_to_file(trace, args.out, parse_render_view(args.view));
   std::cout << "wrote " << args.out << "\n";
-  return 0;
+  // The diagram is written either way; the exit says whether the run it draws passed, so that CI
+  // tells a failing program from its picture.
+  const int code = exit_of_drawn(trace.result, expect);
+  if (code != 0)
+    std::cerr << "meshsim: render: the run it draws is not a pass: status " << trace.result.value("status", "?")
+              << " (exit " << code << ")\n";
+  return code;
 }
 
 }  // namespace meshsim::cli

@@ -1,5 +1,7 @@
 #include "core/error.h"
 
+#include <algorithm>
+
 #include <new>
 
 namespace meshsim {
@@ -34,6 +36,28 @@ int exit_code_for(ErrorKind kind) {
     default:
       return 3;
   }
+}
+
+std::string shown(const std::string& text, size_t limit) {
+  std::string out;
+  size_t n = std::min(text.size(), limit);
+  while (n > 0 && n < text.size() && (static_cast<unsigned char>(text[n]) & 0xc0) == 0x80) --n;  // whole UTF-8 characters
+  for (size_t i = 0; i < n; ++i) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    if (c == '\n') out += "\\n";
+    else if (c == '\t') out += "\\t";
+    else if (c == '\r') out += "\\r";
+    else if (c < 0x20 || c == 0x7f) {
+      static const char* hex = "0123456789abcdef";
+      out += "\\x";
+      out += hex[c >> 4];
+      out += hex[c & 15];
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  if (text.size() > limit) out += "... (" + std::to_string(text.size()) + " bytes)";
+  return out;
 }
 
 static std::string compose(const std::string& file, const std::string& path, const std::string& msg) {

@@ -33,6 +33,11 @@ bool is_out_of_memory(const std::exception& e);
 // The first line of a message (libtorch's carry a backtrace after it).
 std::string first_line(const std::string& text);
 
+// A string of the user's (a key, a name, an option) as a message shows it: control characters
+// escaped (\n, \t, \x1b, \x00: nothing reaches the terminal or Graphviz as a control), and past
+// `limit` bytes cut, with the length in all ("aaaa... (104857600 bytes)").
+std::string shown(const std::string& text, size_t limit = 120);
+
 // The spelling used in result JSON: "illegal_redistribute", ...
 const char* error_kind_name(ErrorKind kind);
 

@@ -1,5 +1,7 @@
 #include "core/placement.h"
 
+#include "core/error.h"
+
 #include <cctype>
 #include <stdexcept>
 
@@ -20,7 +22,7 @@ ReduceOp parse_reduce_op(std::string_view text) {
   if (text == "avg") return ReduceOp::Avg;
   if (text == "max") return ReduceOp::Max;
   if (text == "min") return ReduceOp::Min;
-  throw std::invalid_argument("unknown reduce op \"" + std::string(text) +
+  throw std::invalid_argument("unknown reduce op \"" + shown(std::string(text)) +
                               "\" (expected sum, avg, max or min)");
 }
 
@@ -142,7 +144,7 @@ Placement parse_placement(std::string_view raw) {
     }
     throw std::invalid_argument("unknown placement");
   } catch (const std::invalid_argument& e) {
-    throw std::invalid_argument("bad placement \"" + std::string(raw) + "\": " + e.what() +
+    throw std::invalid_argument("bad placement \"" + shown(std::string(raw)) + "\": " + e.what() +
                                 " (expected S(d), SS(d,k), R, P(sum|avg|max|min), Rd or the PyTorch "
                                 "spellings Shard(d), _StridedShard(d, k), Replicate(), Partial(), Reduced())");
   }

@@ -578,7 +578,7 @@ RunOptions with_overrides(RunOptions options, const std::vector<std::string>& ov
   for (const auto& kv : overrides) {
     auto eq = kv.find('=');
     if (eq == std::string::npos || eq == 0)
-      throw InputError("--option", "", "expected key=value, got \"" + kv + "\"");
+      throw InputError("--option", "", "expected key=value, got \"" + shown(kv) + "\"");
     try {
       set_option(options, kv.substr(0, eq), json(kv.substr(eq + 1)));
     } catch (const std::invalid_argument& e) {

@@ -39,14 +39,18 @@ inline std::string pointer_token(const std::string& key) {
   return out;
 }
 
+// A key of the user's in a path: escaped and bounded as messages show it (core/error.h, shown).
 inline std::string child(const std::string& path, const std::string& key) {
-  return path + "/" + pointer_token(key);
+  return path + "/" + shown(pointer_token(key));
 }
 inline std::string child(const std::string& path, size_t index) {
   return path + "/" + std::to_string(index);
 }
 
-inline std::string in_quotes(const std::string& s) { return "\"" + s + "\""; }
+inline std::string in_quotes(const std::string& s) { return "\"" + shown(s) + "\""; }
+
+// The longest name a scenario may give a value, an axis or an input.
+inline constexpr size_t kMaxNameBytes = 256;
 
 class Reader {
  public:
@@ -72,6 +76,11 @@ class Reader {
   std::string name(const json& v, const std::string& path) const {
     std::string s = string(v, path);
     if (s.empty()) fail(path, "expected a non-empty name");
+    if (s.size() > kMaxNameBytes)
+      fail(path, "a name of at most " + std::to_string(kMaxNameBytes) + " bytes expected, got " + in_quotes(s));
+    for (char c : s)
+      if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f)
+        fail(path, "a name without control characters expected, got " + in_quotes(s));
     return s;
   }
   bool boolean(const json& v, const std::string& path) const {

@@ -675,7 +675,7 @@ std::vector<LTensor> BodyContext::run_all(const OpDecl& op, const std::map<std::
       std::string known;
       for (const auto& n : scenario_function_names()) known += (known.empty() ? "" : ", ") + n;
       throw SemanticError(ErrorKind::UnsupportedOp,
-                          op.path + ": call: unknown function \"" + fn + "\" (known: " + known +
+                          op.path + ": call: unknown function \"" + shown(fn) + "\" (known: " + known +
                               "). A Function of your own is registered with meshsim::register_function: load it into "
                               "this command with `meshsim --plugin libyours.so run ...`, or build a meshsim of your own "
                               "that calls meshsim::main (docs/cpp-api.md)");

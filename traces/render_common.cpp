@@ -21,13 +21,29 @@ constexpr char kHtmlMark = '\x01';
 
 std::string html_value(const std::string& html) { return std::string(1, kHtmlMark) + html; }
 
-// A DOT string literal: quotes and backslashes escaped, newlines as DOT line breaks.
+namespace {
+// A control character (other than a newline) as visible text, \xNN: a NUL or an escape sequence in
+// a user's string never reaches Graphviz or the picture as a control.
+bool is_control(char c) { return (static_cast<unsigned char>(c) < 0x20 && c != '\n') || c == 0x7f; }
+std::string visible(char c) {
+  static const char* hex = "0123456789abcdef";
+  const auto u = static_cast<unsigned char>(c);
+  return std::string("x") + hex[u >> 4] + hex[u & 15];
+}
+}  // namespace
+
+// A DOT string literal: quotes and backslashes escaped, newlines as DOT line breaks, other
+// control characters as \xNN.
 std::string quote(const std::string& text) {
   std::string out = "\"";
   for (char c : text) {
     if (c == '"' || c == '\\') out += '\\';
     if (c == '\n') {
       out += "\\n";
+      continue;
+    }
+    if (is_control(c)) {
+      out += "\\\\" + visible(c);
       continue;
     }
     out += c;
@@ -58,7 +74,9 @@ std::string esc(const std::string& text) {
       case '>': out += "&gt;"; break;
       case '"': out += "&quot;"; break;
       case '\n': out += "<BR/>"; break;
-      default: out += c;
+      default:
+        if (is_control(c)) out += "\\" + visible(c);
+        else out += c;
     }
   }
   return out;
