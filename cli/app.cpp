@@ -267,6 +267,8 @@ int main(int argc, char** argv) {
   worker->add_option("--store", validate.store, "File store path (a shared file system)");
   worker->add_option("--result", validate.result_file, "Write this rank's verdict (JSON) here");
   worker->add_option("--progress", validate.progress_file, "Append a line per collective here");
+  worker->add_option("--scenario-copy", validate.scenario_copy,
+                     "Run the scenario document read from here (the coordinator's copy); FILE only names it");
 
   try {
     app.parse(argc, argv);

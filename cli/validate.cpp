@@ -5,12 +5,16 @@
 
 #include "cli/commands.h"
 #include "core/error.h"
+#include "core/files.h"
 #include "gpu_validate/validate.h"
 
 namespace meshsim::cli {
 
 int cmd_validate(const ValidateConfig& config) {
-  Scenario sc = load_scenario(config.file);
+  // A worker started by the coordinator runs the document the coordinator read and checked (its
+  // copy); the scenario's path only names it.
+  Scenario sc = config.scenario_copy.empty() ? load_scenario(config.file)
+                                             : parse_scenario(read_json_file(config.scenario_copy), config.file);
   RunOptions options = options_with_overrides(sc, config.options);
   if (config.ranks != 0 && config.ranks != sc.mesh.size())
     throw InputError(sc.file, "/mesh/shape",
@@ -27,8 +31,6 @@ int cmd_validate(const ValidateConfig& config) {
   }
   try {
     return validate_coordinator(sc, options, config, std::cout);
-  } catch (const std::invalid_argument& e) {  // a malformed --fault
-    throw InputError("--fault", "", e.what());
   } catch (const SemanticError&) {
     throw;
   } catch (const InputError&) {

@@ -5,32 +5,82 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <sstream>
+#include <charconv>
+#include <map>
+#include <optional>
 #include <stdexcept>
 #include <thread>
+#include <vector>
 
 namespace meshsim {
 
-Fault parse_fault(const std::string& spec) {
-  Fault f;
-  std::istringstream in(spec);
-  std::string kind, rank, at;
-  if (!std::getline(in, kind, ':') || !std::getline(in, rank, ':') || !std::getline(in, at) ||
-      (kind != "kill" && kind != "hang" && kind != "stop" && kind != "corrupt"))
-    throw std::invalid_argument("fault \"" + spec +
-                                "\": expected kill:RANK:AT, hang:RANK:AT, stop:RANK:AT or corrupt:RANK:AT");
-  try {
-    f.rank = std::stoll(rank);
-    f.at = std::stoll(at);
-  } catch (const std::exception&) {
-    throw std::invalid_argument("fault \"" + spec + "\": RANK and AT are integers");
+namespace {
+
+// A whole decimal number, nothing before or after it ("2junk", " 2", "+2", "" are not), or nullopt.
+std::optional<int64_t> whole_number(const std::string& text) {
+  int64_t n = 0;
+  const char* end = text.data() + text.size();
+  const auto [at, ec] = std::from_chars(text.data(), end, n);
+  if (text.empty() || ec != std::errc() || at != end) return std::nullopt;
+  return n;
+}
+
+}  // namespace
+
+Fault parse_fault(const std::string& spec, int64_t world, const std::string& mesh) {
+  const std::string what = "fault \"" + spec + "\": ";
+  std::vector<std::string> fields;
+  for (size_t from = 0;;) {
+    const size_t colon = spec.find(':', from);
+    fields.push_back(spec.substr(from, colon == std::string::npos ? std::string::npos : colon - from));
+    if (colon == std::string::npos) break;
+    from = colon + 1;
   }
-  if (f.rank < 0 || f.at < 1) throw std::invalid_argument("fault \"" + spec + "\": RANK >= 0 and AT >= 1");
-  f.kind = kind == "kill" ? Fault::Kind::Kill
-           : kind == "hang" ? Fault::Kind::Hang
-           : kind == "stop" ? Fault::Kind::Stop
-                            : Fault::Kind::Corrupt;
-  return f;
+  static const std::map<std::string, Fault::Kind> kinds{
+      {"kill", Fault::Kind::Kill}, {"hang", Fault::Kind::Hang}, {"stop", Fault::Kind::Stop}, {"corrupt", Fault::Kind::Corrupt}};
+  if (fields.size() != 3 || !kinds.count(fields[0]))
+    throw std::invalid_argument(what + "expected kill:RANK:AT, hang:RANK:AT, stop:RANK:AT or corrupt:RANK:AT");
+  const std::optional<int64_t> rank = whole_number(fields[1]), at = whole_number(fields[2]);
+  if (!rank || !at) throw std::invalid_argument(what + "RANK and AT are whole decimal numbers, nothing else");
+  if (*rank < 0 || *at < 1) throw std::invalid_argument(what + "RANK >= 0 and AT >= 1");
+  if (*rank >= world)
+    throw std::invalid_argument(what + "rank " + fields[1] + " is not a rank of the mesh (" + mesh + ": ranks 0 to " +
+                                std::to_string(world - 1) + "), so nothing would be injected");
+  return Fault{kinds.at(fields[0]), *rank, *at};
+}
+
+void check_fault_reached(const std::string& spec, const Fault& fault, const std::vector<int64_t>& per_rank) {
+  const int64_t n = per_rank.at(static_cast<size_t>(fault.rank));
+  if (fault.at <= n) return;
+  throw std::invalid_argument("fault \"" + spec + "\": rank " + std::to_string(fault.rank) + " takes part in " +
+                              (n == 0 ? "no collective" : n == 1 ? "1 collective" : std::to_string(n) + " collectives") +
+                              " in this scenario, so its collective #" + std::to_string(fault.at) +
+                              " never comes and nothing would be injected");
+}
+
+void CollectiveCounter::count(const Ranks& ranks) {
+  for (auto r : ranks)
+    if (r >= 0 && r < static_cast<int64_t>(per_rank_.size())) ++per_rank_[static_cast<size_t>(r)];
+}
+
+Locals CollectiveCounter::all_gather(const Ranks& ranks, const Locals& group, int64_t dim) {
+  count(ranks);
+  return SimCommunicator::all_gather(ranks, group, dim);
+}
+
+Locals CollectiveCounter::all_reduce(const Ranks& ranks, const Locals& group, ReduceOp op) {
+  count(ranks);
+  return SimCommunicator::all_reduce(ranks, group, op);
+}
+
+Locals CollectiveCounter::reduce_scatter(const Ranks& ranks, const Locals& group, ReduceOp op, int64_t dim) {
+  count(ranks);
+  return SimCommunicator::reduce_scatter(ranks, group, op, dim);
+}
+
+Locals CollectiveCounter::all_to_all(const Ranks& ranks, const Locals& group, int64_t split_dim, int64_t concat_dim) {
+  count(ranks);
+  return SimCommunicator::all_to_all(ranks, group, split_dim, concat_dim);
 }
 
 Heartbeat::Heartbeat(std::string path, std::chrono::milliseconds period) : path_(std::move(path)), period_(period) {

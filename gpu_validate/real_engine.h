@@ -13,6 +13,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "core/mesh.h"
 #include "gpu_validate/store.h"
@@ -30,8 +31,31 @@ struct Fault {
   int64_t rank = -1;
   int64_t at = 0;
 };
-// Throws std::invalid_argument for a malformed spec.
-Fault parse_fault(const std::string& spec);
+// Throws std::invalid_argument for a malformed spec (parsed strictly: three fields, RANK and AT
+// whole decimal numbers and nothing else, "kill:1:2junk" refused) or a RANK that is not one of
+// the `world` ranks of the mesh (`mesh`, as Mesh::str() says it, for the message).
+Fault parse_fault(const std::string& spec, int64_t world, const std::string& mesh);
+
+// Throws std::invalid_argument when the fault's rank takes part in fewer than AT collectives, so
+// that the fault would inject nothing: `per_rank` is the simulation's count of each rank's
+// collectives (CollectiveCounter), the same the engine counts AT in.
+void check_fault_reached(const std::string& spec, const Fault& fault, const std::vector<int64_t>& per_rank);
+
+// The simulation, counting the collectives each rank takes part in as RealCommunicator counts
+// them for its rank (one per call over a group that holds the rank).
+class CollectiveCounter : public SimCommunicator {
+ public:
+  explicit CollectiveCounter(int64_t world) : per_rank_(static_cast<size_t>(world), 0) {}
+  Locals all_gather(const Ranks& ranks, const Locals& group, int64_t dim) override;
+  Locals all_reduce(const Ranks& ranks, const Locals& group, ReduceOp op) override;
+  Locals reduce_scatter(const Ranks& ranks, const Locals& group, ReduceOp op, int64_t dim) override;
+  Locals all_to_all(const Ranks& ranks, const Locals& group, int64_t split_dim, int64_t concat_dim) override;
+  const std::vector<int64_t>& per_rank() const { return per_rank_; }
+
+ private:
+  void count(const Ranks& ranks);
+  std::vector<int64_t> per_rank_;
+};
 
 struct EngineStats {
   int64_t collectives = 0;         // collectives this rank ran on the engine

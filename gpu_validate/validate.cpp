@@ -42,7 +42,7 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-std::unique_ptr<RealCommunicator> make_engine(const Mesh& mesh, const ValidateConfig& c) {
+std::unique_ptr<RealCommunicator> make_engine(const Mesh& mesh, const ValidateConfig& c, const Fault& fault) {
   StoreConfig store;
   store.rank = c.rank;
   store.world = mesh.size();
@@ -50,9 +50,36 @@ std::unique_ptr<RealCommunicator> make_engine(const Mesh& mesh, const ValidateCo
   store.file = c.store;
   store.master_addr = c.master_addr;
   store.master_port = c.master_port;
-  const EngineConfig engine{store, c.fault.empty() ? Fault{} : parse_fault(c.fault), c.progress_file};
+  const EngineConfig engine{store, fault, c.progress_file};
   if (c.backend == "nccl") return make_nccl_communicator(mesh, engine);
   return std::make_unique<GlooCommunicator>(mesh, GlooConfig{engine, c.hostname});
+}
+
+// The planted fault (none when `spec` is empty): InputError naming --fault (exit 2) when it is
+// malformed or names a rank the mesh does not have.
+Fault planted_fault(const std::string& spec, const Mesh& mesh) {
+  if (spec.empty()) return {};
+  try {
+    return parse_fault(spec, mesh.size(), mesh.str());
+  } catch (const std::invalid_argument& e) {
+    throw InputError("--fault", "", e.what());
+  }
+}
+
+// Runs the simulation, counting each rank's collectives; then refuses, as planted_fault does, a
+// fault whose rank takes part in fewer collectives than its AT: it would inject nothing.
+void simulate_checking_fault(const Scenario& sc, const RunOptions& options, const std::string& spec, const Fault& fault) {
+  CollectiveCounter counter(sc.mesh.size());
+  {
+    UseCommunicator use(counter);
+    run_distributed(sc, options);
+  }
+  if (fault.kind == Fault::Kind::None) return;
+  try {
+    check_fault_reached(spec, fault, counter.per_rank());
+  } catch (const std::invalid_argument& e) {
+    throw InputError("--fault", "", e.what());
+  }
 }
 
 // The tolerance when some sum was over non-integers: the engine may add in another order (Gloo's
@@ -152,12 +179,14 @@ int validate_worker(const Scenario& sc, const RunOptions& options, const Validat
     if (config.rank < 0 || config.rank >= sc.mesh.size())
       throw InputError(sc.file, "/mesh/shape",
                        "--rank " + std::to_string(config.rank) + " is not a rank of the mesh (" + sc.mesh.str() + ")");
-    // The simulation first, once to warm libtorch up and once timed, then the engine, timed alike.
-    run_distributed(sc, options);
+    const Fault fault = planted_fault(config.fault, sc.mesh);
+    // The simulation first, once to warm libtorch up (and check the fault) and once timed, then the
+    // engine, timed alike.
+    simulate_checking_fault(sc, options, config.fault, fault);
     auto t0 = std::chrono::steady_clock::now();
     SimRun sim = run_distributed(sc, options);
     const double sim_s = seconds_since(t0);
-    std::unique_ptr<RealCommunicator> engine = make_engine(sc.mesh, config);
+    std::unique_ptr<RealCommunicator> engine = make_engine(sc.mesh, config, fault);
     t0 = std::chrono::steady_clock::now();
     SimRun real;
     {
@@ -220,6 +249,13 @@ using Clock = std::chrono::steady_clock;
 // come for this long (ten beats), is not responding: frozen, not merely busy or waiting.
 constexpr double kHeartbeatStaleSeconds = 2.0;
 
+// A worker is computing while its CPU time grows by at least kBusyShare of a core over a window of
+// kCpuWindowSeconds: simulating, or running the ops between two collectives. Computing is progress,
+// as entering or leaving a wait is; a worker that sleeps (hung) or waits spends next to nothing
+// (its heartbeat thread, microseconds a beat).
+constexpr double kCpuWindowSeconds = 0.5;
+constexpr double kBusyShare = 0.1;
+
 struct Worker {
   int64_t rank = 0;
   pid_t pid = -1;
@@ -228,9 +264,11 @@ struct Worker {
   int status = 0;       // waitpid's
   bool killed = false;  // killed by the coordinator, the run having failed
   // What the coordinator saw while watching it: its progress file grows by a line at each wait it
-  // enters or leaves, and its modification time is the heartbeat.
+  // enters or leaves, and its modification time is the heartbeat; its CPU time says it computes.
   off_t progress_bytes = 0;
-  Clock::time_point last_progress;
+  Clock::time_point last_progress;  // the last wait entered or left, or the last window it computed in
+  double cpu_s = 0;                 // its CPU time at cpu_sampled
+  Clock::time_point cpu_sampled;
   timespec beat{};
   bool beating = false;  // it has beaten at least once
   Clock::time_point last_beat;
@@ -328,15 +366,39 @@ std::string ranks_text(const Ranks& ranks) {
 // "in collective #2" of "in collective #2 (reduce_scatter over ranks 0 1 2 3)".
 std::string short_wait(const Position& p) { return p.text.substr(0, p.text.find(" (")); }
 
-char process_state(pid_t pid) {
+// A process's state and CPU time (user and system), from /proc/PID/stat.
+struct ProcStat {
+  char state = '?';  // R, S, D, T (stopped by a signal), t (stopped by a debugger)
+  double cpu_s = 0;
+};
+
+ProcStat proc_stat(pid_t pid) {
   std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
   std::string stat;
   std::getline(f, stat);
   const auto close = stat.rfind(')');  // after the command name, which may hold anything
-  return close != std::string::npos && close + 2 < stat.size() ? stat[close + 2] : '?';
+  ProcStat p;
+  if (close == std::string::npos) return p;
+  std::istringstream fields(stat.substr(close + 1));
+  std::string field;
+  // Fields 3 (state) to 15 (stime), of which 14 and 15 are the clock ticks in user and system mode.
+  std::vector<std::string> f3_to_15;
+  while (f3_to_15.size() < 13 && fields >> field) f3_to_15.push_back(field);
+  if (f3_to_15.size() < 13) return p;
+  p.state = f3_to_15[0][0];
+  p.cpu_s = static_cast<double>(std::stoull(f3_to_15[11]) + std::stoull(f3_to_15[12])) / static_cast<double>(::sysconf(_SC_CLK_TCK));
+  return p;
 }
 
+double seconds_between(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
+
 void watch(Worker& w, Clock::time_point now) {
+  if (w.running && seconds_between(w.cpu_sampled, now) >= kCpuWindowSeconds) {  // a reaped worker's pid may be another's
+    const double cpu_s = proc_stat(w.pid).cpu_s;
+    if (cpu_s - w.cpu_s >= kBusyShare * seconds_between(w.cpu_sampled, now)) w.last_progress = now;
+    w.cpu_s = cpu_s;
+    w.cpu_sampled = now;
+  }
   struct stat st {};
   if (::stat(w.progress.c_str(), &st) != 0) return;
   if (st.st_size != w.progress_bytes) {
@@ -349,8 +411,6 @@ void watch(Worker& w, Clock::time_point now) {
     w.last_beat = now;
   }
 }
-
-double seconds_between(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
 
 // While the workers run, SIGINT, SIGTERM and SIGHUP make the coordinator stop them and remove
 // their directory before it dies of the signal; dying at once would leave the directory behind.
@@ -516,7 +576,7 @@ pid_t start_worker(const std::string& self_exe, const std::vector<std::string>& 
 int validate_coordinator(const Scenario& sc, const RunOptions& options, const ValidateConfig& config, std::ostream& out) {
   const std::string self_exe = self_executable();
   const int64_t world = sc.mesh.size();
-  if (!config.fault.empty()) parse_fault(config.fault);  // malformed: std::invalid_argument, exit 2
+  const Fault fault = planted_fault(config.fault, sc.mesh);
   const std::string why = engine_unavailable(config.backend, world);
   if (!why.empty()) {
     if (config.json)
@@ -526,13 +586,20 @@ int validate_coordinator(const Scenario& sc, const RunOptions& options, const Va
       out << "validate " << sc.file << " on " << config.backend << ": skipped: " << why << "\n";
     return kExitEngineSkipped;
   }
-  run_distributed(sc, options);  // an illegal scenario stops here (SemanticError, exit 3)
+  // An illegal scenario stops here (SemanticError, exit 3), and a fault that would inject nothing.
+  simulate_checking_fault(sc, options, config.fault, fault);
 
   // Declared in this order so that the workers are stopped before their directory goes.
   InterruptWatch interrupt;
   RunDir dir(config.keep);
   std::vector<Worker> workers(static_cast<size_t>(world));
   Crew crew(workers);
+  // The document this process read and checked, which every worker runs: none re-opens the path
+  // (a pipe's, <(...), is gone; a file may have changed since).
+  const std::string copy = (dir.path() / "scenario.json").string();
+  const std::string text = sc.source.dump();
+  write_new_file(copy, {text});
+  const uint64_t max_input = std::max<uint64_t>(max_input_bytes(), text.size());
   const pid_t parent = ::getpid();
   const auto started = Clock::now();
   for (int64_t r = 0; r < world; ++r) {
@@ -545,17 +612,20 @@ int validate_coordinator(const Scenario& sc, const RunOptions& options, const Va
                                   "--rank", std::to_string(r), "--store", (dir.path() / "store").string(),
                                   "--result", w.result, "--progress", w.progress,
                                   "--timeout", std::to_string(config.timeout_s),
-                                  "--max-input", std::to_string(max_input_bytes())};
+                                  "--scenario-copy", copy, "--max-input", std::to_string(max_input)};
     for (const auto& o : config.options) args.insert(args.end(), {"--option", o});
     if (!config.fault.empty()) args.insert(args.end(), {"--fault", config.fault});
     w.pid = start_worker(self_exe, args, w.log, parent, crew.group);
     if (crew.group == 0) crew.group = w.pid;
     w.running = true;
-    w.last_progress = started;
+    w.last_progress = w.cpu_sampled = started;
   }
 
-  // Watch: a worker that dies (a signal, or an exit other than pass/fail) stops the run at once; a
-  // run where no rank starts a collective for the timeout (plus a grace for start-up) is hung.
+  // Watch: a worker that dies (a signal, or an exit other than pass/fail) stops the run at once. A
+  // run is hung when no worker has made progress (entered or left a wait, or computed: watch) for
+  // the timeout plus a grace: a wait longer than the timeout ends in the engine itself, so this
+  // catches the rest. Time spent computing, before the first collective (the worker simulates
+  // twice) or between two, is never held against the timeout.
   const double idle_limit = config.timeout_s + 10;
   auto last_progress = started;
   bool failed = false, hung = false;
@@ -595,7 +665,7 @@ int validate_coordinator(const Scenario& sc, const RunOptions& options, const Va
     const auto now = Clock::now();
     for (auto& w : workers) {
       if (!w.running) continue;
-      w.state = process_state(w.pid);
+      w.state = proc_stat(w.pid).state;
       watch(w, now);
       w.beat_age_s = w.beating ? seconds_between(w.last_beat, now) : 0;
       w.idle_s = seconds_between(w.last_progress, now);
@@ -675,7 +745,7 @@ int validate_coordinator(const Scenario& sc, const RunOptions& options, const Va
     if (all_pass)
       out << " (every rank's values and gradients agree with the simulation)\ntime: " << config.backend << " run "
           << slowest_engine * 1e3 << " ms, simulation " << slowest_sim * 1e3 << " ms (slowest rank of each)";
-    if (hung) out << " (hung: no rank started a collective for " << idle_limit << " s)";
+    if (hung) out << " (hung: for " << idle_limit << " s no worker entered or left a wait, or computed)";
     out << "\n";
   }
   dir.close(config.json ? &std::cerr : &out);

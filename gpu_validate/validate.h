@@ -1,8 +1,9 @@
 // `meshsim validate`: a scenario on a real engine, compared with the simulation.
 //
-// The coordinator (no --rank) runs the simulation once (an illegal scenario stops there, exit 3),
-// starts one worker process of meshsim per rank of the mesh on this machine, watches them, gathers
-// the verdict each writes, and prints them. A worker (--rank R) runs the scenario on the engine as
+// The coordinator (no --rank) runs the simulation once (an illegal scenario stops there, exit 3;
+// a --fault that would inject nothing, exit 2), writes the document it read into the workers'
+// directory, starts one worker process of meshsim per rank of the mesh on this machine (each runs
+// that copy, never the path again), watches them, gathers the verdict each writes, and prints them. A worker (--rank R) runs the scenario on the engine as
 // rank R (real_engine.h), runs it again on the simulation, and compares its rank's local of every
 // value and input gradient: bit for bit when every sum the engine made was over integers (the
 // default data), within a stated tolerance otherwise. Workers started by hand on several machines
@@ -25,7 +26,7 @@ constexpr int kExitEngineFailure = 4;
 constexpr int kExitEngineSkipped = 5;
 
 struct ValidateConfig {
-  std::string file;                 // the scenario file (workers re-read it)
+  std::string file;                 // the scenario file, read once, by the coordinator
   std::string backend = "gloo";     // gloo | nccl
   int64_t ranks = 0;                // 0: the mesh's size
   std::vector<std::string> options; // --option key=value, passed on to workers
@@ -42,6 +43,8 @@ struct ValidateConfig {
   std::string hostname;             // the address this worker listens on
   std::string result_file;          // where the worker writes its verdict (JSON)
   std::string progress_file;        // a line per wait entered and left, its mtime the heartbeat
+  std::string scenario_copy;        // the document the coordinator read and checked, which a worker
+                                    // runs instead of re-reading `file` (then only its name)
 };
 
 // Why the backend cannot run `world` ranks here, or "" when it can.

@@ -3,7 +3,8 @@
 // hung or stopped (SIGSTOP) worker is reported by rank within the timeout, its waiting peers are
 // not blamed, and no process or file is left behind, an interrupted coordinator's included;
 // workers started by hand meet through a TCP store; the NCCL engine skips cleanly where there is
-// no GPU.
+// no GPU. And (#37 item 6): the workers run the document the coordinator checked, never its path;
+// a worker that computes is not hung; a --fault that would inject nothing is refused.
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -446,6 +447,91 @@ TEST_F(Validate, WorkersStartedByHandMeetThroughATcpStore) {
     EXPECT_EQ(outcomes[r].code, 0) << outcomes[r];
     EXPECT_TRUE(contains(outcomes[r].out, "rank " + std::to_string(r) + ": pass")) << outcomes[r];
   }
+}
+
+// #37 item 6: the workers run the document the coordinator read and checked, never the path again.
+// A pipe's path (process substitution) names nothing a worker could open (every worker failed to
+// parse /dev/fd/63, exit 4).
+TEST_F(Validate, APipedScenarioValidates) {
+  const Outcome o = run_process(dir, "/bin/bash", "-c " + q(q(MESHSIM_BIN) + " validate <(cat " + q(example("fsdp_reduced.json")) + ")"), 120);
+  EXPECT_EQ(o.code, 0) << o;
+  EXPECT_TRUE(contains(o.out, "validate /dev/fd/")) << o;
+  EXPECT_TRUE(contains(o.out, "rank 3: pass")) << o;
+  EXPECT_TRUE(contains(o.out, "status: pass")) << o;
+}
+
+// The file replaced by garbage as soon as the coordinator, having read and simulated it, makes the
+// workers' directory: the workers (starting libtorch then) run what it checked, and pass; they
+// read the garbage before (exit 4, every rank "invalid JSON").
+TEST_F(Validate, AFileChangedMidRunIsNotWhatTheWorkersRun) {
+  const std::string file = example("fsdp_reduced.json");
+  const std::string script =
+      "export TMPDIR=" + q(tmp().string()) + "; " + q(MESHSIM_BIN) + " validate " + q(file) + " & pid=$!; "
+      "for i in $(seq 10000); do ls -d \"$TMPDIR\"/meshsim-validate-* >/dev/null 2>&1 && break; sleep 0.002; done; "
+      "echo 'not a scenario' > " + q(file + ".new") + " && mv " + q(file + ".new") + " " + q(file) + "; wait $pid";
+  const Outcome o = run_process(dir, "/bin/bash", "-c " + q(script), 120);
+  EXPECT_EQ(read_text(file), "not a scenario\n");
+  EXPECT_EQ(o.code, 0) << o;
+  EXPECT_TRUE(contains(o.out, "status: pass")) << o;
+  EXPECT_FALSE(contains(o.out, "invalid JSON")) << o;
+  expect_nothing_left(file, o.out + o.err);
+}
+
+// A valid scenario whose worker computes for longer than the timeout and its grace before its
+// first wait (it simulates the scenario twice before the rendezvous: 450 matrix products of
+// 64x4096 by 4096x64, about 16 s on 2 loaded cores): alive and computing, not hung. It was reported
+// "hung: no rank started a collective for 11 s", exit 4, though the worker was busy. One rank, so
+// that no peer's wait (which --timeout 1 also bounds) depends on how far two loaded workers drift.
+TEST_F(Validate, AWorkerComputingLongerThanTheTimeoutIsNotHung) {
+  json doc = json::parse(R"json({"format": "meshsim.scenario/1", "name": "slow_products",
+    "mesh": {"axes": ["dp"], "shape": [1]},
+    "inputs": [{"name": "x", "shape": [64, 4096], "placements": ["R"]},
+               {"name": "w", "shape": [4096, 64], "placements": ["R"]}],
+    "program": []})json");
+  for (int i = 0; i < 450; ++i) doc["program"].push_back({{"out", "y" + std::to_string(i)}, {"op", "mm"}, {"args", {"x", "w"}}});
+  std::ofstream(dir / "slow.json") << doc.dump();
+  const std::string file = (dir / "slow.json").string();
+  const Outcome o = meshsim_in_tmp("validate " + q(file) + " --timeout 1", 300);
+  EXPECT_EQ(o.code, 0) << o;
+  EXPECT_TRUE(contains(o.out, "rank 0: pass")) << o;
+  EXPECT_TRUE(contains(o.out, "status: pass")) << o;
+  EXPECT_FALSE(contains(o.out, "hung")) << o;
+  expect_nothing_left(file, o.out + o.err);
+}
+
+// A fault that would inject nothing is refused before any worker starts (it ran, passed and
+// injected nothing), and a spec is parsed strictly (kill:1:2junk was kill:1:2).
+TEST_F(Validate, AFaultThatWouldInjectNothingIsRefused) {
+  const std::string file = example("fsdp_reduced.json");  // 4 ranks, 2 collectives each
+  const std::map<std::string, std::string> refused{
+      {"kill:9:1", "rank 9 is not a rank of the mesh (dp=4: ranks 0 to 3)"},
+      {"kill:4:1", "rank 4 is not a rank of the mesh"},
+      {"corrupt:1:3", "rank 1 takes part in 2 collectives in this scenario, so its collective #3 never comes"},
+      {"kill:1:2junk", "RANK and AT are whole decimal numbers"},
+      {"kill:1junk:2", "RANK and AT are whole decimal numbers"},
+      {"kill: 1:2", "RANK and AT are whole decimal numbers"},
+      {"kill:+1:2", "RANK and AT are whole decimal numbers"},
+      {"kill:1:", "RANK and AT are whole decimal numbers"},
+      {"kill:1:99999999999999999999", "RANK and AT are whole decimal numbers"},
+      {"kill:1:2:3", "expected kill:RANK:AT"},
+      {"kill:1:0", "RANK >= 0 and AT >= 1"}};
+  for (const auto& [fault, why] : refused) {
+    const Outcome o = meshsim_in_tmp("validate " + q(file) + " --fault " + q(fault), 60, "coordinator");
+    EXPECT_EQ(o.code, 2) << fault << "\n" << o;
+    EXPECT_TRUE(contains(o.err, "--fault: fault \"" + fault + "\": " + why)) << o;
+    EXPECT_TRUE(o.out.empty()) << o;  // no worker started, no report
+  }
+  // A worker started by hand refuses it too, in its verdict, before it meets its peers.
+  const Outcome w = meshsim("validate " + q(file) + " --rank 1 --ranks 4 --store " + q((dir / "store").string()) +
+                            " --fault corrupt:1:3 --json", 60, "worker");
+  EXPECT_EQ(w.code, 2) << w;
+  EXPECT_EQ(json::parse(w.out)["error"]["kind"], "invalid_input") << w;
+  EXPECT_TRUE(contains(w.out, "its collective #3 never comes")) << w;
+  // A fault at a rank's last collective is injected: the limit is the count, not one before it.
+  const Outcome last = meshsim("validate " + q(file) + " --fault corrupt:1:2", 120, "last");
+  EXPECT_EQ(last.code, 1) << last;
+  EXPECT_TRUE(contains(last.out, "rank 1: fail")) << last;
+  expect_nothing_left(file, "");
 }
 
 TEST_F(Validate, BadRequestsAreUnusableInput) {
