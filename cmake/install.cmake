@@ -54,6 +54,12 @@ add_custom_command(OUTPUT ${PROJECT_BINARY_DIR}/meshsim.1
                    DEPENDS meshsim ${PROJECT_SOURCE_DIR}/cmake/manpage.cmake
                    COMMENT "meshsim.1 from meshsim --help")
 add_custom_target(meshsim_manpage ALL DEPENDS ${PROJECT_BINARY_DIR}/meshsim.1)
+# Everything `cmake --install` and cpack install, and nothing else (no test): what the README's main
+# job builds (scripts/setup.sh examples), so that its install routes work from that build.
+add_custom_target(meshsim_installable DEPENDS meshsim meshsim_manpage meshsim_api meshsim_cli meshsim_properties)
+# install (and cpack, which runs it) needs what is installed, not every target of the build: the
+# tests' targets take most of a clean build's time.
+set(CMAKE_SKIP_INSTALL_ALL_DEPENDENCY ON)
 install(FILES ${PROJECT_BINARY_DIR}/meshsim.1 DESTINATION ${CMAKE_INSTALL_MANDIR}/man1)
 
 # cpack -G DEB: meshsim_VERSION_amd64.deb, installed under /usr. Its dependencies are the Debian

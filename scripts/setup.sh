@@ -32,7 +32,9 @@ fi
 # The main job: every example, its result and its diagram. An example may demonstrate a scenario
 # the semantics refuse (exit 3, like reduced_policy_strict); a failed check (1) or bad input (2)
 # fails the job.
-cmake --build "$build" -j"$(nproc)" --target meshsim
+# meshsim_installable: the command, its libraries and its man page, so that every install route of
+# the README (cmake --install, cpack -G DEB) works from the build this job leaves.
+cmake --build "$build" -j"$(nproc)" --target meshsim_installable
 mkdir -p out/diagrams
 failed=0
 for f in examples/*.json examples/bugs/*.json; do
