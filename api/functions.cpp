@@ -86,12 +86,6 @@ std::optional<Strategy> own_strategy(const FunctionDef& def) {
   return strategy_of(def.name, *def.variance);
 }
 
-const std::vector<std::string>& outs_of(const OpDecl& op, std::vector<std::string>& one) {
-  if (!op.outs.empty()) return op.outs;
-  one = {op.out};
-  return one;
-}
-
 void check_arity(const FunctionDef& def, const std::vector<LTensor>& xs, const OpDecl& op) {
   if (def.arity >= 0 && xs.size() != static_cast<size_t>(def.arity))
     throw SemanticError(ErrorKind::InvalidScenario, op.path + "/args: " + def.name + " takes " +
@@ -119,8 +113,8 @@ void record_declared(Runtime& rt, const std::string& op, int axis, int64_t bytes
   rt.recorder().add(std::move(e));
 }
 
-std::vector<LTensor> call_group(const FunctionDef& def, BodyContext& ctx, const std::vector<LTensor>& xs,
-                                const OpDecl& op) {
+std::vector<LTensor> call_group(const FunctionDef& def, const std::optional<Strategy>& own, BodyContext& ctx,
+                                const std::vector<LTensor>& xs, const OpDecl& op) {
   check_arity(def, xs, op);
   if (!op.attrs.contains("axis") || !op.attrs["axis"].is_string())
     throw SemanticError(ErrorKind::InvalidScenario, op.path + ": call " + def.name + " needs \"axis\" (a mesh axis name)");
@@ -129,9 +123,8 @@ std::vector<LTensor> call_group(const FunctionDef& def, BodyContext& ctx, const 
   int64_t bytes = -1;
   const nlohmann::json attrs = op.attrs;
   const std::optional<CollectiveDecl> decl = def.collective;
-  std::vector<std::string> one;
-  const std::vector<std::string>& outs = outs_of(op, one);
-  std::vector<LTensor> ts = ctx.call_on_groups(strategy_key(def.name), own_strategy(def), xs.at(0), axis, op.attrs, outs,
+  const std::vector<std::string> outs = result_names(op);
+  std::vector<LTensor> ts = ctx.call_on_groups(strategy_key(def.name), own, xs.at(0), axis, op.attrs, outs,
                                                [&](const Locals& group) {
     if (decl && bytes < 0) bytes = declared_bytes(*decl, group);
     std::vector<Locals> out = def.group_outputs ? def.group_outputs(group, attrs)
@@ -208,14 +201,14 @@ void register_function(FunctionDef def) {
     unregister_function_reference(def.name);
   }
   auto shared = std::make_shared<FunctionDef>(std::move(def));
-  register_scenario_function(shared->name, [shared](BodyContext& ctx, const std::vector<LTensor>& xs, const OpDecl& op) {
-    if (shared->group || shared->group_outputs) return call_group(*shared, ctx, xs, op);
+  const std::optional<Strategy> own = own_strategy(*shared);  // once, not per call
+  register_scenario_function(shared->name, [shared, own](BodyContext& ctx, const std::vector<LTensor>& xs, const OpDecl& op) {
+    if (shared->group || shared->group_outputs) return call_group(*shared, own, ctx, xs, op);
     check_arity(*shared, xs, op);
     const nlohmann::json attrs = op.attrs;
     const auto single = shared->rank_local;
     const auto several = shared->rank_local_outputs;
-    std::vector<std::string> one;
-    return ctx.call_rank_local(strategy_key(shared->name), own_strategy(*shared), xs, op.attrs, outs_of(op, one),
+    return ctx.call_rank_local(strategy_key(shared->name), own, xs, op.attrs, result_names(op),
                                [single, several, attrs](const std::vector<at::Tensor>& in) {
                                  return several ? several(in, attrs) : std::vector<at::Tensor>{single(in, attrs)};
                                });

@@ -143,8 +143,13 @@ int take_over(int fd, const Target& t, mode_t base) {
   if (t.exists) {
     mode = t.st.st_mode & 07777;
   } else {
-    const mode_t mask = ::umask(0);
-    ::umask(mask);
+    // Read once: umask() can only be read by setting it, and a 0 umask even for a moment would give
+    // files another thread makes then mode 0666.
+    static const mode_t mask = [] {
+      const mode_t m = ::umask(0);
+      ::umask(m);
+      return m;
+    }();
     mode = base & ~mask;
   }
   return ::fchmod(fd, mode) == 0 ? 0 : errno;
@@ -248,12 +253,15 @@ void write_new_file(const std::string& path, const std::vector<std::string_view>
 void write_directory_atomically(const std::string& dir, const std::function<void(const std::string&)>& fill) {
   // Absolute, so that `--values .` has a parent to be swapped in.
   std::error_code ec;
-  const Target t = resolve(dir, fs::absolute(dir, ec));
+  const fs::path absolute = fs::absolute(dir, ec);
+  if (ec) cannot(dir, ec.message(), "; the directory was left as it was");
+  const Target t = resolve(dir, absolute);
   const char* left = "; the directory was left as it was";
   if (t.descriptor >= 0 || (t.exists && !S_ISDIR(t.st.st_mode))) cannot(dir, "it is not a directory", left);
   const fs::path parent = directory_of(t.path);
   std::error_code made;
   fs::create_directories(parent, made);  // as `--values a/b/c` always did
+  if (made) cannot(dir, made.message(), left);
   sweep_dead_temporaries(parent.string(), kStem);
   std::string staging = temp_template(parent, kStem);
   if (!::mkdtemp(staging.data())) cannot(dir, std::strerror(errno), left);

@@ -142,6 +142,12 @@ struct OpDecl {
   std::vector<std::string> returns;
 };
 
+// An op's result names: `outs`, or `out` alone where an op was made without them (the parser sets
+// both).
+inline std::vector<std::string> result_names(const OpDecl& op) {
+  return op.outs.empty() ? std::vector<std::string>{op.out} : op.outs;
+}
+
 struct Scenario {
   std::string file;  // where it was read from, for messages
   std::string name;

@@ -2,6 +2,7 @@
 
 #include <map>
 #include <set>
+#include <tuple>
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/csrc/autograd/autograd.h>
@@ -179,11 +180,12 @@ json body_divergence(const Scenario& sc, const OpDecl& lm, SimRun& run, const st
   const double tol = dtype == DType::Float32 ? 2e-2 : 1e-6;
   // Every result of every body op, the last first (a call of a Function with several outputs
   // is tested output by output: each one's cotangent alone).
-  std::vector<std::pair<const OpDecl*, size_t>> results;
-  for (auto op = lm.body.rbegin(); op != lm.body.rend(); ++op)
-    for (size_t k = std::max<size_t>(op->outs.size(), 1); k-- > 0;) results.emplace_back(&*op, k);
-  for (const auto& [b, out_k] : results) {
-    const std::string& y_name = b->outs.empty() ? b->out : b->outs[out_k];
+  std::vector<std::tuple<const OpDecl*, size_t, std::string>> results;
+  for (auto op = lm.body.rbegin(); op != lm.body.rend(); ++op) {
+    const std::vector<std::string> names = result_names(*op);
+    for (size_t k = names.size(); k-- > 0;) results.emplace_back(&*op, k, names[k]);
+  }
+  for (const auto& [b, out_k, y_name] : results) {
     if (is_split_op(b->op) || !env.count(y_name)) continue;
     const LTensor& y = env.at(y_name);
     // Plain local code keeps no sets: which inner product its values pair in (whether a result is

@@ -47,7 +47,7 @@ std::vector<at::Tensor> call_reference(const OpDecl& op, const std::vector<at::T
                             (find_scenario_function(fn) ? "no reference on global tensors (FunctionDef::reference)"
                                                         : "not been registered"));
   std::vector<at::Tensor> out = (*ref)(xs, op.attrs);
-  const size_t want = std::max<size_t>(op.outs.size(), 1);
+  const size_t want = result_names(op).size();
   if (out.size() != want)
     throw SemanticError(ErrorKind::InvalidScenario, op.path + ": Function \"" + fn + "\"'s reference returned " +
                                                         std::to_string(out.size()) + " tensors, the call names " +

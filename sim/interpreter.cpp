@@ -92,7 +92,8 @@ std::vector<DTensor> run_local_map(Runtime& rt, const OpDecl& op, const std::vec
     }
     try {
       std::vector<LTensor> ys = ctx.run_all(b, env);
-      for (size_t k = 0; k < ys.size(); ++k) env[k < b.outs.size() ? b.outs[k] : b.out] = std::move(ys[k]);
+      const std::vector<std::string> names = result_names(b);
+      for (size_t k = 0; k < ys.size(); ++k) env[names.at(k)] = std::move(ys[k]);
     } catch (const SemanticError& e) {
       // An unreduced value's misuse is the body op's: its path leads the message (and is the error's).
       if (e.kind() != ErrorKind::UnreducedMisuse || std::string(e.what()).rfind(b.path, 0) == 0) throw;
@@ -376,7 +377,8 @@ bool run_local_code(BodyContext& ctx, const OpDecl& op, SimRun& run, std::map<st
   if (is_split_op(op.op) || op.op == "local_map" || is_creation_op(op.op))
     throw SemanticError(ErrorKind::InvalidScenario, op.path + ": " + op.op + " is not supported on local tensors");
   std::vector<LTensor> ys = ctx.run_all(op, locals);
-  for (size_t k = 0; k < ys.size(); ++k) locals[k < op.outs.size() ? op.outs[k] : op.out] = std::move(ys[k]);
+  const std::vector<std::string> names = result_names(op);
+  for (size_t k = 0; k < ys.size(); ++k) locals[names.at(k)] = std::move(ys[k]);
   return true;
 }
 

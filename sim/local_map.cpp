@@ -235,21 +235,6 @@ AxisSet BodyContext::fit_inputs(std::vector<LTensor>& xs, const AxisSet& variant
   return reduced;
 }
 
-// The output sets of an op or rank-local Function: a strategy's if one is in force, else variant by
-// union (reduced by intersection is computed once inputs are fitted).
-std::pair<AxisSet, std::optional<AxisSet>> BodyContext::output_sets(const std::vector<LTensor>& xs,
-                                                                    const Strategy* strategy,
-                                                                    const nlohmann::json& args) const {
-  if (!strategy) return {set_union(xs), std::nullopt};
-  std::vector<AxisSet> vs, rs;
-  for (const auto& x : xs) {
-    vs.push_back(x.variant);
-    rs.push_back(x.reduced);
-  }
-  StrategyResult r = (*strategy)({vs, rs, rt_.mesh(), args});
-  return {r.variant, r.reduced};
-}
-
 LTensor BodyContext::op(const std::string& op, const nlohmann::json& attrs, std::vector<LTensor> xs,
                         const std::string& out) {
   check_mesh(xs, op);
@@ -259,9 +244,9 @@ LTensor BodyContext::op(const std::string& op, const nlohmann::json& attrs, std:
     unreduced = unreduced_of(op, attrs, xs);
     AxisSet keep;
     for (const auto& u : unreduced) keep.insert(u.first);
-    auto [v, strategy_reduced] = output_sets(xs, find_variance_tracking_strategy(op), attrs);
-    variant = v;
-    reduced = fit_inputs(xs, variant, strategy_reduced, out, keep);
+    const StrategyResult sets = function_sets(xs, find_variance_tracking_strategy(op), attrs, 1, op).front();
+    variant = sets.variant;
+    reduced = fit_inputs(xs, variant, sets.reduced, out, keep);
   }
   OpDecl decl;
   decl.op = op;
@@ -329,7 +314,8 @@ void BodyContext::record_step(Runtime& rt, const RedistStep& s, const Locals& in
 }
 
 LTensor BodyContext::varying_on(const LTensor& x, int axis, const std::string& out) {
-  if (!checked_ || x.variant.count(axis)) return x;
+  // Unreduced there, the collective takes the locals as they are (carried() says which may).
+  if (!checked_ || x.variant.count(axis) || x.unreduced.count(axis)) return x;
   const std::string name = out + ".varying." + rt_.mesh().axes()[axis];
   const bool cast = x.reduced.count(axis) && !mutant_on(Mutant::MarkVaryingForReduced);
   return cast ? reduced_to_varying(x, axis, name) : mark_varying(x, axis, name);
@@ -338,7 +324,7 @@ LTensor BodyContext::varying_on(const LTensor& x, int axis, const std::string& o
 LTensor BodyContext::mark_varying(const LTensor& x, int axis, const std::string& out) {
   Locals locals = collective_node("mark_varying", x, out, std::nullopt, {true, step(StepKind::AllReduce, axis)});
   return wrap("op", "mark_varying", out, std::move(locals), with(x.variant, axis), without(x.reduced, axis), {x},
-              carried(x, axis, "mark_varying", false));
+              carried(x, axis, "mark_varying", false, false));
 }
 
 LTensor BodyContext::reduced_to_varying(const LTensor& x, int axis, const std::string& out) {
@@ -365,8 +351,8 @@ LTensor BodyContext::all_reduce(const LTensor& in, int axis, ReduceOp op, const 
                             meta_str(rt_.mesh(), in) + ") over \"" + rt_.mesh().axes()[axis] + "\": its locals stand for their " +
                             reduce_op_name(u->second) + ", so the " + reduce_op_name(op) + " of them is not its value (all_reduce " +
                             reduce_op_name(u->second) + ")");
-  Unreduced left = carried(in, axis, "all_reduce", is_linear(op));
-  LTensor x = u != in.unreduced.end() ? in : varying_on(in, axis, out);
+  const Unreduced left = carried(in, axis, "all_reduce", is_linear(op), true);
+  LTensor x = varying_on(in, axis, out);
   // sum: the backward is the identity (Megatron's g); avg: the gradient divided by n; max, min:
   // not differentiable.
   Backward bwd{is_linear(op), std::nullopt};
@@ -378,7 +364,7 @@ LTensor BodyContext::all_reduce(const LTensor& in, int axis, ReduceOp op, const 
 }
 
 LTensor BodyContext::all_gather(const LTensor& in, int axis, int64_t dim, bool to_reduced, const std::string& out) {
-  const Unreduced left = carried(in, axis, "all_gather", true);
+  const Unreduced left = carried(in, axis, "all_gather", true, false);
   LTensor x = varying_on(in, axis, out);
   Locals locals = collective_node("all_gather", x, out, step(StepKind::AllGather, axis, dim),
                                   {true, step(StepKind::ReduceScatter, axis, dim)});
@@ -396,8 +382,8 @@ LTensor BodyContext::reduce_scatter(const LTensor& in, int axis, int64_t dim, co
                         "reduce_scatter of \"" + in.name + "\" (" + meta_str(rt_.mesh(), in) + ") over \"" +
                             rt_.mesh().axes()[axis] + "\": reduce_scatter sums the locals, which stand for their " +
                             reduce_op_name(u->second));
-  const Unreduced left = carried(in, axis, "reduce_scatter", true);
-  LTensor x = u != in.unreduced.end() ? in : varying_on(in, axis, out);
+  const Unreduced left = carried(in, axis, "reduce_scatter", true, true);
+  LTensor x = varying_on(in, axis, out);
   int64_t back_dim = dim;
   if (mutant_on(Mutant::ReduceScatterBackwardWrongDim) && x.locals.at(0).dim() > 1)
     back_dim = (dim + 1) % x.locals.at(0).dim();  // planted bug
@@ -407,7 +393,7 @@ LTensor BodyContext::reduce_scatter(const LTensor& in, int axis, int64_t dim, co
 }
 
 LTensor BodyContext::all_to_all(const LTensor& in, int axis, int64_t split_dim, int64_t concat_dim, const std::string& out) {
-  const Unreduced left = carried(in, axis, "all_to_all", true);
+  const Unreduced left = carried(in, axis, "all_to_all", true, false);
   LTensor x = varying_on(in, axis, out);
   RedistStep fwd = step(StepKind::AllToAll, axis);
   fwd.split_dim = split_dim;
@@ -442,7 +428,7 @@ bool product_like(const std::string& op) {
 
 }  // namespace
 
-Unreduced BodyContext::carried(const LTensor& x, int axis, const std::string& what, bool linear) const {
+Unreduced BodyContext::carried(const LTensor& x, int axis, const std::string& what, bool linear, bool reduces) const {
   if (x.unreduced.empty()) return {};
   const Mesh& mesh = rt_.mesh();
   const auto refuse = [&](const std::string& why) {
@@ -452,7 +438,7 @@ Unreduced BodyContext::carried(const LTensor& x, int axis, const std::string& wh
   Unreduced left = x.unreduced;
   const auto u = left.find(axis);
   if (u != left.end()) {
-    if (what != "all_reduce" && what != "reduce_scatter")
+    if (!reduces)
       refuse("its locals still need their " + std::string(reduce_op_name(u->second)) +
              " over that axis, which this would mix up (all_reduce or reduce_scatter it first)");
     left.erase(u);
@@ -681,7 +667,7 @@ std::vector<LTensor> BodyContext::run_all(const OpDecl& op, const std::map<std::
                               "that calls meshsim::main (docs/cpp-api.md)");
     }
     const int outputs = scenario_function_signature(fn).outputs;
-    const size_t named = op.outs.empty() ? 1 : op.outs.size();
+    const size_t named = result_names(op).size();
     if (static_cast<size_t>(outputs) != named)
       throw SemanticError(ErrorKind::InvalidScenario,
                           op.path + "/out: Function \"" + fn + "\" returns " + std::to_string(outputs) + " tensor" +

@@ -125,12 +125,11 @@ class BodyContext {
   // partial_in_local_map unreduced: what a value unreduced over an axis may meet (docs/semantics.md):
   // the output's unreduced axes; UnreducedMisuse naming the op, the operand and why.
   Unreduced unreduced_of(const std::string& op, const nlohmann::json& attrs, const std::vector<LTensor>& xs) const;
-  // A collective over `axis` of x: x's unreduced axes carried (linear collectives over other axes),
-  // or UnreducedMisuse.
-  Unreduced carried(const LTensor& x, int axis, const std::string& what, bool linear) const;
-  std::pair<AxisSet, std::optional<AxisSet>> output_sets(const std::vector<LTensor>& xs, const Strategy* strategy,
-                                                         const nlohmann::json& args) const;
-  // A Function's outputs' sets: the strategy's per output, or its one result (or the default) for each.
+  // A collective `what` over `axis` of x: x's unreduced axes carried (a `linear` collective over
+  // other axes), `axis` dropped where the collective `reduces` it; else UnreducedMisuse.
+  Unreduced carried(const LTensor& x, int axis, const std::string& what, bool linear, bool reduces) const;
+  // The outputs' sets of an op or Function: the strategy's per output, or its one result for each;
+  // without a strategy variant by union (reduced, unset, is the fitted inputs' intersection).
   std::vector<StrategyResult> function_sets(const std::vector<LTensor>& xs, const Strategy* strategy,
                                             const nlohmann::json& args, size_t outputs, const std::string& key) const;
   LTensor wrap(const std::string& kind, const std::string& name, const std::string& out, Locals locals,
