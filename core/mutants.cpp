@@ -45,6 +45,9 @@ const std::vector<MutantInfo>& mutant_catalog() {
       {Mutant::GradAccumulationMixedLayouts, "grad_accumulation_mixed_layouts",
        "pytorch semantics: a gradient contribution laid out otherwise than the value's first one is added to it "
        "unmoved (a P(sum) and an R contribution summed locally)"},
+      {Mutant::LocalTopkShardedDim, "local_topk_sharded_dim",
+       "topk over a sharded dim: each rank takes the top k of its own shard and the results are labelled "
+       "replicated, taken for the global top k (no all_gather of the dim first)"},
       {Mutant::LossParallelLocalMax, "loss_parallel_local_max",
        "loss parallel: each rank shifts its logits by its own local max instead of the all_reduce(max)"},
       {Mutant::MarkVaryingForReduced, "mark_varying_for_reduced",

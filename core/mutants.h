@@ -28,6 +28,7 @@ enum class Mutant {
   FunctionOutputsShareSets,        // a Function with several outputs: every output takes the first one's sets
   GeluTanhDerivative,              // gelu {approximate: none} differentiated as the tanh approximation
   GradAccumulationMixedLayouts,    // pytorch semantics: a gradient contribution in another layout added unmoved
+  LocalTopkShardedDim,             // topk over a sharded dim: each rank's own top k labelled replicated
   LossParallelLocalMax,            // loss parallel: each rank shifts its logits by its own max (no all_reduce(max))
   MarkVaryingForReduced,           // local_map: mark_varying instead of the reduced -> varying cast
   MissingMarkVarying,              // local_map: an invariant input is not marked varying

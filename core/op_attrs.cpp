@@ -30,6 +30,12 @@ std::optional<int64_t> wrapped(int64_t dim, int64_t rank) {
   return dim < 0 ? dim + rank : dim;
 }
 
+// The selection and order ops (topk, sort, argsort, max, min, argmax, argmin): along one `dim`.
+bool is_selection(const std::string& op) {
+  const OpSchema* s = find_op(op);
+  return s && (std::string_view(s->family) == "select" || std::string_view(s->family) == "select_index");
+}
+
 bool is_reduction(const std::string& op) {
   const OpSchema* s = find_op(op);
   return s && (s->gen == GenClass::Reduction || s->gen == GenClass::Extremum);
@@ -65,7 +71,7 @@ OpAttrs resolved(const std::string& op, const OpAttrs& attrs, int64_t rank, cons
     r.dims_given = true;
     r.dim.reset();
   }
-  if (op == "softmax" || op == "log_softmax" || op == "cat" || op == "narrow" || op == "unflatten") {
+  if (op == "softmax" || op == "log_softmax" || op == "cat" || op == "narrow" || op == "unflatten" || is_selection(op)) {
     need_dim();
     r.dim = wrap(*attrs.dim, "dim");
   }
@@ -131,7 +137,8 @@ std::string OpAttrs::str() const {
     << " chunks=" << chunks << " tanh=" << tanh << " exponent=" << exponent << " diagonal=" << diagonal
     << " normalized_shape=" << list_str(normalized_shape) << " eps=" << (eps ? std::to_string(*eps) : "-")
     << " sum_reduction=" << sum_reduction << " ignore_index=" << (ignore_index ? std::to_string(*ignore_index) : "-")
-    << " fill=" << fill << " float32=" << float32
+    << " fill=" << fill << " k=" << k << " largest=" << largest << " descending=" << descending
+    << " float32=" << float32
     << " range=" << (range ? std::to_string(range->offset) + "+" + std::to_string(range->size) : "-")
     << " divisor=" << (mean_divisor ? std::to_string(*mean_divisor) : "-") << " local_mean=" << local_mean
     << " local_shape=" << (local_shape ? list_str(*local_shape) : "-");
@@ -201,6 +208,10 @@ OpAttrs op_attrs(const OpDecl& decl) {
   if (integer("length")) a.length = j["length"].get<int64_t>();
   if (integer("size")) a.split_size = j["size"].get<int64_t>();
   if (integer("chunks")) a.chunks = j["chunks"].get<int64_t>();
+  if (!a.dim && (decl.op == "sort" || decl.op == "argsort" || decl.op == "topk")) a.dim = -1;  // their default
+  if (integer("k")) a.k = j["k"].get<int64_t>();
+  a.largest = j.value("largest", true);
+  a.descending = j.value("descending", false);
   return a;
 }
 

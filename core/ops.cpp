@@ -52,6 +52,30 @@ const std::vector<A>& binary_attrs() {
   static const std::vector<A> a = {{"value", T::Number, false}};
   return a;
 }
+// A comparison's operands: two of one element type (float, int64 or bool), or one and `value`.
+const std::vector<O>& compared() {
+  static const std::vector<O> o = {{"x", kAny}, {"y", kAny}};
+  return o;
+}
+OpSchema comparison(const char* name, const char* summary) {
+  OpSchema s;
+  s.name = name;
+  s.operands = compared();
+  s.attrs = binary_attrs();
+  s.family = "compare";
+  s.exact = true;
+  s.summary = summary;
+  s.gen = GenClass::Compare;
+  s.result = kBool;
+  return s;
+}
+// The selection and order ops: along `dim` (sort, argsort, topk: the last by default).
+std::vector<A> along(bool required, std::vector<A> more) {
+  std::vector<A> a = {required ? A{"dim", T::Int, true} : A{"dim", T::Int, false, "-1"}};
+  a.insert(a.end(), more.begin(), more.end());
+  return a;
+}
+
 // Creation ops take no operand: a shape, placements (S, R or Rd on each axis) and a dtype.
 std::vector<A> creation_attrs(bool value, bool bools = true) {
   std::vector<A> a = {{"shape", T::Ints, true}, {"placements", T::Spec, true}, {"dtype", T::String, false, "float"}};
@@ -103,6 +127,12 @@ OpSchema op(const char* name, std::vector<O> operands, std::vector<A> attrs, con
   return s;
 }
 
+// An op whose result is bool or int64 whatever its operands' type (never differentiable).
+OpSchema giving(OpSchema s, OperandType result) {
+  s.result = result;
+  return s;
+}
+
 OpSchema with(OpSchema s, GenClass gen, ValueRules values = {}) {
   s.gen = gen;
   s.values = std::move(values);
@@ -138,6 +168,16 @@ std::vector<OpSchema> build() {
       with(handled(op("arange", {}, creation_attrs(false, false), "", false, "0, 1, 2, ... in row-major order, of a shape"),
                    kProgram),
            GenClass::Creation),
+      giving(with(op("argmax", x(), along(true, {{"keepdim", T::Bool, false, "false"}}), "select_index", true,
+              "int64 index of the largest element along dim (the first of ties); no gradient"),
+           GenClass::SelectIndex), kInt),
+      giving(with(op("argmin", x(), along(true, {{"keepdim", T::Bool, false, "false"}}), "select_index", true,
+              "int64 index of the smallest element along dim (the first of ties); no gradient"),
+           GenClass::SelectIndex), kInt),
+      giving(with(op("argsort", x(), along(false, {{"descending", T::Bool, false, "false"}}), "select_index", true,
+              "int64 indices that sort x along dim (stable: ties keep their order); no gradient. "
+              "narrow(argsort {descending}, dim, 0, k) gives topk's indices"),
+           GenClass::SelectIndex), kInt),
       op("bmm", xy(), {}, "matmul", true, "batched matrix product [b, n, k] @ [b, k, m]"),
       op("cat", many(), {{"dim", T::Int, true}}, "cat", true, "concatenation along dim"),
       with(handled(op("chunk", data(), {{"chunks", T::Int, true}, {"dim", T::Int, false, "0"}}, "", false,
@@ -154,6 +194,7 @@ std::vector<OpSchema> build() {
       op("embedding", {{"ids", kInt}, {"weight"}},
          {{"axis", T::Axis, false}, {"vocab", T::Int, false}}, "embedding", false,
          "rows of weight at ids; in a local_map body, axis and vocab name a vocab-parallel table"),
+      comparison("eq", "x == y (or x == value), broadcast; bool"),
       with(op("exp", x(), {}, "nonlinear_unary", false, "e^x"), GenClass::Unary, {6, false, false, exp_range}),
       op("expand", data(), {{"shape", T::Ints, true}}, "expand", true, "broadcast to shape (-1 keeps a dim)"),
       op("flatten", data(), {{"start_dim", T::Int, false, "0"}, {"end_dim", T::Int, false, "-1"}}, "view", true,
@@ -163,12 +204,15 @@ std::vector<OpSchema> build() {
               kProgram),
       with(handled(op("full", {}, creation_attrs(true), "", false, "value everywhere, of a shape"), kProgram),
            GenClass::Creation),
+      comparison("ge", "x >= y (or x >= value), broadcast; bool"),
       with(op("gelu", x(), {{"approximate", T::String, false, "none", {"none", "tanh"}}}, "nonlinear_unary", false,
               "x * Phi(x) (approximate tanh: the tanh form)"),
            GenClass::UnaryLayer, {g, false, false, same, {{"approximate", R"(["none", "tanh"])"}}}),
+      comparison("gt", "x > y (or x > value), broadcast; bool"),
       with(op("layer_norm", {{"x"}, {"weight", OperandType::Float, true}, {"bias", OperandType::Float, true}},
               norm_attrs("1e-5"), "norm", false, "normalize the trailing normalized_shape dims, then weight and bias"),
            GenClass::Norm),
+      comparison("le", "x <= y (or x <= value), broadcast; bool"),
       op("linear", {{"x"}, {"weight"}, {"bias", OperandType::Float, true}}, {}, "", true,
          "x @ weight^T + bias; decomposed into matmul and add on the mesh"),
       handled(op("local_map", many(),
@@ -183,14 +227,27 @@ std::vector<OpSchema> build() {
               kProgram, 0),
       with(op("log", x(), {}, "nonlinear_unary", false, "natural log of a positive x"), GenClass::UnaryLayer,
            {0, true, false, log_range}),
+      giving(op("logical_and", {{"x", kBool}, {"y", kBool}}, {}, "compare", true, "x and y of bools, broadcast"), kBool),
+      giving(op("logical_not", {{"x", kBool}}, {}, "compare", true, "not x of bools"), kBool),
+      giving(op("logical_or", {{"x", kBool}, {"y", kBool}}, {}, "compare", true, "x or y of bools, broadcast"), kBool),
       with(op("log_softmax", x(), {{"dim", T::Int, true}}, "softmax", false, "log of softmax along dim"), GenClass::None,
            {g}),
+      comparison("lt", "x < y (or x < value), broadcast; bool"),
       op("masked_fill", {{"x"}, {"mask", kBool}}, {{"value", T::NumberOrInf, true}}, "masked_fill", false,
          "value where mask, else x (mask broadcast)"),
       op("matmul", xy(), {}, "matmul", true, "torch.matmul: matrix products with broadcast batch dims"),
+      with(op("max", x(), along(true, {{"keepdim", T::Bool, false, "false"}}), "select", true,
+              "torch.max(x, dim).values: the largest element along dim, its gradient to the first of ties "
+              "(argmax gives the indices; amax splits the gradient among ties)"),
+           GenClass::Select),
       with(op("mean", x(), reduction_attrs(), "reduction", false, "mean over dims"), GenClass::Reduction),
+      with(op("min", x(), along(true, {{"keepdim", T::Bool, false, "false"}}), "select", true,
+              "torch.min(x, dim).values: the smallest element along dim, its gradient to the first of ties "
+              "(argmin gives the indices)"),
+           GenClass::Select),
       op("mm", xy(), {}, "mm", true, "matrix product [n, k] @ [k, m]"),
       with(op("mul", xy(), binary_attrs(), "mul", true, "x * y (or x * value), broadcast"), GenClass::Binary),
+      comparison("ne", "x != y (or x != value), broadcast; bool"),
       op("narrow", data(), {{"dim", T::Int, true}, {"start", T::Int, true}, {"length", T::Int, true}}, "narrow", true,
          "length elements from start along dim"),
       op("neg", x(), {}, "linear_unary", true, "-x"),
@@ -220,6 +277,10 @@ std::vector<OpSchema> build() {
       with(op("silu", x(), {}, "nonlinear_unary", false, "x * sigmoid(x)"), GenClass::UnaryLayer, {g, false, false, same}),
       with(op("sin", x(), {}, "nonlinear_unary", false, "sine"), GenClass::Unary, {g, false, false, unit_or_less}),
       with(op("softmax", x(), {{"dim", T::Int, true}}, "softmax", false, "softmax along dim"), GenClass::None, {8}),
+      with(op("sort", x(), along(false, {{"descending", T::Bool, false, "false"}}), "select", true,
+              "torch.sort(x, dim, stable=True).values: x sorted along dim, the gradient back to the positions "
+              "(argsort gives the indices)"),
+           GenClass::Select),
       with(handled(op("split", data(),
                       {{"sizes", T::Ints, false}, {"size", T::Int, false}, {"dim", T::Int, false, "0"}}, "", false,
                       "torch.split: pieces of size (the last shorter) or of sizes along dim (`outs` names them)"),
@@ -233,6 +294,11 @@ std::vector<OpSchema> build() {
       with(op("sum", x(), reduction_attrs(), "reduction", true, "sum over dims"), GenClass::Reduction),
       with(op("tanh", x(), {}, "nonlinear_unary", false, "hyperbolic tangent"), GenClass::Unary,
            {g, false, false, unit_or_less}),
+      with(op("topk", x(), {{"k", T::Int, true}, {"dim", T::Int, false, "-1"}, {"largest", T::Bool, false, "true"}},
+              "select", true,
+              "torch.topk(x, k, dim, largest).values, sorted (ties: the first positions); the gradient back to "
+              "the picked positions (narrow of argsort gives the indices)"),
+           GenClass::Select),
       handled(op("to_local", x(), {{"grad_placements", T::Spec, false, "its own placements"}}, "", true,
                  "local code's start: each rank's local tensor (grad_placements: the layout of its gradient)"),
               kProgram),
@@ -472,6 +538,9 @@ const char* gen_class_name(GenClass c) {
     case GenClass::Loss: return "loss";
     case GenClass::Creation: return "creation";
     case GenClass::Split: return "split";
+    case GenClass::Compare: return "compare";
+    case GenClass::Select: return "select";
+    case GenClass::SelectIndex: return "select_index";
     case GenClass::Reshape: return "reshape";
   }
   return "?";

@@ -68,6 +68,9 @@ enum class GenClass {
   Loss,          // cross_entropy, nll_loss
   Creation,      // zeros, ones, full, arange
   Split,         // split, chunk
+  Compare,       // eq, ne, lt, le, gt, ge: two operands of one type (or a scalar value), a bool result
+  Select,        // max, min, sort, topk along a dim: values, the gradient to the picked positions
+  SelectIndex,   // argmax, argmin, argsort along a dim: int64 indices, no gradient
   Reshape,       // view, reshape to a drawn shape
 };
 const char* gen_class_name(GenClass c);
@@ -116,6 +119,9 @@ struct OpSchema {
   GenClass gen = GenClass::None;
   ValueRules values = {};
   const char* summary = "";
+  // The element type of the result where the op fixes it (Bool: comparisons and logic; Int64:
+  // argmax, argmin, argsort): never differentiable. Any: the operands' (float for the float ops).
+  OperandType result = OperandType::Any;
   // A binary op whose second operand may be the scalar attribute `value` instead.
   bool scalar_second() const;
   int min_args() const;  // fewest tensor operands (a scalar `value` aside)

@@ -56,6 +56,9 @@ struct OpAttrs {
   bool sum_reduction = false;        // cross_entropy, nll_loss {reduction: sum} (mean otherwise)
   std::optional<int64_t> ignore_index;  // cross_entropy, nll_loss, pick_target, count_targets
   double fill = 0.0;                 // masked_fill, full: `value` (may be +-inf)
+  int64_t k = 1;                     // topk: how many
+  bool largest = true;               // topk {largest}
+  bool descending = false;           // sort, argsort {descending}
   bool float32 = false;              // count_targets: the run's float dtype is float32
   // embedding (operand 1, dim 0: vocab rows) and pick_target (operand 0, dim 1: classes) on a
   // rank whose table is sharded there: the part of that dim the rank holds. Ids and targets

@@ -124,6 +124,21 @@ Shape infer_shape(const std::string& op, const std::vector<Shape>& s, const OpAt
       if (s[i] != ns) fail((i == 1 ? "the weight " : "the bias ") + shape_str(s[i]) + " is not normalized_shape " + shape_str(ns));
     return s[0];
   }
+  if (family == "compare") return broadcast_shapes(op, s);  // pointwise, one operand or two
+  if (family == "select" || family == "select_index") {
+    Shape out = s[0];
+    const int64_t n = out[*a.dim];
+    if (op == "topk") {
+      if (a.k < 0 || a.k > n)
+        fail("k " + std::to_string(a.k) + " out of range for dim " + std::to_string(*a.dim) + " of " + shape_str(s[0]));
+      out[*a.dim] = a.k;
+    } else if (op != "sort" && op != "argsort") {  // max, min, argmax, argmin: the dim reduced
+      if (n == 0) fail("dim " + std::to_string(*a.dim) + " of " + shape_str(s[0]) + " is empty (no element to pick)");
+      if (a.keepdim) out[*a.dim] = 1;
+      else out.erase(out.begin() + *a.dim);
+    }
+    return out;
+  }
   if (family == "triangle" && rank < 2) fail("needs at least 2 dims, got " + shape_str(s[0]));
   if (f.arity >= 2) return broadcast_shapes(op, s);  // pointwise
   if (family == "transpose") {

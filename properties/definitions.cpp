@@ -306,6 +306,48 @@ void draw_where(const std::string& op, Case& c) {
   c.types = {"bool", "float", "float"};
 }
 
+// max, min, sort, topk, argmax, argmin, argsort: along one dim of 1-3, its attributes (k from 0
+// to the extent), on values with ties half of the time.
+void draw_selection(const std::string& op, Case& c) {
+  OpAttrs& a = c.attrs;
+  const int64_t r = draw_in(1, 3), d = draw_in(0, r - 1);
+  const Dims s = draw_shape(r);
+  a.dim = as_given(d, r);
+  a.keepdim = coin();
+  a.largest = coin();
+  a.descending = coin();
+  if (op == "topk") a.k = draw_in(0, s[static_cast<size_t>(d)]);
+  c.xs.push_back(draw_extremum_values(s));
+}
+
+// Comparisons of small integers (equal often), against the scalar `value` now and then or an
+// operand broadcasting; logic of bools.
+void draw_comparison(const std::string& op, Case& c) {
+  const Dims out = draw_shape(draw_in(0, 3));
+  auto ints = [](const Dims& shape) {
+    Nd x = zeros(shape);
+    for (auto& e : x.v) e = static_cast<double>(draw_in(-2, 2));
+    return x;
+  };
+  if (op == "logical_not") {
+    c.xs = {draw_mask(out)};
+    c.types = {"bool"};
+    return;
+  }
+  const bool logic = op == "logical_and" || op == "logical_or";
+  if (!logic && draw_in(0, 3) == 0) {
+    c.attrs.scalar = true;
+    c.attrs.value = *rc::gen::element(-1.0, 0.0, 0.5, 2.0);
+    c.xs = {ints(out)};
+    return;
+  }
+  Dims s0 = broadcast_operand(out, true), s1 = broadcast_operand(out, true);
+  if (coin()) s0 = out;
+  else s1 = out;
+  c.xs = logic ? std::vector<Nd>{draw_mask(s0), draw_mask(s1)} : std::vector<Nd>{ints(s0), ints(s1)};
+  if (logic) c.types = {"bool", "bool"};
+}
+
 void draw_triangle(const std::string&, Case& c) {
   c.attrs.diagonal = draw_in(-3, 3);
   add_operand(c, draw_shape(draw_in(2, 4)));
@@ -395,6 +437,9 @@ const Row kRows[] = {
      }},
     {"amax", draw_reduction, [](Attrs a, int64_t) { return extremum(a, true); }},
     {"amin", draw_reduction, [](Attrs a, int64_t) { return extremum(a, false); }},
+    {"argmax", draw_selection, [](Attrs a, int64_t rank) { return selection("argmax", a, wrap(*a.dim, rank)); }},
+    {"argmin", draw_selection, [](Attrs a, int64_t rank) { return selection("argmin", a, wrap(*a.dim, rank)); }},
+    {"argsort", draw_selection, [](Attrs a, int64_t rank) { return selection("argsort", a, wrap(*a.dim, rank)); }},
     {"bmm", draw_bmm, [](Attrs, int64_t) { return matmul(); }},
     {"cat", draw_join, [](Attrs a, int64_t rank) { return join(wrap(*a.dim, rank), false); }},
     {"cos", draw_pointwise,
@@ -407,6 +452,7 @@ const Row kRows[] = {
                           [](double x, double y, size_t i) { return i == 0 ? 1.0 / y : -x / (y * y); });
      }},
     {"embedding", draw_embedding, [](Attrs a, int64_t) { return embedding(a.range); }},
+    {"eq", draw_comparison, [](Attrs a, int64_t) { return comparison("eq", a.value); }},
     {"exp", draw_pointwise,
      [](Attrs, int64_t) { return unary([](double x) { return std::exp(x); }, [](double x) { return std::exp(x); }); }},
     {"expand", draw_expand, [](Attrs a, int64_t) { return expand(a.shape); }},
@@ -423,16 +469,25 @@ const Row kRows[] = {
          return out;
        });
      }},
+    {"ge", draw_comparison, [](Attrs a, int64_t) { return comparison("ge", a.value); }},
     {"gelu", draw_nonlinear, [](Attrs a, int64_t) { return gelu(a.tanh); }},
+    {"gt", draw_comparison, [](Attrs a, int64_t) { return comparison("gt", a.value); }},
     {"layer_norm", draw_norm,
      [](Attrs a, int64_t) { return norm(true, a.normalized_shape.size(), a.eps.value_or(1e-5)); }},
+    {"le", draw_comparison, [](Attrs a, int64_t) { return comparison("le", a.value); }},
     {"linear", draw_linear, [](Attrs, int64_t) { return linear(); }},
     {"log", draw_nonlinear,
      [](Attrs, int64_t) { return unary([](double x) { return std::log(x); }, [](double x) { return 1.0 / x; }); }},
     {"log_softmax", draw_along_dim, [](Attrs a, int64_t rank) { return log_softmax(wrap(*a.dim, rank)); }},
+    {"logical_and", draw_comparison, [](Attrs a, int64_t) { return comparison("logical_and", a.value); }},
+    {"logical_not", draw_comparison, [](Attrs a, int64_t) { return comparison("logical_not", a.value); }},
+    {"logical_or", draw_comparison, [](Attrs a, int64_t) { return comparison("logical_or", a.value); }},
+    {"lt", draw_comparison, [](Attrs a, int64_t) { return comparison("lt", a.value); }},
     {"masked_fill", draw_where, [](Attrs a, int64_t) { return masked_fill(a.fill); }},
     {"matmul", draw_matmul, [](Attrs, int64_t) { return matmul(); }},
+    {"max", draw_selection, [](Attrs a, int64_t rank) { return selection("max", a, wrap(*a.dim, rank)); }},
     {"mean", draw_reduction, [](Attrs a, int64_t) { return sum_or_mean(a, true); }},
+    {"min", draw_selection, [](Attrs a, int64_t rank) { return selection("min", a, wrap(*a.dim, rank)); }},
     {"mm", draw_mm, [](Attrs, int64_t) { return matmul(); }},
     {"mul", draw_binary,
      [](Attrs a, int64_t) {
@@ -440,6 +495,7 @@ const Row kRows[] = {
                           [](double x, double y, size_t i) { return i == 0 ? y : x; });
      }},
     {"narrow", draw_narrow, [](Attrs a, int64_t rank) { return narrow(wrap(*a.dim, rank), a.start, a.length); }},
+    {"ne", draw_comparison, [](Attrs a, int64_t) { return comparison("ne", a.value); }},
     {"neg", draw_pointwise,
      [](Attrs, int64_t) { return unary([](double x) { return -x; }, [](double) { return -1.0; }); }},
     {"nll_loss", draw_loss, [](Attrs a, int64_t) { return loss(a, false); }},
@@ -483,6 +539,7 @@ const Row kRows[] = {
     {"sin", draw_pointwise,
      [](Attrs, int64_t) { return unary([](double x) { return std::sin(x); }, [](double x) { return std::cos(x); }); }},
     {"softmax", draw_along_dim, [](Attrs a, int64_t rank) { return softmax(wrap(*a.dim, rank)); }},
+    {"sort", draw_selection, [](Attrs a, int64_t rank) { return selection("sort", a, wrap(*a.dim, rank)); }},
     {"sqrt", draw_nonlinear,
      [](Attrs, int64_t) {
        return unary([](double x) { return std::sqrt(x); }, [](double x) { return 0.5 / std::sqrt(x); });
@@ -508,6 +565,7 @@ const Row kRows[] = {
      [](Attrs, int64_t) {
        return unary([](double x) { return std::tanh(x); }, [](double x) { return 1.0 - std::tanh(x) * std::tanh(x); });
      }},
+    {"topk", draw_selection, [](Attrs a, int64_t rank) { return selection("topk", a, wrap(*a.dim, rank)); }},
     {"transpose", draw_transpose,
      [](Attrs a, int64_t rank) {
        Dims perm;

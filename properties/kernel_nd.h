@@ -189,6 +189,11 @@ Definition sum_or_mean(const OpAttrs& a, bool mean);
 Definition extremum(const OpAttrs& a, bool max);
 // softmax along `dim`.
 Definition softmax(int64_t dim);
+// The selection and order ops along `dim` (max, min, sort, topk: the values, the gradient to the
+// positions picked; argmax, argmin, argsort: the positions), written out line by line.
+Definition selection(const std::string& op, const OpAttrs& a, int64_t dim);
+// Comparisons and logic (a bool result as 1 or 0), with the scalar `value` for one operand.
+Definition comparison(const std::string& op, double value);
 
 // ---- the builders of definitions (kernels_nn.cpp): the transformer layers' ops ----
 

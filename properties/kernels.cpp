@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -384,6 +385,97 @@ Definition softmax(int64_t dim) {
               for (size_t k = 0; k < gl.size(); ++k) gl[k] = yl[k] * (gl[k] - dot);
             }, &y);
           }};
+}
+
+// The positions a selection op picks on one line (the values along `dim`), in order: a stable sort
+// (ties by position), its first k for topk, the first extremum for max, min, argmax and argmin.
+std::vector<int64_t> picked(const std::string& op, const OpAttrs& a, const std::vector<double>& line) {
+  std::vector<int64_t> order(line.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int64_t>(i);
+  const bool descending = op == "topk" ? a.largest : op == "max" || op == "argmax" ? true
+                          : op == "min" || op == "argmin" ? false : a.descending;
+  std::stable_sort(order.begin(), order.end(), [&](int64_t i, int64_t j) {
+    return descending ? line[static_cast<size_t>(i)] > line[static_cast<size_t>(j)]
+                      : line[static_cast<size_t>(i)] < line[static_cast<size_t>(j)];
+  });
+  if (op == "topk") order.resize(static_cast<size_t>(a.k));
+  if (op != "topk" && op != "sort" && op != "argsort") order.resize(1);
+  return order;
+}
+
+Definition selection(const std::string& op, const OpAttrs& a, int64_t dim) {
+  const bool values = op == "max" || op == "min" || op == "sort" || op == "topk";
+  const bool drops = (op == "max" || op == "min" || op == "argmax" || op == "argmin") && !a.keepdim;
+  const auto u = static_cast<size_t>(dim);
+  // Calls f(line, offset of the line's first element in x, stride along dim, line number) per line.
+  auto lines = [u](const Dims& shape, const std::function<void(std::vector<int64_t>&, int64_t)>& f) {
+    int64_t stride = 1;
+    for (size_t d = u + 1; d < shape.size(); ++d) stride *= shape[d];
+    const int64_t len = shape[u], outer = count_of(shape) / std::max<int64_t>(1, len * stride);
+    for (int64_t o = 0; o < outer; ++o)
+      for (int64_t in = 0; in < stride; ++in) {
+        std::vector<int64_t> at;
+        for (int64_t j = 0; j < len; ++j) at.push_back(o * len * stride + j * stride + in);
+        f(at, o * stride + in);
+      }
+  };
+  auto out_shape = [=](const Dims& in) {
+    Dims out = in;
+    if (op == "topk") out[u] = a.k;
+    else if (op != "sort" && op != "argsort") out[u] = 1;
+    if (drops) out.erase(out.begin() + dim);
+    return out;
+  };
+  // The flat index in the result of entry j along dim of line `line`.
+  auto out_at = [=](const Dims& in, int64_t line, int64_t j) {
+    const Dims out = out_shape(in);
+    int64_t stride = 1;
+    for (size_t d = u + 1; d < in.size(); ++d) stride *= in[d];
+    const int64_t width = op == "topk" ? a.k : op == "sort" || op == "argsort" ? in[u] : 1;
+    return (line / stride) * width * stride + j * stride + line % stride;
+  };
+  Definition d;
+  d.value = [=](Xs xs) {
+    Nd y = zeros(out_shape(xs[0].shape));
+    lines(xs[0].shape, [&](std::vector<int64_t>& at, int64_t line) {
+      std::vector<double> v;
+      for (int64_t k : at) v.push_back(xs[0].at(k));
+      const auto pos = picked(op, a, v);
+      for (size_t j = 0; j < pos.size(); ++j)
+        y.at(out_at(xs[0].shape, line, static_cast<int64_t>(j))) =
+            values ? v[static_cast<size_t>(pos[j])] : static_cast<double>(pos[j]);
+    });
+    return y;
+  };
+  d.vjp = [=](Xs xs, const Nd& g, size_t) {
+    Nd r = zeros(xs[0].shape);
+    if (!values) return r;
+    lines(xs[0].shape, [&](std::vector<int64_t>& at, int64_t line) {
+      std::vector<double> v;
+      for (int64_t k : at) v.push_back(xs[0].at(k));
+      const auto pos = picked(op, a, v);
+      for (size_t j = 0; j < pos.size(); ++j)
+        r.at(at[static_cast<size_t>(pos[j])]) += g.at(out_at(xs[0].shape, line, static_cast<int64_t>(j)));
+    });
+    return r;
+  };
+  return d;
+}
+
+Definition comparison(const std::string& op, double value) {
+  std::function<bool(double, double)> f;
+  if (op == "eq") f = [](double x, double y) { return x == y; };
+  if (op == "ne") f = [](double x, double y) { return x != y; };
+  if (op == "lt") f = [](double x, double y) { return x < y; };
+  if (op == "le") f = [](double x, double y) { return x <= y; };
+  if (op == "gt") f = [](double x, double y) { return x > y; };
+  if (op == "ge") f = [](double x, double y) { return x >= y; };
+  if (op == "logical_and") f = [](double x, double y) { return x != 0 && y != 0; };
+  if (op == "logical_or") f = [](double x, double y) { return x != 0 || y != 0; };
+  if (op == "logical_not") f = [](double x, double) { return x == 0; };
+  if (!f) throw std::invalid_argument("no comparison \"" + op + "\"");
+  return elementwise(value, [f](double x, double y) { return f(x, y) ? 1.0 : 0.0; },
+                     [](double, double, size_t) { return 0.0; });
 }
 
 }  // namespace meshsim::kernel_nd

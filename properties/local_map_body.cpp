@@ -335,4 +335,86 @@ bool LocalMapBuilder::loss(const BodyValue& x, BodyValue& y) {
   return true;
 }
 
+bool LocalMapBuilder::try_select_kind(const BodyValue& x) {
+  const size_t rank = x.shape.size();
+  const auto r = static_cast<int64_t>(rank);
+  if (rank == 0 || x.has_partial() || x.rounded || numel(x.shape) == 0) return false;
+  const int64_t d = *rc::gen::inRange<int64_t>(0, r);
+  if (sharded(x, d)) return false;
+  const int64_t n = x.shape[static_cast<size_t>(d)];
+  BodyValue y = renamed(x);
+  auto move_shards = [&](int64_t removed) {
+    for (size_t b = 0; b < y.reading.size(); ++b)
+      if (y.reading[b] == Reading::Shard && y.shard_dim[b] > removed) --y.shard_dim[b];
+  };
+  if (*rc::gen::arbitrary<bool>()) {  // the values: max, min (keepdim or not), sort, topk
+    const std::string name = op_of(GenClass::Select);
+    json extra = {{"dim", *rc::gen::arbitrary<bool>() ? d : d - r}};
+    if (name == "topk") {
+      const int64_t k = *rc::gen::inRange<int64_t>(0, n + 1);
+      extra.update({{"k", k}, {"largest", *rc::gen::arbitrary<bool>()}});
+      y.shape[static_cast<size_t>(d)] = k;
+    } else if (name == "sort") {
+      extra["descending"] = *rc::gen::arbitrary<bool>();
+    } else {
+      const bool keepdim = *rc::gen::arbitrary<bool>();
+      extra["keepdim"] = keepdim;
+      if (keepdim) y.shape[static_cast<size_t>(d)] = 1;
+      else {
+        y.shape.erase(y.shape.begin() + d);
+        move_shards(d);
+      }
+    }
+    return local_unary(y, name, x, extra, x.bound);
+  }
+  // A bool mask of x's shape (an index along d kept as a size-1 dim broadcasts): made, then taken
+  // out of the pool (only where reads it).
+  auto made = [&](BodyValue v, const std::string& name, const std::vector<BodyValue>& xs, json extra) {
+    v.label = local_label([&] {
+      std::vector<const BodyValue*> ps;
+      for (const auto& e : xs) ps.push_back(&e);
+      return ps;
+    }());
+    v.bound = 1;
+    v.floor = 0;
+    add_local(v, name, xs, std::move(extra));
+    BodyValue out = pool.back();
+    pool.pop_back();
+    return out;
+  };
+  BodyValue subject = x;
+  const double value = *rc::gen::element(-1.0, 0.0, 0.5, 1.0, 2.0);
+  if (*rc::gen::arbitrary<bool>()) {  // an index along d: argmax, argmin (kept as size 1) or argsort
+    const std::string index = op_of(GenClass::SelectIndex);
+    BodyValue i = renamed(x);
+    json extra = {{"dim", d}};
+    if (index == "argsort") extra["descending"] = *rc::gen::arbitrary<bool>();
+    else {
+      extra["keepdim"] = true;
+      i.shape[static_cast<size_t>(d)] = 1;
+    }
+    subject = made(i, index, {x}, extra);
+  }
+  BodyValue mask = made(renamed(subject), op_of(GenClass::Compare), {subject}, {{"value", value}});
+  const int logic = *rc::gen::inRange(0, 3);
+  if (logic == 0) mask = made(renamed(mask), "logical_not", {mask}, json::object());
+  if (logic == 1 && mask.shape == x.shape) {
+    const BodyValue other = made(renamed(x), op_of(GenClass::Compare), {x}, {{"value", *rc::gen::element(-0.5, 1.5)}});
+    mask = made(renamed(x), *rc::gen::element<std::string>("logical_and", "logical_or"), {mask, other}, json::object());
+  }
+  std::vector<const BodyValue*> partners;
+  for (const auto& v : pool) {
+    bool fits = v.shape == x.shape;
+    for (size_t b = 0; b < x.reading.size() && fits; ++b) fits = same_reading(x, v, b);
+    if (fits) partners.push_back(&v);
+  }
+  const BodyValue u = *partners.at(static_cast<size_t>(*rc::gen::inRange<int>(0, static_cast<int>(partners.size()))));
+  if (!within_bounds("where", {}, {{x.bound, x.rounded}, {u.bound, u.rounded}}, std::max(x.bound, u.bound), y.rounded)) return false;
+  y.label = local_label({&mask, &x, &u});
+  y.bound = std::max(x.bound, u.bound);
+  y.floor = std::min(x.floor, u.floor);
+  add_local(y, "where", {mask, x, u});
+  return true;
+}
+
 }  // namespace meshsim::gen::body

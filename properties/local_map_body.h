@@ -135,6 +135,11 @@ struct LocalMapBuilder {
   // alike; matmul and bmm by mm's rows; amax and amin (like mean) over dims no axis shards, of a
   // value with no Partial axis.
   bool try_layer_kind(const BodyValue& x);
+  // Selection and comparisons (kind 18), where the local result is the global op's: max, min,
+  // sort, topk along a dim no axis shards; a mask of a comparison (of x, or of argmax, argmin or
+  // argsort along such a dim), combined by logical_not, _and or _or now and then, picking x or a
+  // value read alike by where; of a value with no Partial axis that no rounding made.
+  bool try_select_kind(const BodyValue& x);
 
   // A region arg without a gradient (a bool mask, int64 ids or targets), laid out per axis as
   // `reading` gives it (Shard of a dim, or Replicated: R, or Rd now and then); entered, not pooled.

@@ -86,11 +86,11 @@ bool elementwise_fits(const BodyValue& x, const BodyValue& y, size_t a, bool is_
 }  // namespace
 
 void LocalMapBuilder::step() {
-  constexpr int kKinds = 18;
+  constexpr int kKinds = 19;
   // The collectives (kinds 3-6) three times as often as each other kind: they apply to fewer
   // operands, and the variance rules are what local_map programs exist to test.
   const int first = *rc::gen::weightedElement<int>({{1, 0}, {1, 1}, {1, 2}, {3, 3}, {3, 4}, {3, 5}, {3, 6}, {1, 7},
-                                                    {1, 8}, {1, 9}, {1, 10}, {1, 11}, {1, 12}, {1, 13}, {1, 14}, {1, 15}, {1, 16}, {2, 17}});
+                                                    {1, 8}, {1, 9}, {1, 10}, {1, 11}, {1, 12}, {1, 13}, {1, 14}, {1, 15}, {1, 16}, {2, 17}, {1, 18}});
   const BodyValue x = any();
   const size_t a = static_cast<size_t>(*rc::gen::inRange<int>(0, mesh.ndim()));
   for (int i = 0; i < kKinds; ++i)
@@ -182,6 +182,7 @@ bool LocalMapBuilder::try_local_kind(int kind, const BodyValue& x, size_t a) {
   }
   if (kind == 16) return try_layer_kind(x);
   if (kind == 17) return try_nn_kind(x);
+  if (kind == 18) return try_select_kind(x);
   if (kind == 15) {  // mark_varying of an invariant axis (an identity on global values)
     if (x.label[a] != Label::None || x.reading[a] != Reading::Replicated) return false;
     y.label[a] = Label::Variant;

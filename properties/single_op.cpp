@@ -56,6 +56,31 @@ std::vector<Shape> draw_case(const std::string& name, size_t arity, json& attrs)
     if (form == 3) attrs["dim"] = json::array({dim(3)});
     return {{m, k, n}};
   }
+  if (gen == GenClass::Select || gen == GenClass::SelectIndex) {  // along a dim of 2 or 3
+    const Shape x = *rc::gen::arbitrary<bool>() ? Shape{m, k} : Shape{b + 1, m, k};
+    const auto rank = static_cast<int64_t>(x.size());
+    const int64_t d = dim(rank);
+    attrs["dim"] = d;
+    if (name == "topk") {
+      attrs["k"] = *rc::gen::inRange<int64_t>(0, x[static_cast<size_t>(d < 0 ? d + rank : d)] + 1);
+      attrs["largest"] = *rc::gen::arbitrary<bool>();
+    } else if (name == "sort" || name == "argsort") {
+      attrs["descending"] = *rc::gen::arbitrary<bool>();
+    } else {
+      attrs["keepdim"] = *rc::gen::arbitrary<bool>();
+    }
+    return {x};
+  }
+  if (gen == GenClass::Compare || name == "logical_and" || name == "logical_or") {
+    // Two operands, the same shape or one broadcast, or (a comparison) the scalar value.
+    const int form = *rc::gen::inRange(0, 6);
+    if (form == 5 && gen == GenClass::Compare) {
+      attrs["value"] = *rc::gen::element(-1.0, 0.0, 1.0, 2.0);
+      return {{m, k}};
+    }
+    const Shape other = std::vector<Shape>{{m, k}, {k}, {1, k}, {m, 1}, {}, {m, k}}[static_cast<size_t>(form)];
+    return *rc::gen::arbitrary<bool>() ? std::vector<Shape>{{m, k}, other} : std::vector<Shape>{other, {m, k}};
+  }
   if (name == "mm") return {{m, k}, {k, n}};
   if (name == "bmm") return {{b + 1, m, k}, {b + 1, k, n}};
   if (name == "matmul")
@@ -200,7 +225,10 @@ int copies_of(const RuleFamily& f, const std::string& o) {
   if (f.name == "norm") return 6;  // weight and bias, each sharded or not, over batch or sequence dims
   if (o == "log_softmax") return 8;  // loss parallel besides the rows
   if (attr_forms(o) > 1) return attr_forms(o);  // gelu: three forms of `approximate`
-  if (o == "where") return 4;  // three operands, each whole or broadcast: the most rows
+  if (o == "where") return 6;  // three operands, each whole or broadcast: the most rows
+  // Comparisons of two operands: either one broadcast, or the scalar value.
+  if (f.name == "compare" && o != "logical_not") return 2;
+  if (f.name == "triangle") return 2;  // a batch dim's shard needs a third dim
   // amax, amin: their gradient's split among ties shows only where the extremum ties.
   if (op_schema(o).gen == GenClass::Extremum) return 4;
   if (f.name == "view") return 4;  // six ops, each merging or splitting dims a shard may sit in
@@ -276,7 +304,9 @@ json single_op_program() {
         specs[0][static_cast<size_t>(a)] =
             Placement::shard(*rc::gen::inRange<int64_t>(0, static_cast<int64_t>(shapes[0].size())));
   }
-  bool result_differentiable = true;
+  // A bool or int64 result (comparisons, indices): no gradient, the result compared alone.
+  const bool integral = op_schema(name).result != OperandType::Any;
+  bool result_differentiable = !integral;
   if (op_schema(name).gen == GenClass::Extremum) {
     try {
       for (const auto& p : propagate(name, mesh, specs, shapes, op_attrs(decl)).out_spec)
@@ -332,6 +362,9 @@ json single_op_program() {
     }
   }
   program.push_back(op("y", program_op, args, decl.attrs));
+  if (integral)
+    return {{"format", "meshsim.scenario/1"}, {"name", "single_op"}, {"mesh", mesh_json(mesh)},
+            {"options", options}, {"inputs", inputs}, {"program", program}};
   // A weight of the result's shape in any differentiable placement, so that gradients are not uniform.
   Shape out;
   try {

@@ -266,6 +266,9 @@ std::optional<RedistributeMode> op_redistribute_mode(const OpDecl& op) {
 DTensor apply_program_op(Runtime& rt, const OpDecl& op, const std::vector<DTensor>& args) {
   if (is_creation_op(op.op)) return create(rt, op);
   check_operand_types(op, args);
+  // A bool or int64 result (comparisons, indices) has no gradient: no autograd node for it.
+  std::optional<at::NoGradGuard> no_grad;
+  if (op_schema(op.op).result != OperandType::Any) no_grad.emplace();
   OpAttrs attrs = op_attrs(op);
   attrs.local_mean = op.op == "mean" && rt.follows(Difference::MeanPartialAvg);
   if (op.op == "embedding") {

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <tuple>
 
 #include <torch/csrc/autograd/custom_function.h>
 
@@ -201,6 +202,30 @@ at::Tensor nll_loss(const at::Tensor& logp, const at::Tensor& target, const OpAt
   return loss / count.to(logp.scalar_type());
 }
 
+// sort along dim, stable (ties keep their order), as values and indices; topk is its first k
+// (largest: the descending sort), so that ties pick the first positions on every rank and in the
+// oracle alike (at::topk leaves the order of ties to its algorithm).
+std::tuple<at::Tensor, at::Tensor> stable_sort(const at::Tensor& x, int64_t dim, bool descending) {
+  return at::sort(x, /*stable=*/true, dim, descending);
+}
+
+at::Tensor topk(const at::Tensor& x, const OpAttrs& a) {
+  const int64_t dim = a.dim.value_or(-1);
+  const at::Tensor sorted = std::get<0>(stable_sort(x, dim, a.largest));
+  // A rank's shard shorter than k (only under the planted bug local_topk_sharded_dim, whose rows
+  // keep a shard of dim): the rank's whole shard, sorted.
+  return sorted.narrow(dim, 0, std::min(a.k, sorted.size(dim))).contiguous();
+}
+
+// max, min {dim}: the element at argmax / argmin (the first of ties), so that the gradient goes to
+// that one position, as torch.max(x, dim)'s does to its index.
+at::Tensor max_min(const at::Tensor& x, const OpAttrs& a, bool max) {
+  const int64_t dim = a.dim.value_or(-1);
+  const at::Tensor at_index = max ? at::argmax(x, dim, true) : at::argmin(x, dim, true);
+  const at::Tensor y = x.gather(dim, at_index);
+  return a.keepdim ? y : y.squeeze(dim);
+}
+
 // ---------------------------------------------------------------------------------------------
 // The rows: one per op with a kernel, by name, in the catalog's (alphabetical) order.
 
@@ -217,6 +242,10 @@ const KernelRow kRows[] = {
     {"add", [](const OpAttrs& a, const Xs& xs) { return at::add(xs.at(0), second(a, xs)); }},
     {"amax", [](const OpAttrs& a, const Xs& xs) { return reduce_extremum(xs.at(0), a, true); }},
     {"amin", [](const OpAttrs& a, const Xs& xs) { return reduce_extremum(xs.at(0), a, false); }},
+    {"argmax", [](const OpAttrs& a, const Xs& xs) { return at::argmax(xs.at(0), a.dim.value_or(-1), a.keepdim); }},
+    {"argmin", [](const OpAttrs& a, const Xs& xs) { return at::argmin(xs.at(0), a.dim.value_or(-1), a.keepdim); }},
+    {"argsort",
+     [](const OpAttrs& a, const Xs& xs) { return std::get<1>(stable_sort(xs.at(0), a.dim.value_or(-1), a.descending)); }},
     {"bmm", [](const OpAttrs&, const Xs& xs) { return at::bmm(xs.at(0), xs.at(1)); }},
     {"cat", [](const OpAttrs& a, const Xs& xs) { return at::cat(xs, a.dim.value_or(0)); }},
     {"cos", [](const OpAttrs&, const Xs& xs) { return at::cos(xs.at(0)); }},
@@ -229,16 +258,20 @@ const KernelRow kRows[] = {
      [](const OpAttrs& a, const Xs& xs) { return nll_loss(at::log_softmax(xs.at(0), 1), xs.at(1), a); }},
     {"div", [](const OpAttrs& a, const Xs& xs) { return at::div(xs.at(0), second(a, xs)); }},
     {"embedding", [](const OpAttrs& a, const Xs& xs) { return embedding(xs.at(0), xs.at(1), a); }},
+    {"eq", [](const OpAttrs& a, const Xs& xs) { return at::eq(xs.at(0), second(a, xs)); }},
     {"exp", [](const OpAttrs&, const Xs& xs) { return at::exp(xs.at(0)); }},
     {"expand",
      [](const OpAttrs& a, const Xs& xs) { return xs.at(0).expand(view_shape("expand", a, xs.at(0))).contiguous(); }},
     {"flatten", [](const OpAttrs& a, const Xs& xs) { return reshaped("flatten", a, xs); }},
+    {"ge", [](const OpAttrs& a, const Xs& xs) { return at::ge(xs.at(0), second(a, xs)); }},
     {"gelu", [](const OpAttrs& a, const Xs& xs) { return gelu(xs.at(0), a.tanh); }},
+    {"gt", [](const OpAttrs& a, const Xs& xs) { return at::gt(xs.at(0), second(a, xs)); }},
     {"layer_norm",
      [](const OpAttrs& a, const Xs& xs) {
        const at::Tensor w = xs.size() > 1 ? xs[1] : at::Tensor(), b = xs.size() > 2 ? xs[2] : at::Tensor();
        return at::layer_norm(xs.at(0), a.normalized_shape, w, b, a.eps.value_or(1e-5));
      }},
+    {"le", [](const OpAttrs& a, const Xs& xs) { return at::le(xs.at(0), second(a, xs)); }},
     // linear runs as one op on a rank and in the oracle; the DTensor runtime runs its parts
     // (interpreter.cpp), as PyTorch's decomposition of aten.linear does.
     {"linear",
@@ -248,9 +281,15 @@ const KernelRow kRows[] = {
      }},
     {"log", [](const OpAttrs&, const Xs& xs) { return at::log(xs.at(0)); }},
     {"log_softmax", [](const OpAttrs& a, const Xs& xs) { return at::log_softmax(xs.at(0), a.dim.value_or(-1)); }},
+    {"logical_and", [](const OpAttrs&, const Xs& xs) { return at::logical_and(xs.at(0), xs.at(1)); }},
+    {"logical_not", [](const OpAttrs&, const Xs& xs) { return at::logical_not(xs.at(0)); }},
+    {"logical_or", [](const OpAttrs&, const Xs& xs) { return at::logical_or(xs.at(0), xs.at(1)); }},
+    {"lt", [](const OpAttrs& a, const Xs& xs) { return at::lt(xs.at(0), second(a, xs)); }},
     {"masked_fill", [](const OpAttrs& a, const Xs& xs) { return xs.at(0).masked_fill(xs.at(1), a.fill); }},
     {"matmul", [](const OpAttrs&, const Xs& xs) { return at::matmul(xs.at(0), xs.at(1)).contiguous(); }},
+    {"max", [](const OpAttrs& a, const Xs& xs) { return max_min(xs.at(0), a, true); }},
     {"mean", [](const OpAttrs& a, const Xs& xs) { return reduce_mean(xs.at(0), a); }},
+    {"min", [](const OpAttrs& a, const Xs& xs) { return max_min(xs.at(0), a, false); }},
     {"mm", [](const OpAttrs&, const Xs& xs) { return at::mm(xs.at(0), xs.at(1)); }},
     {"mul", [](const OpAttrs& a, const Xs& xs) { return at::mul(xs.at(0), second(a, xs)); }},
     {"narrow",
@@ -258,6 +297,7 @@ const KernelRow kRows[] = {
        const int64_t d = a.dim.value_or(0), n = xs.at(0).size(d);
        return xs.at(0).narrow(d, a.start < 0 ? a.start + n : a.start, a.length).contiguous();
      }},
+    {"ne", [](const OpAttrs& a, const Xs& xs) { return at::ne(xs.at(0), second(a, xs)); }},
     {"neg", [](const OpAttrs&, const Xs& xs) { return at::neg(xs.at(0)); }},
     {"nll_loss", [](const OpAttrs& a, const Xs& xs) { return nll_loss(xs.at(0), xs.at(1), a); }},
     {"permute", [](const OpAttrs& a, const Xs& xs) { return xs.at(0).permute(a.dims).contiguous(); }},
@@ -272,12 +312,15 @@ const KernelRow kRows[] = {
     {"silu", [](const OpAttrs&, const Xs& xs) { return at::silu(xs.at(0)); }},
     {"sin", [](const OpAttrs&, const Xs& xs) { return at::sin(xs.at(0)); }},
     {"softmax", [](const OpAttrs& a, const Xs& xs) { return at::softmax(xs.at(0), a.dim.value_or(-1)); }},
+    {"sort",
+     [](const OpAttrs& a, const Xs& xs) { return std::get<0>(stable_sort(xs.at(0), a.dim.value_or(-1), a.descending)); }},
     {"sqrt", [](const OpAttrs&, const Xs& xs) { return at::sqrt(xs.at(0)); }},
     {"squeeze", [](const OpAttrs& a, const Xs& xs) { return reshaped("squeeze", a, xs); }},
     {"stack", [](const OpAttrs& a, const Xs& xs) { return at::stack(xs, a.dim.value_or(0)); }},
     {"sub", [](const OpAttrs& a, const Xs& xs) { return at::sub(xs.at(0), second(a, xs)); }},
     {"sum", [](const OpAttrs& a, const Xs& xs) { return reduce_sum(xs.at(0), a); }},
     {"tanh", [](const OpAttrs&, const Xs& xs) { return at::tanh(xs.at(0)); }},
+    {"topk", [](const OpAttrs& a, const Xs& xs) { return topk(xs.at(0), a); }},
     {"transpose",
      [](const OpAttrs& a, const Xs& xs) { return at::transpose(xs.at(0), a.dim0, a.dim1).contiguous(); }},
     {"tril", [](const OpAttrs& a, const Xs& xs) { return at::tril(xs.at(0), a.diagonal); }},

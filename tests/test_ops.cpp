@@ -12,6 +12,7 @@
 #include <set>
 
 #include "core/error.h"
+#include "core/ops.h"
 #include "core/propagation.h"
 #include "core/reduced_policy.h"
 #include "core/scenario.h"
@@ -66,7 +67,8 @@ bool differentiable(const std::vector<Names>& specs) {
 
 int arity(const std::string& op) {
   static const std::set<std::string> binary = {"add", "bmm", "cat", "div", "matmul", "mm", "mul", "stack", "sub",
-                                               "masked_fill", "embedding", "nll_loss", "cross_entropy"};
+                                               "masked_fill", "embedding", "nll_loss", "cross_entropy",
+                                               "eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or"};
   if (op == "where") return 3;
   return binary.count(op) ? 2 : 1;
 }
@@ -75,6 +77,7 @@ int arity(const std::string& op) {
 std::string operand_dtype(const std::string& op, size_t i) {
   if ((op == "embedding" && i == 0) || ((op == "nll_loss" || op == "cross_entropy") && i == 1)) return "int64";
   if ((op == "where" && i == 0) || (op == "masked_fill" && i == 1)) return "bool";
+  if (op == "logical_and" || op == "logical_or" || op == "logical_not") return "bool";
   return "float";
 }
 
@@ -123,6 +126,29 @@ std::vector<OpConfig> configs(const std::string& op) {
   if (op == "embedding") return {{op, none, {{5}, {7, 3}}}, {op, none, {{2, 3}, {5, 4}}}};
   if (op == "nll_loss" || op == "cross_entropy")
     return {{op, none, {tall, {5}}}, {op, {{"reduction", "sum"}}, {{4, 5}, {4}}}, {op, {{"ignore_index", 2}}, {{6, 3}, {6}}}};
+  // max, min, argmax, argmin: along each dim, keepdim or not; sort, argsort, topk along each dim
+  // (k from 0 to the whole extent). The dim gathered where sharded; [5, 3] is uneven on [3] and [4].
+  if (op == "max" || op == "min" || op == "argmax" || op == "argmin") {
+    for (bool keepdim : {false, true})
+      for (int dim : {0, -1}) out.push_back({op, {{"dim", dim}, {"keepdim", keepdim}}, {tall}});
+    out.push_back({op, {{"dim", 1}}, {cube}});
+    return out;
+  }
+  if (op == "sort" || op == "argsort")
+    return {{op, {{"dim", 0}}, {tall}}, {op, {{"dim", -1}, {"descending", true}}, {tall}}, {op, {{"dim", 1}}, {cube}}};
+  if (op == "topk")
+    return {{op, {{"k", 2}, {"dim", 0}}, {tall}},
+            {op, {{"k", 3}, {"dim", -1}, {"largest", false}}, {tall}},
+            {op, {{"k", 5}, {"dim", 1}}, {cube}},
+            {op, {{"k", 0}, {"dim", 0}}, {wide}}};
+  // Comparisons: as the binary ops, and against a scalar value (small integers: equal often).
+  if (op == "eq" || op == "ne" || op == "lt" || op == "le" || op == "gt" || op == "ge")
+    return {{op, none, {tall, tall}},
+            {op, none, {wide, wide}},
+            {op, none, {tall, {3}}},
+            {op, none, {{5, 1}, tall}},
+            {op, {{"value", 1}}, {tall}},
+            {op, {{"value", 0.5}}, {cube}}};
   // Binary pointwise ops: same shapes, and a broadcast operand (missing dims and size-1 dims).
   if (arity(op) == 2)
     return {{op, none, {tall, tall}}, {op, none, {wide, wide}}, {op, none, {tall, {3}}}, {op, none, {{5, 1}, tall}}};
@@ -202,10 +228,13 @@ std::vector<OpCase> cases(const std::string& op) {
     std::vector<Names> two;
     for (const auto& p : one)
       for (const auto& q : one) two.push_back({p, q});
+    // One operand: a unary op, or a binary one against its scalar `value`.
+    const bool unary = arity(op) == 1 || c.shapes.size() == 1;
     for (Shape mesh : {Shape{3}, Shape{4}}) {
-      if (arity(op) == 1) {
+      if (unary) {
         for (const auto& p : one) out.push_back({c, mesh, {{p}}});
-        for (const char* p : {"P(max)", "P(min)"}) out.push_back({c, mesh, {{p}}});
+        if (operand_dtype(op, 0) == "float")  // a bool operand is never Partial
+          for (const char* p : {"P(max)", "P(min)"}) out.push_back({c, mesh, {{p}}});
       } else {
         for (const auto& p : one)
           for (const auto& q : axis_placements(c.shapes[1].size(), operand_dtype(op, 1) == "float"))
@@ -214,10 +243,12 @@ std::vector<OpCase> cases(const std::string& op) {
           for (const char* p : {"P(max)", "P(min)"}) out.push_back({c, mesh, {{p}, {p}}});
       }
     }
-    if (arity(op) == 1) {
+    if (unary) {
       for (const auto& s : two) out.push_back({c, {2, 2}, {s}});
-      out.push_back({c, {2, 2}, {{"P(max)", "S(0)"}}});
-      out.push_back({c, {2, 2}, {{"R", "P(min)"}}});
+      if (operand_dtype(op, 0) == "float") {
+        out.push_back({c, {2, 2}, {{"P(max)", "S(0)"}}});
+        out.push_back({c, {2, 2}, {{"R", "P(min)"}}});
+      }
     } else {
       std::vector<Names> other;
       const bool partial = operand_dtype(op, 1) == "float";
@@ -296,14 +327,22 @@ json scenario_json(const OpCase& c) {
     for (const auto& p : propagate(cfg.op, mesh, given, cfg.shapes, attrs_of(cfg.op, cfg.attrs)).out_spec)
       grad = grad && !p.is_partial();
   }
-  inputs.push_back({{"name", "c"}, {"shape", out_shape}, {"placements", Names(c.mesh.size(), "R")}});
+  // A bool or int64 result (comparisons, indices): its value alone, no gradient.
+  const bool integral = op_schema(cfg.op).result != OperandType::Any;
+  if (integral) {
+    grad = false;
+    for (auto& in : inputs) in["requires_grad"] = false;
+  }
+  if (!integral) inputs.push_back({{"name", "c"}, {"shape", out_shape}, {"placements", Names(c.mesh.size(), "R")}});
   json op = cfg.attrs;
   op["out"] = "y";
   op["op"] = cfg.op;
   op["args"] = args;
   program.push_back(op);
-  program.push_back({{"out", "m"}, {"op", "mul"}, {"args", {"y", "c"}}});
-  program.push_back({{"out", "loss"}, {"op", "sum"}, {"args", {"m"}}});
+  if (!integral) {
+    program.push_back({{"out", "m"}, {"op", "mul"}, {"args", {"y", "c"}}});
+    program.push_back({{"out", "loss"}, {"op", "sum"}, {"args", {"m"}}});
+  }
   json doc = {{"format", "meshsim.scenario/1"},
               {"name", "ops"},
               {"mesh", {{"axes", mesh_axes}, {"shape", c.mesh}}},
@@ -750,7 +789,10 @@ TEST(OpAttrsText, EveryFieldIsInTheKey) {
   EXPECT_EQ(attrs_of("sum", {{"dim", 1}, {"keepdim", true}}).str(),
             "dim=1 dims=[] dims_given=0 keepdim=1 value=1 scalar=0 dim0=0 dim1=0 shape=[] sizes=[] start_dim=0 end_dim=-1 "
             "start=0 length=0 split_size=0 chunks=0 tanh=0 exponent=1 diagonal=0 normalized_shape=[] eps=- sum_reduction=0 "
-            "ignore_index=- fill=0 float32=0 range=- divisor=- local_mean=0 local_shape=-");
+            "ignore_index=- fill=0 k=1 largest=1 descending=0 float32=0 range=- divisor=- local_mean=0 local_shape=-");
+  EXPECT_NE(attrs_of("topk", {{"k", 2}}).str(), attrs_of("topk", {{"k", 3}}).str());
+  EXPECT_NE(attrs_of("topk", {{"k", 2}, {"largest", false}}).str(), attrs_of("topk", {{"k", 2}}).str());
+  EXPECT_NE(attrs_of("sort", {{"descending", true}}).str(), attrs_of("sort", json::object()).str());
   OpAttrs pytorch_mean = attrs_of("mean", {{"dim", 0}});
   pytorch_mean.local_mean = true;  // semantics pytorch: P(avg) of local means, another decision
   EXPECT_NE(pytorch_mean.str(), attrs_of("mean", {{"dim", 0}}).str());

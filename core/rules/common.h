@@ -9,6 +9,8 @@
 //   rules/reductions.cpp    reduction (sum, mean), amax, amin, softmax
 //   rules/norms_losses.cpp  norm (layer_norm, rms_norm), pick_target, count_targets
 //   rules/embedding.cpp     embedding
+//   rules/selection.cpp     select (max, min, sort, topk), select_index (argmax, argmin,
+//                           argsort), compare (eq, ne, lt, le, gt, ge, logical_and/not/or)
 //   rules/registry.cpp      the registry: one entry per family, in the order of rule_families()
 //   rules/coverage.cpp      propagation_coverage(): every key the tables can give
 //   op_attrs.cpp            op_attrs(), OpAttrs::str(), the attributes resolved for an operand
@@ -252,6 +254,13 @@ Grad count_targets_gradient(const AxisGrad& x);
 // embedding.cpp
 std::vector<RuleRow> embedding_rows(const RowCtx& c);
 Grad embedding_gradient(const AxisGrad& x);
+
+// selection.cpp
+std::vector<RuleRow> select_rows(const RowCtx& c);
+std::vector<RuleRow> compare_rows(const RowCtx& c);
+Grad select_gradient(const AxisGrad& x);
+Grad select_index_gradient(const AxisGrad& x);
+Grad compare_gradient(const AxisGrad& x);
 
 // ---------------------------------------------------------------------------------------------
 // The registry (registry.cpp): one entry per family, in the order of rule_families().

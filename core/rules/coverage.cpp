@@ -84,6 +84,12 @@ std::vector<CoverageCase> coverage_cases(const std::string& family, const std::s
     for (const auto& p : std::vector<std::pair<Shape, Shape>>{
              {{2, 2}, {2}}, {{2}, {2, 2}}, {{2, 2}, {1, 2}}, {{1, 2}, {2, 2}}, {{2, 2}, {}}, {{}, {2, 2}}})
       add({p.first, p.second});
+  } else if (family == "compare") {
+    // logical_not takes one operand; the others two, whole or one broadcast, or the scalar value.
+    for (int64_t r = 1; r <= 2; ++r) add(op == "logical_not" ? std::vector<Shape>{cube(r)} : std::vector<Shape>{cube(r), cube(r)});
+    if (op != "logical_not")
+      for (const auto& p : std::vector<std::pair<Shape, Shape>>{{{2, 2}, {2}}, {{2}, {2, 2}}, {{2, 2}, {}}})
+        add({p.first, p.second});
   } else if (family == "where") {
     for (int64_t r = 1; r <= 2; ++r) add({cube(r), cube(r), cube(r)});
     add({{2}, {2, 2}, {2, 2}});
@@ -171,7 +177,7 @@ std::vector<CoverageCase> coverage_cases(const std::string& family, const std::s
     // over lists of dims too.
     for (int64_t r = 1; r <= 3; ++r) {
       for (const auto& a : attr_variants(r)) {
-        if ((op == "softmax" || op == "log_softmax") && !a.dim) continue;
+        if ((op == "softmax" || op == "log_softmax" || family == "select" || family == "select_index") && !a.dim) continue;
         if (family == "triangle" && r < 2) continue;
         add({cube(r)}, a);
       }

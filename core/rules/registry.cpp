@@ -42,6 +42,8 @@ const Entry kEntries[] = {
     {"amax", 1, amax_rows, reduction_gradient},
     {"amin", 1, amin_rows, reduction_gradient},
     {"softmax", 1, softmax_rows, times_operand},
+    {"select", 1, select_rows, select_gradient},
+    {"select_index", 1, select_rows, select_index_gradient},
     {"where", 3, where_rows, where_gradient},
     {"masked_fill", 2, masked_fill_rows, masked_fill_gradient},
     {"triangle", 1, triangle_rows, triangle_gradient},
@@ -49,6 +51,7 @@ const Entry kEntries[] = {
     {"embedding", 2, embedding_rows, embedding_gradient},
     {"pick_target", 2, pick_target_rows, pick_target_gradient},
     {"count_targets", 1, count_targets_rows, count_targets_gradient},
+    {"compare", 0, compare_rows, compare_gradient},
 };
 
 }  // namespace
