@@ -249,6 +249,29 @@ def _binary(fn):
     return lambda xs, op: fn(xs[0], xs[1] if len(xs) > 1 else op["value"])
 
 
+def _order(x, dim, descending):
+    """argsort along dim, stable: ties keep their order, descending too (meshsim's kernels)."""
+    return jnp.argsort(-x if descending else x, axis=dim, stable=True)
+
+
+def _sorted(x, op, descending, k):
+    """sort's values along dim; topk's first k (its order, ties at the first positions)."""
+    dim = _wrap(op.get("dim", -1), x.ndim)
+    order = _order(x, dim, descending)
+    if k is not None:
+        order = jax.lax.slice_in_dim(order, 0, k, axis=dim)
+    return jnp.take_along_axis(x, order, axis=dim)
+
+
+def _picked(x, op, largest):
+    """max / min along dim: the element at argmax / argmin, so that the gradient goes to that one
+    position (torch.max(x, dim)'s; jnp.max splits it among ties)."""
+    dim = _wrap(op["dim"], x.ndim)
+    at = jnp.expand_dims(jnp.argmax(x, axis=dim) if largest else jnp.argmin(x, axis=dim), dim)
+    y = jnp.take_along_axis(x, at, axis=dim)
+    return y if op.get("keepdim", False) else jnp.squeeze(y, axis=dim)
+
+
 def _reduction(fn):
     return lambda xs, op: fn(xs[0], axis=_dims(op, xs[0].ndim), keepdims=bool(op.get("keepdim", False)))
 
@@ -290,6 +313,17 @@ OPS = {
     "split": lambda xs, op: _pieces(xs[0], op), "chunk": lambda xs, op: _pieces(xs[0], op),
     "sum": _reduction(jnp.sum), "mean": _reduction(jnp.mean),
     "amax": _reduction(jnp.max), "amin": _reduction(jnp.min),
+    "max": lambda xs, op: _picked(xs[0], op, True), "min": lambda xs, op: _picked(xs[0], op, False),
+    "argmax": lambda xs, op: jnp.argmax(xs[0], axis=op["dim"], keepdims=bool(op.get("keepdim", False))),
+    "argmin": lambda xs, op: jnp.argmin(xs[0], axis=op["dim"], keepdims=bool(op.get("keepdim", False))),
+    "sort": lambda xs, op: _sorted(xs[0], op, op.get("descending", False), None),
+    "argsort": lambda xs, op: _order(xs[0], op.get("dim", -1), op.get("descending", False)),
+    "topk": lambda xs, op: _sorted(xs[0], op, op.get("largest", True), op["k"]),
+    "eq": _binary(jnp.equal), "ne": _binary(jnp.not_equal), "lt": _binary(jnp.less),
+    "le": _binary(jnp.less_equal), "gt": _binary(jnp.greater), "ge": _binary(jnp.greater_equal),
+    "logical_and": lambda xs, op: jnp.logical_and(xs[0], xs[1]),
+    "logical_or": lambda xs, op: jnp.logical_or(xs[0], xs[1]),
+    "logical_not": lambda xs, op: jnp.logical_not(xs[0]),
 }
 
 

@@ -680,6 +680,23 @@ OPS = {
     "mean": reduction(torch.mean),
     "amax": reduction(torch.amax),
     "amin": reduction(torch.amin),
+    # Selection and order (meshsim's catalog gives the values or the indices, one op each): sorts
+    # stable, as meshsim's kernels (torch.topk's ties may pick other positions: the same values).
+    "max": lambda p, op, x: torch.max(x, dim=op["dim"], keepdim=bool(op.get("keepdim", False))).values,
+    "min": lambda p, op, x: torch.min(x, dim=op["dim"], keepdim=bool(op.get("keepdim", False))).values,
+    "argmax": lambda p, op, x: torch.argmax(x, dim=op["dim"], keepdim=bool(op.get("keepdim", False))),
+    "argmin": lambda p, op, x: torch.argmin(x, dim=op["dim"], keepdim=bool(op.get("keepdim", False))),
+    "sort": lambda p, op, x: torch.sort(x, dim=op.get("dim", -1), descending=bool(op.get("descending", False)),
+                                        stable=True).values,
+    "argsort": lambda p, op, x: torch.argsort(x, dim=op.get("dim", -1), descending=bool(op.get("descending", False)),
+                                              stable=True),
+    "topk": lambda p, op, x: torch.topk(x, op["k"], dim=op.get("dim", -1), largest=bool(op.get("largest", True))).values,
+    # Comparisons and logic: bool results.
+    "eq": binary(torch.eq), "ne": binary(torch.ne), "lt": binary(torch.lt), "le": binary(torch.le),
+    "gt": binary(torch.gt), "ge": binary(torch.ge),
+    "logical_and": lambda p, op, x, y: torch.logical_and(x, y),
+    "logical_or": lambda p, op, x, y: torch.logical_or(x, y),
+    "logical_not": lambda p, op, x: torch.logical_not(x),
     "to_local": lambda p, op, x: x.to_local(
         grad_placements=tuple(p.placements(op["grad_placements"], x.ndim)) if op.get("grad_placements")
         else p.reduced_grad(op["args"][0], x.placements)),
