@@ -220,14 +220,17 @@ int attr_forms(const std::string& name) {
 // How often each op is drawn: matmul's ranks and batch broadcasting have the most rules; the
 // losses and the embedding have the planted bugs of the most kinds; the extrema's ties.
 int copies_of(const RuleFamily& f, const std::string& o) {
-  if (o == "matmul" || o == "bmm") return 4;
+  if (o == "matmul") return 4;
+  if (o == "bmm") return 5;  // P(avg) against R: its rarest rows
   if (o == "embedding" || o == "pick_target") return 4;
   if (f.name == "norm") return 6;  // weight and bias, each sharded or not, over batch or sequence dims
   if (o == "log_softmax") return 8;  // loss parallel besides the rows
   if (attr_forms(o) > 1) return attr_forms(o);  // gelu: three forms of `approximate`
   if (o == "where") return 6;  // three operands, each whole or broadcast: the most rows
   // Comparisons of two operands: either one broadcast, or the scalar value.
-  if (f.name == "compare" && o != "logical_not") return 2;
+  if (f.name == "compare" && o != "logical_not") return 3;
+  // Along a dim: a shard after a dropped dim (max, min, argmax, argmin) moves down by one.
+  if (f.name == "select" || f.name == "select_index") return 2;
   if (f.name == "triangle") return 2;  // a batch dim's shard needs a third dim
   // amax, amin: their gradient's split among ties shows only where the extremum ties.
   if (op_schema(o).gen == GenClass::Extremum) return 4;

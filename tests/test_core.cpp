@@ -1230,7 +1230,9 @@ TEST(Coverage, UniverseHoldsEveryRowOnce) {
       a.sizes = {2, 1};
       a.dims = {1, 0};
       a.normalized_shape = {2};
-      const size_t n = f.arity == 0 ? 2 : f.arity;
+      // A family of any number of operands: as many as the op takes (cat and stack: two).
+      const int most = op_schema(op).max_args();
+      const size_t n = f.arity != 0 ? f.arity : most < 0 ? 2 : static_cast<size_t>(most);
       const Shape s = op == "bmm" ? Shape{2, 2, 2} : op == "expand" ? Shape{1, 2} : Shape{2, 2};
       std::vector<Shape> shapes(n, s);
       if (f.name == "norm") shapes = {{2, 2}, {2}};
