@@ -286,7 +286,7 @@ struct DTensorBuilder {
     return add(name, {&operand}, extra, y.bound, y.floor);
   }
 
-  // The transformer-layer ops (kinds 14-19).
+  // The transformer-layer ops (kinds 14-19), comparisons (20) and selection (21).
   bool try_layer_kind(int kind, const DValue& x) {
     const auto rank = static_cast<int64_t>(x.shape.size());
     switch (kind) {
@@ -401,9 +401,101 @@ struct DTensorBuilder {
         const bool mul = *rc::gen::arbitrary<bool>();
         return add(mul ? "mul" : "add", {&x, &c}, {}, mul ? x.bound * c.bound : x.bound + c.bound);
       }
+      case 20:  // comparisons and logic: a mask of x, picking x or a value of its shape by where
+        return compare_kind(x);
+      case 21:  // selection along a dim: values, and their indices compared into a mask now and then
+        return select_kind(x);
       default:
         return false;
     }
+  }
+
+  // A comparison of x (not rounded: a value the mesh rounds otherwise than the oracle could compare
+  // otherwise) against a value, a value of its shape or one broadcast over its last dim (either
+  // side); logical_not of it, or logical_and / or with another comparison, now and then; where picks
+  // x or a value of its shape by it.
+  // Whether a binary op's scalar `value` (a replicated 0-d operand at run time, which add() does
+  // not see) may meet v: not an Rd operand under the strict Reduced policy (operands disagree).
+  bool scalar_fits(const DValue& v) const {
+    if (policy != ReducedPropagation::Strict) return true;
+    for (const auto& p : v.spec)
+      if (p.is_reduced()) return false;
+    return true;
+  }
+
+  bool compare_kind(const DValue& x) {
+    if (x.rounded || !scalar_fits(x)) return false;
+    const std::string name = op_of(GenClass::Compare);
+    const int form = x.shape.empty() ? 0 : *rc::gen::inRange(0, 3);
+    auto value = [] { return *rc::gen::element(-1.0, 0.0, 0.5, 1.0, 2.0); };
+    if (form == 0) {
+      if (!add(name, {&x}, {{"value", value()}}, 1.0)) return false;
+    } else {
+      const Shape s = form == 1 ? x.shape : Shape{x.shape.back()};
+      const DValue* y = partner([&](const DValue& v) { return v.shape == s && !v.rounded; });
+      if (!y) return false;
+      const DValue other = *y;
+      const bool swap = *rc::gen::arbitrary<bool>();
+      if (!add(name, swap ? std::vector<const DValue*>{&other, &x} : std::vector<const DValue*>{&x, &other}, {}, 1.0))
+        return false;
+    }
+    DValue mask = take();
+    const int logic = *rc::gen::inRange(0, 3);
+    if (logic == 0) {
+      if (!add("logical_not", {&mask}, {}, 1.0)) return false;
+      mask = take();
+    } else if (logic == 1) {
+      if (!add(op_of(GenClass::Compare), {&x}, {{"value", value()}}, 1.0)) return false;
+      const DValue second = take();
+      if (!add(*rc::gen::element<std::string>("logical_and", "logical_or"), {&mask, &second}, {}, 1.0)) return false;
+      mask = take();
+    }
+    const DValue* y = partner([&](const DValue& v) { return v.shape == x.shape; });
+    if (!y) return false;
+    const DValue other = *y;
+    return add("where", {&mask, &x, &other}, {}, std::max(x.bound, other.bound));
+  }
+
+  // max, min, sort or topk of x (not rounded: ties must break alike) along a dim; now and then the
+  // indices of the same pick (argmax, argmin, argsort; topk's as argsort's first k) compared
+  // against an index, the mask picking the values or a value of their shape.
+  bool select_kind(const DValue& x) {
+    if (x.rounded || x.shape.empty()) return false;
+    const auto rank = static_cast<int64_t>(x.shape.size());
+    const int64_t d = dim_of(x), n = x.shape[static_cast<size_t>(d < 0 ? d + rank : d)];
+    if (n == 0) return false;
+    const std::string name = op_of(GenClass::Select);
+    json extra = {{"dim", d}}, by_index = {{"dim", d}};
+    const int64_t k = *rc::gen::inRange<int64_t>(0, n + 1);
+    const bool flag = *rc::gen::arbitrary<bool>();
+    if (name == "topk") {
+      extra.update({{"k", k}, {"largest", flag}});
+      by_index["descending"] = flag;
+    } else if (name == "sort") {
+      extra["descending"] = flag;
+      by_index["descending"] = flag;
+    } else {
+      extra["keepdim"] = flag;
+      by_index["keepdim"] = flag;
+    }
+    if (!add(name, {&x}, extra, x.bound)) return false;
+    if (*rc::gen::arbitrary<bool>()) return true;
+    const DValue values = pool.back();
+    const std::string index = name == "max" ? "argmax" : name == "min" ? "argmin" : "argsort";
+    if (!add(index, {&x}, by_index, static_cast<double>(n))) return false;
+    DValue at = take();
+    if (name == "topk") {
+      if (!add("narrow", {&at}, {{"dim", d}, {"start", 0}, {"length", k}}, static_cast<double>(n))) return false;
+      at = take();
+    }
+    if (!scalar_fits(at) ||
+        !add(op_of(GenClass::Compare), {&at}, {{"value", *rc::gen::inRange<int64_t>(0, n)}}, 1.0))
+      return false;
+    const DValue mask = take();
+    const DValue* y = partner([&](const DValue& v) { return v.shape == values.shape; });
+    if (!y) return false;
+    const DValue other = *y;
+    return add("where", {&mask, &values, &other}, {}, std::max(values.bound, other.bound));
   }
 
   // split {sizes | size} or chunk {chunks} of x along a dim: every piece joins the pool.
@@ -450,7 +542,7 @@ struct DTensorBuilder {
 
   // One op: the drawn kind if it applies to the drawn operand, else the next kind that does.
   void step() {
-    constexpr int kKinds = 20;
+    constexpr int kKinds = 22;
     const int first = *rc::gen::inRange(0, kKinds);
     const DValue x = any();
     for (int i = 0; i < kKinds; ++i)

@@ -57,12 +57,17 @@ std::vector<Shape> draw_case(const std::string& name, size_t arity, json& attrs)
     return {{m, k, n}};
   }
   if (gen == GenClass::Select || gen == GenClass::SelectIndex) {  // along a dim of 2 or 3
-    const Shape x = *rc::gen::arbitrary<bool>() ? Shape{m, k} : Shape{b + 1, m, k};
+    Shape x = *rc::gen::arbitrary<bool>() ? Shape{m, k} : Shape{b + 1, m, k};
     const auto rank = static_cast<int64_t>(x.size());
     const int64_t d = dim(rank);
     attrs["dim"] = d;
+    // The dim's extent drawn at full size from the first case: over one element (inRange's early
+    // cases) every rank picks the same, and a shard of the dim shows nothing.
+    x[static_cast<size_t>(d < 0 ? d + rank : d)] = *rc::gen::resize(100, rc::gen::inRange<int64_t>(1, 9));
     if (name == "topk") {
-      attrs["k"] = *rc::gen::inRange<int64_t>(0, x[static_cast<size_t>(d < 0 ? d + rank : d)] + 1);
+      const int64_t n = x[static_cast<size_t>(d < 0 ? d + rank : d)];
+      attrs["k"] = *rc::gen::resize(100, rc::gen::inRange(0, 8)) == 0 ? int64_t{0}
+                                                                      : *rc::gen::resize(100, rc::gen::inRange<int64_t>(1, n + 1));
       attrs["largest"] = *rc::gen::arbitrary<bool>();
     } else if (name == "sort" || name == "argsort") {
       attrs["descending"] = *rc::gen::arbitrary<bool>();
@@ -230,6 +235,7 @@ int copies_of(const RuleFamily& f, const std::string& o) {
   // Comparisons of two operands: either one broadcast, or the scalar value.
   if (f.name == "compare" && o != "logical_not") return 3;
   // Along a dim: a shard after a dropped dim (max, min, argmax, argmin) moves down by one.
+  if (o == "topk") return 8;  // the planted bug local_topk_sharded_dim: a shard of its dim, k >= 1
   if (f.name == "select" || f.name == "select_index") return 2;
   if (f.name == "triangle") return 2;  // a batch dim's shard needs a third dim
   // amax, amin: their gradient's split among ties shows only where the extremum ties.
@@ -295,6 +301,12 @@ json single_op_program() {
     if (name == "log_softmax") {
       const int64_t d = decl.attrs["dim"].get<int64_t>();
       for (int more = 0; more < 3; ++more) shard_rows.push_back({Placement::shard(d < 0 ? d + 2 : d)});
+    }
+    // A selection of a shard of its dim: no row takes it (the dim is gathered first, or, under the
+    // planted bug local_topk_sharded_dim, each rank's own top k is taken): drawn as often as a row.
+    if (op_schema(name).gen == GenClass::Select || op_schema(name).gen == GenClass::SelectIndex) {
+      const int64_t d = decl.attrs["dim"].get<int64_t>(), rank = static_cast<int64_t>(shapes[0].size());
+      shard_rows.push_back({Placement::shard(d < 0 ? d + rank : d)});
     }
     for (int a = 0; a < mesh.ndim(); ++a) {
       const auto& row = !shard_rows.empty() && *rc::gen::inRange(0, 3) != 0 ? *rc::gen::elementOf(shard_rows) : *rc::gen::elementOf(rows);
