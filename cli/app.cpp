@@ -205,6 +205,17 @@ int main(int argc, char** argv) {
                          "per rank with local shapes, collectives joining each group (meshes over 16 "
                          "ranks collapsed)")
       ->check(CLI::IsMember({"logical", "ranks"}));
+  auto* render_fold = render_cmd->add_flag(
+      "--fold", render.fold,
+      "Fold each layer (an imported module's numbered part, layers.0; or a name prefix shared by "
+      "numbered layers, l0_ and l1_) into one box per phase with its collectives summed. Default: "
+      "folded when the diagram in full has more than 250 nodes");
+  render_cmd->add_flag("--no-fold", render.no_fold, "Draw every op, never folded by layer")->excludes(render_fold);
+  render_cmd->add_option("--ops", render.ops,
+                         "Draw only the ops FROM..TO of the program (both included; each end an op index "
+                         "from 0 or the name of a value an op makes; an end left out is the first or last "
+                         "op), with the inputs they read and their backward; a bad range exits 2")
+      ->type_name("FROM..TO");
   add_limits(render_cmd, limits, max_memory);
   add_input_limit(render_cmd, max_input);
 

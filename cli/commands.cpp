@@ -684,7 +684,18 @@ int cmd_render(const RenderArgs& args) {
     check_resources(sc, sc.options, g_limits);
     trace = trace_of(sc, sc.options, check_scenario(sc, sc.options));
   }
-  render_to_file(trace, args.out, parse_render_view(args.view));
+  RenderOptions options;
+  options.view = parse_render_view(args.view);
+  options.fold = args.fold ? FoldMode::Always : args.no_fold ? FoldMode::Never : FoldMode::Auto;
+  options.ops = args.ops;
+  if (!args.ops.empty()) {
+    try {
+      parse_op_range(trace, args.ops);  // a bad range is bad usage, said before anything is drawn
+    } catch (const std::invalid_argument& e) {
+      throw UsageError(std::string("render: ") + e.what());
+    }
+  }
+  render_to_file(trace, args.out, options);
   std::cout << "wrote " << args.out << "\n";
   // The diagram is written either way; the exit says whether the run it draws passed, so that CI
   // tells a failing program from its picture.

@@ -63,6 +63,9 @@ struct RenderArgs {
   std::string file;
   std::string out;
   std::string view = "logical";  // logical | ranks
+  bool fold = false;             // --fold: fold by layer whatever the size
+  bool no_fold = false;          // --no-fold: never fold by layer
+  std::string ops;               // --ops FROM..TO, "" for the whole program
 };
 int cmd_render(const RenderArgs& args);
 

@@ -255,7 +255,41 @@ Collapse plan_collapse(const Trace& t, const Facts& f, size_t max_drawn) { retur
 
 std::string count_str(int64_t n) { return grouped_digits(n); }
 
+namespace {
+// A layer's box: its name, what it holds, and its collectives summed per kind and axis, each in
+// its kind's color.
+Attrs layer_fold_attrs(const Fold& fold, const Attrs& extra) {
+  std::string label = bold(fold.layer) + " " + small(fold.backward ? "backward" : "forward", kGray, 9);
+  std::string held;
+  if (fold.ops > 0) held = count_str(fold.ops) + (fold.ops == 1 ? " op" : " ops");
+  if (fold.inputs > 0) held += (held.empty() ? "" : ", ") + count_str(fold.inputs) + (fold.inputs == 1 ? " input" : " inputs");
+  held += (held.empty() ? "" : ", ") + count_str(fold.events) + (fold.events == 1 ? " event" : " events");
+  label += kBr + small(held, "#333333", 9);
+  if (fold.collectives.empty()) label += kBr + small("no collectives", kGray, 9);
+  for (const auto& [what, sum] : fold.collectives) {
+    const std::string kind = what.substr(0, what.find(' '));
+    label += kBr + font(bold(what) + esc(" ×" + count_str(sum.first) + ": " + bytes_str(sum.second) + "/rank"),
+                        step_style(kind).line, 9);
+  }
+  Attrs attrs = {{"label", html_value(label)}, {"shape", "tab"}, {"style", "filled"},
+                 {"fillcolor", fold.backward ? "#f7eef3" : "#eef3f8"}, {"color", fold.backward ? kBackwardEdge : "#3b6a9a"},
+                 {"penwidth", "1.4"}, {"margin", "0.15,0.06"}};
+  if (fold.failing > 0) {
+    attrs[0].second = html_value(label + kBr + font(bold("✗ " + count_str(fold.failing) + " failing " +
+                                                          (fold.backward ? "gradients" : "values") + " inside"),
+                                                     kRed, 10));
+    for (auto& a : attrs) {
+      if (a.first == "color") a.second = kRed;
+      if (a.first == "penwidth") a.second = "3";
+    }
+  }
+  attrs.insert(attrs.end(), extra.begin(), extra.end());
+  return attrs;
+}
+}  // namespace
+
 Attrs fold_attrs(const Fold& fold, const Attrs& extra) {
+  if (!fold.layer.empty()) return layer_fold_attrs(fold, extra);
   // "188 ops", "19,392 ops, 19,584 events" (with their steps), "288 backward events"
   std::string folded = fold.ops > 0 ? count_str(fold.ops) + (fold.ops == 1 ? " op" : " ops") : "";
   if (fold.events != fold.ops)
@@ -313,6 +347,24 @@ namespace {
 
 // The title's lines on a collapsed diagram: that it is, and what it folded.
 std::string collapse_lines(const Collapse& c) {
+  if (!c.layers.empty() || c.decomposed > 0) {
+    std::string names;
+    for (size_t k = 0; k < c.layers.size() && k < 6; ++k) names += (k ? ", " : "") + c.layers[k];
+    if (c.layers.size() > 6) names += ", …";
+    std::string what = count_str(c.ops_folded) + " of " + count_str(c.ops) + " ops";
+    if (c.backward_folded > 0)
+      what += " and " + count_str(c.backward_folded) + " of " + count_str(c.backward_events) + " backward events";
+    const auto layers = static_cast<int64_t>(c.layers.size());
+    std::string folded = layers > 0 ? count_str(layers) + (layers == 1 ? " layer (" : " layers (") + names + ")" : "";
+    if (c.decomposed > 0)
+      folded += (folded.empty() ? "" : " and ") + count_str(c.decomposed) +
+                (c.decomposed == 1 ? " decomposed op" : " decomposed ops");
+    std::string out = kBr + font(bold("folded by layer: " + folded), kFoldInk, 11);
+    out += kBr + font(esc(what + " in " + count_str(static_cast<int64_t>(c.folds.size())) +
+                          " boxes, one per layer and phase, each with its collectives summed (render --no-fold draws every op)"),
+                      kGray, 10);
+    return out;
+  }
   std::string what = count_str(c.ops_folded) + " of " + count_str(c.ops) + " ops";
   if (c.backward_folded > 0)
     what += " and " + count_str(c.backward_folded) + " of " + count_str(c.backward_events) + " backward events";
@@ -384,14 +436,15 @@ std::string legend(bool with_op, bool one_column, const Collapse& collapse) {
   roles.push_back({"failing", node_attrs(Role::Value, font(bold("fails a check"), kRed), true)});
   // A collapsed diagram's folds, after the roles: what a fold and an elision look like.
   for (const auto& fold : collapse.folds) {
-    const std::string name = fold.elided ? "elided" : "folded";
+    const std::string name = !fold.layer.empty() ? "layer" : fold.elided ? "elided" : "folded";
     if (std::any_of(roles.begin(), roles.end(), [&](const auto& r) { return r.first == name; })) continue;
     Attrs attrs = fold_attrs(fold);
-    attrs[0].second = html_value(fold.elided
-                                     ? bold("\u22ee events not drawn") + kBr + small("what they hold")
-                                     : bold("\u00d7N repetitions folded") + kBr + small("(pattern) \u00d7total"));
+    attrs[0].second = html_value(!fold.layer.empty() ? bold("layer") + kBr + small("collectives summed")
+                                 : fold.elided ? bold("\u22ee events not drawn") + kBr + small("what they hold")
+                                               : bold("\u00d7N repetitions folded") + kBr + small("(pattern) \u00d7total"));
     for (auto& a : attrs)
-      if (a.first == "color" && fold.failing > 0) a.second = fold.elided ? "#737373" : kFoldInk;
+      if (a.first == "color" && fold.failing > 0)
+        a.second = !fold.layer.empty() ? (fold.backward ? kBackwardEdge : "#3b6a9a") : fold.elided ? "#737373" : kFoldInk;
     attrs.erase(std::remove_if(attrs.begin(), attrs.end(), [](const auto& a) { return a.first == "penwidth"; }),
                 attrs.end());
     roles.push_back({name, attrs});
@@ -439,7 +492,11 @@ std::string legend(bool with_op, bool one_column, const Collapse& collapse) {
 // out in about 1.5 s of CPU instead of 6 (bench/bench_render.cpp), with slightly less straight edges.
 constexpr size_t kLargeDiagramNodes = 1000;
 
-std::string graph_header(const std::string& title_html, size_t nodes) {
+// A diagram folded by layer is laid out with ranks this far apart (inches; 0.38 otherwise): its
+// boxes and the values between them stay readable, and a transformer step fits 3,000 px.
+constexpr const char* kFoldedRankSep = "0.14";
+
+std::string graph_header(const std::string& title_html, size_t nodes, bool folded_by_layer) {
   Attrs large;
   if (nodes > kLargeDiagramNodes) large = {{"nslimit", "0.1"}};
   std::string out = "digraph trace {\n";
@@ -449,7 +506,7 @@ std::string graph_header(const std::string& title_html, size_t nodes) {
                     {"labelloc", "t"},
                     {"fontname", kFont},
                     {"nodesep", "0.3"},
-                    {"ranksep", "0.38"},
+                    {"ranksep", folded_by_layer ? kFoldedRankSep : "0.38"},
                     {"pad", "0.25"},
                     {"newrank", "true"},
                     {"bgcolor", "white"}}) +
@@ -697,8 +754,31 @@ RenderView parse_render_view(const std::string& text) {
 const char* render_view_name(RenderView view) { return view == RenderView::Ranks ? "ranks" : "logical"; }
 
 std::string render_dot(const Trace& trace, RenderView view) {
-  const Facts facts = facts_of(trace);
-  const bool program_only = trace.events.empty() && !facts.program.empty();
+  RenderOptions options;
+  options.view = view;
+  return render_dot(trace, options);
+}
+
+std::string render_dot(const Trace& full_trace, const RenderOptions& options) {
+  const RenderView view = options.view;
+  Trace cut;
+  std::string range_line, range_numbers;
+  if (!options.ops.empty()) {
+    const auto [first, last] = parse_op_range(full_trace, options.ops);
+    cut = trace_in_range(full_trace, first, last);
+    const json& program = full_trace.scenario["program"];
+    auto named = [&](size_t i) {
+      const json out = program[i].is_object() ? program[i].value("out", json()) : json();
+      return "program[" + std::to_string(i) + "]" + (out.is_string() ? " " + out.get<std::string>() : "");
+    };
+    range_numbers = std::to_string(first) + ".." + std::to_string(last);
+    range_line = "ops " + range_numbers + " of " +
+                 std::to_string(program.size()) + " drawn (" + named(first) + " to " + named(last) + ")";
+  }
+  const Trace& trace = options.ops.empty() ? full_trace : cut;
+  Facts facts = facts_of(trace);
+  if (!options.ops.empty()) facts.ghost_note = "made outside --ops " + range_numbers;
+  const bool program_only = trace.events.empty() && !facts.program.empty() && options.ops.empty();
   Collapse collapse;
   Body body;
   if (program_only) {
@@ -706,13 +786,31 @@ std::string render_dot(const Trace& trace, RenderView view) {
     body.text = sketch(facts, sketch_edges) + sketch_edges;
     body.nodes = count_nodes(body.text);
   } else {
-    // Drawn in full when it fits. Else its repeated runs fold; if that is not enough, phases are
+    // Drawn in full when it fits, folded by layer when asked or when it has more than
+    // kFoldAboveNodes nodes. Else its repeated runs fold; if that is not enough, phases are
     // elided to a budget of drawn events, shrunk each round by the square root of the size still
     // too much: the size grows between linearly (a chain) and quadratically (a weight read by
     // every layer crosses the ranks of all of them) with the events drawn.
     const bool try_full = trace.events.size() <= kDrawInFullUpToEvents;
-    if (try_full) body = draw(trace, facts, view, collapse);
-    for (int round = 0; round < kCollapseRounds && (!try_full || body.size > kRenderMaxLayoutSize); ++round) {
+    bool drawn = false;
+    if (try_full && options.fold != FoldMode::Always) {
+      body = draw(trace, facts, view, collapse);
+      drawn = true;
+    }
+    const bool by_layer = options.fold == FoldMode::Always ||
+                          (options.fold == FoldMode::Auto && (!drawn || body.nodes > kFoldAboveNodes));
+    if (by_layer) {
+      Collapse layers = plan_layer_folds(trace, facts);
+      if (layers.active()) {
+        collapse = std::move(layers);
+        body = draw(trace, facts, view, collapse);
+        drawn = true;
+      } else if (!drawn && try_full) {
+        body = draw(trace, facts, view, collapse);
+        drawn = true;
+      }
+    }
+    for (int round = 0; round < kCollapseRounds && (!drawn || body.size > kRenderMaxLayoutSize); ++round) {
       size_t budget = kCollapsedSize / 4;  // a first guess for a trace too long to draw in full
       if (round == 0 && try_full) budget = trace.events.size();  // folds only
       if (round > 0) {
@@ -721,11 +819,15 @@ std::string render_dot(const Trace& trace, RenderView view) {
       }
       collapse = plan_collapse(trace, facts, budget);
       body = draw(trace, facts, view, collapse);
+      drawn = true;
       if (body.size <= kRenderMaxLayoutSize) break;
     }
   }
   const std::string folded = collapse.active() ? collapse_lines(collapse) : "";
-  std::string out = graph_header(title(trace, facts, body.view_line, folded), body.nodes);
+  std::string view_line = body.view_line;
+  if (!range_line.empty()) view_line = range_line + (view_line.empty() ? "" : "\n" + view_line);
+  std::string out = graph_header(title(trace, facts, view_line, folded), body.nodes,
+                                 !collapse.layers.empty() || collapse.decomposed > 0);
   out += status_note(facts, view == RenderView::Ranks);
   out += body.text;
   out += legend(view == RenderView::Logical || program_only, view == RenderView::Ranks && !program_only, collapse);
@@ -751,11 +853,17 @@ std::string layout_dot(const std::string& dot, const std::string& format, const 
 }
 
 void render_to_file(const Trace& trace, const std::string& out_path, RenderView view) {
+  RenderOptions options;
+  options.view = view;
+  render_to_file(trace, out_path, options);
+}
+
+void render_to_file(const Trace& trace, const std::string& out_path, const RenderOptions& options) {
   const std::string format = extension(out_path);
   if (format != "dot" && format != "svg" && format != "png") {
     throw InputError(out_path, "", "unknown output format \"" + format + "\" (use .svg, .png or .dot)");
   }
-  const std::string dot = render_dot(trace, view);
+  const std::string dot = render_dot(trace, options);
   const std::string bytes = format == "dot" ? dot : layout_dot(dot, format, out_path);
   write_file_atomically(out_path, bytes);
 }

@@ -45,6 +45,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <utility>
 
 #include "traces/trace.h"
 
@@ -65,10 +66,45 @@ inline constexpr int64_t kRankViewMaxRanks = 16;
 // crashed it (docs/gallery.md, "Large programs"); the bundled examples are 1,700 at most.
 inline constexpr size_t kRenderMaxLayoutSize = 3000;
 
+// Layers (render --fold): a program's layer is the module it came from, cut after its first
+// numbered part (an imported op of module "layers.0.attention.wq" is in layer "layers.0"; an
+// unnumbered module is its own layer: "tok_embeddings"), else the value name's shortest prefix that
+// ends in a number and is followed by '_' or '.' ("l0_wq_g" and "l0_h1" are in "l0",
+// "blocks.3.attn" in "blocks.3") when at least two layers share its stem ("l0" and "l1"). An input
+// is in the layer of its name; a value the runtime made for an operand ("y.arg1") in y's; a
+// local_map body's values in the local_map's. A layer holds at least kMinLayerOps ops. Folded,
+// each layer is one box in the forward and one in the backward: its ops, values and steps, with
+// its collectives summed per kind and mesh axis (count, bytes per rank) and its failures counted.
+// Folding is the default (FoldMode::Auto) when the diagram drawn in full has more than
+// kFoldAboveNodes nodes and the program has layers; a folded diagram still too large for dot
+// collapses as below.
+enum class FoldMode { Auto, Always, Never };
+
+// Above this many nodes in full (about 6,000 px tall at 96 dpi), Auto folds by layer. The bundled
+// examples have 40 to 440; the two transformer steps (328 to 440) fold, the others do not.
+inline constexpr size_t kFoldAboveNodes = 250;
+inline constexpr int64_t kMinLayerOps = 2;
+
+struct RenderOptions {
+  RenderView view = RenderView::Logical;
+  FoldMode fold = FoldMode::Auto;
+  // "FROM..TO" (render --ops): only the ops program[FROM] to program[TO], both included, each end an
+  // index into the scenario's program or the name of a value an op makes; an empty end is the
+  // program's first or last op. Drawn: those ops with their redistribution steps, the inputs they
+  // read, and the backward events of their values and inputs; a value made outside the range is a
+  // gray node "outside --ops". "" draws the whole program.
+  std::string ops;
+};
+
+// Checks a --ops range against the trace's program: returns the first and last op index, or
+// throws std::invalid_argument with a message that names the range as written.
+std::pair<size_t, size_t> parse_op_range(const Trace& trace, const std::string& range);
+
 // Deterministic DOT text, a pure function of the trace and the view: node ids come from value
 // names ("v:wf") and event seqs ("e7"; "r3:e7" per rank and "e7:g0" per collective group in the
 // rank view), nodes and edges follow the order of the events.
 std::string render_dot(const Trace& trace, RenderView view = RenderView::Logical);
+std::string render_dot(const Trace& trace, const RenderOptions& options);
 
 // Lays DOT text out with libgvc's dot engine and renders it as `format` ("svg" or "png").
 // Failure: InputError(what, "", ...).
@@ -79,5 +115,6 @@ std::string layout_dot(const std::string& dot, const std::string& format,
 // Unknown extension or unwritable file: InputError(out_path, "", ...).
 void render_to_file(const Trace& trace, const std::string& out_path,
                     RenderView view = RenderView::Logical);
+void render_to_file(const Trace& trace, const std::string& out_path, const RenderOptions& options);
 
 }  // namespace meshsim

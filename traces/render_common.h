@@ -129,6 +129,9 @@ struct Facts {
     std::string where, detail;
   };
   std::map<std::string, Source> sources;
+  // What a value the events never made is called: a trace cut by --ops says where it comes from.
+  std::string ghost_note = "not in the trace";
+  std::string range_line;  // --ops: which ops are drawn, for the title ("" for all)
 };
 
 Facts facts_of(const Trace& t);
@@ -185,6 +188,11 @@ struct Fold {
   int64_t events = 0;         // folded events
   int64_t failing = 0;        // folded values and input gradients that fail a check
   std::vector<std::pair<std::string, int64_t>> names;  // an elision: what it holds, most first
+  // A layer fold (render --fold): its heading ("layer l0", "loss = cross_entropy, decomposed"), and its collectives summed per "kind axis":
+  // how many, and their bytes per rank.
+  std::string layer;
+  int64_t inputs = 0;  // a layer fold: the inputs it holds
+  std::map<std::string, std::pair<int64_t, int64_t>> collectives;
 };
 
 struct Collapse {
@@ -195,6 +203,8 @@ struct Collapse {
   int64_t backward_events = 0;  // events of the backward phase
   int64_t backward_folded = 0;
   size_t drawn = 0;             // events and folds drawn
+  std::vector<std::string> layers;  // folded by layer: the layers, in program order
+  int64_t decomposed = 0;           // folded by layer: the decomposed ops folded too
 
   bool active() const { return !folds.empty(); }
   int at(size_t event) const { return fold_of.empty() ? -1 : fold_of[event]; }
@@ -205,6 +215,12 @@ struct Collapse {
 // and folds are drawn. Values and gradients that fail a check never repeat, so they stay drawn
 // while the budget allows.
 Collapse plan_collapse(const Trace& t, const Facts& f, size_t max_drawn);
+
+// One fold per layer and phase (render.h, "Layers"); inactive when the program has no layers.
+Collapse plan_layer_folds(const Trace& t, const Facts& f);
+
+// The trace of the ops program[first] to program[last] (render.h, RenderOptions::ops).
+Trace trace_in_range(const Trace& t, size_t first, size_t last);
 
 inline std::string fold_id(int fold) { return "fold" + std::to_string(fold); }
 // The node of a fold: what it holds, how many ops, and what was drawn around it.

@@ -177,7 +177,7 @@ class Logical {
     if (name.empty()) return "";
     auto it = current_.find(name);
     if (it != current_.end()) return it->second;
-    node(forward_, value_id(name), node_attrs(Role::Ghost, esc(name) + kBr + small("not in the trace", kLightGray)));
+    node(forward_, value_id(name), node_attrs(Role::Ghost, esc(name) + kBr + small(f_.ghost_note, kLightGray)));
     return current_[name] = value_id(name);
   }
 
