@@ -202,8 +202,8 @@ int main(int argc, char** argv) {
   render_cmd->add_option("-o,--out", render.out, "Output file: .svg, .png or .dot")->required();
   render_cmd->add_option("--view", render.view,
                          "logical (default): values, ops, redistributions, gradients; ranks: one cluster "
-                         "per rank with local shapes, collectives joining each group (meshes over 16 "
-                         "ranks collapsed)")
+                         "per rank with local shapes and the block of each sharded tensor it holds, "
+                         "collectives joining each group (meshes over 16 ranks collapsed)")
       ->check(CLI::IsMember({"logical", "ranks"}));
   auto* render_fold = render_cmd->add_flag(
       "--fold", render.fold,
