@@ -255,39 +255,6 @@ Collapse plan_collapse(const Trace& t, const Facts& f, size_t max_drawn) { retur
 
 std::string count_str(int64_t n) { return grouped_digits(n); }
 
-namespace {
-// A layer's box: its name, what it holds, and its collectives summed per kind and axis, each in
-// its kind's color.
-Attrs layer_fold_attrs(const Fold& fold, const Attrs& extra) {
-  std::string label = bold(fold.layer) + " " + small(fold.backward ? "backward" : "forward", kGray, 9);
-  std::string held;
-  if (fold.ops > 0) held = count_str(fold.ops) + (fold.ops == 1 ? " op" : " ops");
-  if (fold.inputs > 0) held += (held.empty() ? "" : ", ") + count_str(fold.inputs) + (fold.inputs == 1 ? " input" : " inputs");
-  held += (held.empty() ? "" : ", ") + count_str(fold.events) + (fold.events == 1 ? " event" : " events");
-  label += kBr + small(held, "#333333", 9);
-  if (fold.collectives.empty()) label += kBr + small("no collectives", kGray, 9);
-  for (const auto& [what, sum] : fold.collectives) {
-    const std::string kind = what.substr(0, what.find(' '));
-    label += kBr + font(bold(what) + esc(" ×" + count_str(sum.first) + ": " + bytes_str(sum.second) + "/rank"),
-                        step_style(kind).line, 9);
-  }
-  Attrs attrs = {{"label", html_value(label)}, {"shape", "tab"}, {"style", "filled"},
-                 {"fillcolor", fold.backward ? "#f7eef3" : "#eef3f8"}, {"color", fold.backward ? kBackwardEdge : "#3b6a9a"},
-                 {"penwidth", "1.4"}, {"margin", "0.15,0.06"}};
-  if (fold.failing > 0) {
-    attrs[0].second = html_value(label + kBr + font(bold("✗ " + count_str(fold.failing) + " failing " +
-                                                          (fold.backward ? "gradients" : "values") + " inside"),
-                                                     kRed, 10));
-    for (auto& a : attrs) {
-      if (a.first == "color") a.second = kRed;
-      if (a.first == "penwidth") a.second = "3";
-    }
-  }
-  attrs.insert(attrs.end(), extra.begin(), extra.end());
-  return attrs;
-}
-}  // namespace
-
 Attrs fold_attrs(const Fold& fold, const Attrs& extra) {
   if (!fold.layer.empty()) return layer_fold_attrs(fold, extra);
   // "188 ops", "19,392 ops, 19,584 events" (with their steps), "288 backward events"
@@ -347,24 +314,7 @@ namespace {
 
 // The title's lines on a collapsed diagram: that it is, and what it folded.
 std::string collapse_lines(const Collapse& c) {
-  if (!c.layers.empty() || c.decomposed > 0) {
-    std::string names;
-    for (size_t k = 0; k < c.layers.size() && k < 6; ++k) names += (k ? ", " : "") + c.layers[k];
-    if (c.layers.size() > 6) names += ", …";
-    std::string what = count_str(c.ops_folded) + " of " + count_str(c.ops) + " ops";
-    if (c.backward_folded > 0)
-      what += " and " + count_str(c.backward_folded) + " of " + count_str(c.backward_events) + " backward events";
-    const auto layers = static_cast<int64_t>(c.layers.size());
-    std::string folded = layers > 0 ? count_str(layers) + (layers == 1 ? " layer (" : " layers (") + names + ")" : "";
-    if (c.decomposed > 0)
-      folded += (folded.empty() ? "" : " and ") + count_str(c.decomposed) +
-                (c.decomposed == 1 ? " decomposed op" : " decomposed ops");
-    std::string out = kBr + font(bold("folded by layer: " + folded), kFoldInk, 11);
-    out += kBr + font(esc(what + " in " + count_str(static_cast<int64_t>(c.folds.size())) +
-                          " boxes, one per layer and phase, each with its collectives summed (render --no-fold draws every op)"),
-                      kGray, 10);
-    return out;
-  }
+  if (!c.layers.empty() || c.decomposed > 0) return layer_fold_lines(c);
   std::string what = count_str(c.ops_folded) + " of " + count_str(c.ops) + " ops";
   if (c.backward_folded > 0)
     what += " and " + count_str(c.backward_folded) + " of " + count_str(c.backward_events) + " backward events";

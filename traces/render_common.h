@@ -2,6 +2,8 @@
 //   render_common.cpp  DOT text, styles, and the facts a diagram needs besides the events
 //   render_logical.cpp the logical view
 //   render_ranks.cpp   the rank view
+//   render_fit.cpp     diagrams that fit a screen: layers and their boxes, the blocks of the rank
+//                      view, --ops ranges
 //   render.cpp         the frame of a diagram (title, status note, legend, the program as
 //                      written), which events a diagram too large for dot folds, layout with
 //                      libgvc, and the public functions
@@ -218,6 +220,17 @@ Collapse plan_collapse(const Trace& t, const Facts& f, size_t max_drawn);
 
 // One fold per layer and phase (render.h, "Layers"); inactive when the program has no layers.
 Collapse plan_layer_folds(const Trace& t, const Facts& f);
+
+// A layer's box, and the title's lines on a diagram folded by layer.
+Attrs layer_fold_attrs(const Fold& fold, const Attrs& extra);
+std::string layer_fold_lines(const Collapse& c);
+
+// The rank view's picture of where the ranks `ranks` (of a class of ranks alike; `shown` are every
+// rank drawn) sit in a DTensor of spec `spec_text` and shape `global`: HTML table rows, or "" when
+// there is nothing to draw (a tensor no placement shards, a strided shard, an LTensor).
+std::string block_picture(const Mesh& mesh, const std::string& spec_text, const std::vector<int64_t>& global,
+                          const std::vector<int64_t>& ranks, const std::vector<int64_t>& shown,
+                          const std::vector<int64_t>& rep_local);
 
 // The trace of the ops program[first] to program[last] (render.h, RenderOptions::ops).
 Trace trace_in_range(const Trace& t, size_t first, size_t last);

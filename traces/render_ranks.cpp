@@ -2,13 +2,10 @@
 // classes of ranks alike, then the drawing, one cluster per class.
 #include <algorithm>
 #include <map>
-#include <optional>
 #include <set>
-#include <stdexcept>
 #include <string>
 #include <vector>
 
-#include "core/layout.h"
 #include "traces/render.h"
 #include "traces/render_common.h"
 
@@ -137,131 +134,6 @@ std::string ranks_text(const std::vector<int64_t>& ranks) {
     i = j + 1;
   }
   return out;
-}
-
-// ---------------------------------------------------------------------------------------------
-// The block each rank holds
-// ---------------------------------------------------------------------------------------------
-
-// A picture's sides, in points: of two sharded dims the first runs down, the second (or the only
-// one) across.
-constexpr double kBlockDown = 20, kBlockAcross = 56;
-// The height of a picture of one sharded dim (drawn across).
-constexpr int64_t kBlockRow = 10;
-
-// "[S(0), SS(0,2)]" -> its placements; nullopt when it is not a DTensor spec of the mesh's rank.
-std::optional<Spec> spec_of_text(const std::string& text, int ndim) {
-  if (text.size() < 2 || text.front() != '[' || text.back() != ']') return std::nullopt;
-  Spec spec;
-  int depth = 0;
-  std::string part;
-  try {
-    for (size_t i = 1; i + 1 <= text.size() - 1; ++i) {
-      const char c = text[i];
-      if (c == '(') ++depth;
-      if (c == ')') --depth;
-      if (c == ',' && depth == 0) {
-        spec.push_back(parse_placement(part));
-        part.clear();
-        continue;
-      }
-      if (!(c == ' ' && part.empty())) part += c;
-    }
-    if (!part.empty()) spec.push_back(parse_placement(part));
-  } catch (const std::invalid_argument&) {
-    return std::nullopt;
-  }
-  if (static_cast<int>(spec.size()) != ndim) return std::nullopt;
-  return spec;
-}
-
-// "[0:4, :]": the block of one rank, a dim it holds whole as ':'.
-std::string block_text(const LocalLayout& l, const Shape& global) {
-  std::string out;
-  for (size_t d = 0; d < global.size(); ++d) {
-    out += d ? ", " : "";
-    if (l.shape[d] == global[d]) out += ":";
-    else out += std::to_string(l.offset[d]) + ":" + std::to_string(l.offset[d] + l.shape[d]);
-  }
-  return "[" + out + "]";
-}
-
-// The picture of the global tensor's sharded dims (two at most) cut where the shown ranks' blocks
-// start and end, the blocks of `ranks` filled and labelled with their rank where it fits, and
-// under it the block of the first of them as slices ("[0:3, :] of [5, 8]"): an uneven shard shows
-// as cells of unequal size. "" for a tensor no placement shards, a strided shard (not one box),
-// or a spec, shape or local shape that does not agree.
-std::string block_picture(const Mesh& mesh, const std::string& spec_text, const Shape& global,
-                          const std::vector<int64_t>& ranks, const std::vector<int64_t>& shown,
-                          const std::vector<int64_t>& rep_local) {
-  const auto spec = spec_of_text(spec_text, mesh.ndim());
-  if (!spec || ranks.empty()) return "";
-  std::vector<int64_t> dims;
-  for (const auto& p : *spec) {
-    if (!p.is_shard()) continue;
-    if (p.is_strided() || p.dim < 0 || p.dim >= static_cast<int64_t>(global.size())) return "";
-    if (std::find(dims.begin(), dims.end(), p.dim) == dims.end()) dims.push_back(p.dim);
-  }
-  if (dims.empty() || !check_spec(mesh, *spec, static_cast<int64_t>(global.size())).empty()) return "";
-  std::sort(dims.begin(), dims.end());
-  if (dims.size() > 2) dims.resize(2);
-  std::map<int64_t, LocalLayout> layout;
-  for (const auto* list : {&ranks, &shown})
-    for (int64_t r : *list)
-      if (!layout.count(r)) layout[r] = local_layout(mesh, *spec, global, r);
-  if (layout[ranks.front()].shape != rep_local) return "";
-  // The dim pictured down (the first of two sharded dims; none when one is) and across, each cut
-  // where a shown block starts or ends.
-  const int64_t down = dims.size() > 1 ? dims[0] : -1, across = dims.back();
-  auto cuts_of = [&](int64_t d) {
-    if (d < 0) return std::vector<int64_t>{0, 1};
-    std::set<int64_t> at = {0, global[d]};
-    for (const auto& [r, l] : layout) {
-      at.insert(l.offset[d]);
-      at.insert(l.offset[d] + l.shape[d]);
-    }
-    return std::vector<int64_t>(at.begin(), at.end());
-  };
-  const std::vector<int64_t> rows_at = cuts_of(down), cols_at = cuts_of(across);
-  auto holds = [&](int64_t r, int64_t d, int64_t at) {
-    return d < 0 || (at >= layout[r].offset[d] && at < layout[r].offset[d] + layout[r].shape[d]);
-  };
-  auto side = [](int64_t len, int64_t extent, double budget) {
-    return std::max<int64_t>(3, static_cast<int64_t>(budget * static_cast<double>(len) / static_cast<double>(extent) + 0.5));
-  };
-  std::string rows;
-  int64_t width = 0, height = 0;  // the cells' sum
-  for (size_t j = 0; j + 1 < cols_at.size(); ++j) width += side(cols_at[j + 1] - cols_at[j], global[across], kBlockAcross) + 2;
-  for (size_t i = 0; i + 1 < rows_at.size(); ++i) {
-    const int64_t h = down < 0 ? kBlockRow : side(rows_at[i + 1] - rows_at[i], global[down], kBlockDown);
-    height += h + 2;
-    std::string row;
-    for (size_t j = 0; j + 1 < cols_at.size(); ++j) {
-      const int64_t w = side(cols_at[j + 1] - cols_at[j], global[across], kBlockAcross);
-      std::string holders;
-      for (int64_t r : ranks)
-        if (holds(r, down, rows_at[i]) && holds(r, across, cols_at[j]))
-          holders += (holders.empty() ? "" : ",") + std::to_string(r);
-      // 6-point digits need 10 points of height and 4 of width each.
-      const bool fits = h >= 10 && static_cast<int64_t>(holders.size()) * 4 + 4 <= w;
-      row += "<TD FIXEDSIZE=\"TRUE\" WIDTH=\"" + std::to_string(w) + "\" HEIGHT=\"" + std::to_string(h) +
-             "\" BGCOLOR=\"" + (holders.empty() ? "#ffffff" : "#9ecae1") + "\">" +
-             (fits && !holders.empty() ? font(esc(holders), "#08306b", 6) : "") + "</TD>";
-    }
-    rows += "<TR>" + row + "</TR>";
-  }
-  // Of fixed size: a table in a wider cell would spread its columns apart.
-  const std::string grid = "<TABLE FIXEDSIZE=\"TRUE\" WIDTH=\"" + std::to_string(width + 2) + "\" HEIGHT=\"" +
-                           std::to_string(height + 2) +
-                           "\" BORDER=\"1\" CELLBORDER=\"1\" CELLSPACING=\"0\" CELLPADDING=\"0\" COLOR=\"#7f8c99\">" +
-                           rows + "</TABLE>";
-  // Which dim runs which way: the picture's tooltip.
-  const std::string ways = (down < 0 ? "" : "down: dim " + std::to_string(down) + ", ") + "across: dim " +
-                           std::to_string(across) + "; filled: the blocks of the ranks drawn here";
-  const std::string caption = (ranks.size() == 1 ? "" : "rank " + std::to_string(ranks.front()) + ": ") +
-                              block_text(layout[ranks.front()], global) + " of " + shape_str(global);
-  return "<TR><TD TOOLTIP=\"" + esc(ways) + "\">" + grid + "</TD></TR><TR><TD>" + small(caption, "#333333", 7) +
-         "</TD></TR>";
 }
 
 // ---------------------------------------------------------------------------------------------
