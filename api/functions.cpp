@@ -145,11 +145,11 @@ std::vector<LTensor> call_group(const FunctionDef& def, const std::optional<Stra
     Runtime* runtime = &rt;
     const Locals inputs = t.locals;
     Locals outs_locals = detached(t.locals);
-    const Locals like = detached(t.locals);
+    const LocalShapes like(t.locals);
     const std::string back = decl->backward_op, fn = def.name, value = op.out;
     const CollectiveDecl backward_decl{back, "", decl->bytes};
     connect("declared " + back, inputs, outs_locals, [=](torch::autograd::variable_list&& g) {
-      Locals grads = defined_grads(std::move(g), like);
+      Locals grads = like.defined(std::move(g));
       const auto groups = runtime->mesh().groups(axis);
       Locals first;
       for (auto r : groups.at(0)) first.push_back(grads[r]);

@@ -8,14 +8,20 @@
 
 namespace meshsim {
 
-inline Trace trace_of(const Scenario& sc, const RunOptions& options, const CheckedRun& run) {
+// Takes the run's events and result (a long program's events are as large as its graph was).
+inline Trace trace_of(const Scenario& sc, const RunOptions& options, CheckedRun&& run) {
   Trace t;
   t.version = MESHSIM_VERSION;
   t.scenario = sc.source;
   t.options = options.to_json();
-  t.events = run.events;
-  t.result = run.result;
+  t.events = std::move(run.events);
+  t.result = std::move(run.result);
   return t;
+}
+
+// The same without taking the run's events and result (a copy of each).
+inline Trace trace_of(const Scenario& sc, const RunOptions& options, const CheckedRun& run) {
+  return trace_of(sc, options, CheckedRun(run));
 }
 
 }  // namespace meshsim

@@ -323,13 +323,14 @@ struct Runnable {
   RunOptions options;
 };
 
-Runnable runnable_of(const nlohmann::json& doc, const std::string& file) {
+// The document is moved into the scenario (its `source`), not copied.
+Runnable runnable_of(nlohmann::json doc, const std::string& file) {
   if (is_trace_document(doc)) {
     RunOptions options;
     Scenario sc = scenario_from_trace(trace_from_json(doc, file), file, options);
     return {std::move(sc), options};
   }
-  Scenario sc = parse_scenario(doc, file);
+  Scenario sc = parse_scenario(std::move(doc), file);
   RunOptions options = sc.options;
   return {std::move(sc), options};
 }
@@ -462,8 +463,14 @@ int run_single(const RunArgs& args) {
   std::optional<FileRun> run;
   std::optional<Report> refused;
   std::string said;  // unusable input: FILE: PATH: why, as main() says it
+  // Without --trace or --render nothing reads the locals' hashes or the scenario's document: a long
+  // program's run keeps neither.
+  const bool traced = !args.trace_out.empty() || !args.render_out.empty();
+  ScopedOverride<bool> hashes(local_hashes_enabled(), !args.trace_out.empty());
   try {
-    run = run_file(runnable_of(read_json_file(file), file), args);
+    Runnable r = runnable_of(read_json_file(file), file);  // the document is in r.sc now, not held twice
+    if (!traced) r.sc.source = nullptr;
+    run = run_file(std::move(r), args);
   } catch (const InputError& e) {
     refused = report_of(file, e);
     said = e.what();
@@ -487,9 +494,11 @@ int run_single(const RunArgs& args) {
   // An error that the expect block does not accept is said where errors are looked for.
   if (f.run.result.value("status", "") == "error" && f.exit_code != 0) print_error_line(file, f.run.result);
   if (!args.values_dir.empty()) write_values(f.run, args.values_dir, args.values_per_rank);
-  Trace trace = trace_of(f.sc, f.options, f.run);
-  if (!args.trace_out.empty()) write_trace(trace, args.trace_out);
-  if (!args.render_out.empty()) render_to_file(trace, args.render_out, parse_render_view(args.render_view));
+  if (traced) {
+    Trace trace = trace_of(f.sc, f.options, std::move(f.run));  // the run's events, not a copy
+    if (!args.trace_out.empty()) write_trace(trace, args.trace_out);
+    if (!args.render_out.empty()) render_to_file(trace, args.render_out, parse_render_view(args.render_view));
+  }
   return f.exit_code;
 }
 
@@ -499,11 +508,11 @@ bool is_scenario_document(const nlohmann::json& doc) {
 
 // Runs one file of several; what stops it is reported for that file, never for the others (as
 // main() reports it for one file).
-Report run_reported(const nlohmann::json& doc, const std::string& file, const RunArgs& args) {
+Report run_reported(nlohmann::json doc, const std::string& file, const RunArgs& args) {
   try {
     // A scenario that calls Functions of the user's own is skipped, and says so, where they are
     // not loaded (a suite run with the stock command; `--plugin` or a meshsim of one's own has them).
-    Runnable r = runnable_of(doc, file);
+    Runnable r = runnable_of(std::move(doc), file);
     std::string missing;
     for (const auto& fn : r.sc.required_functions)
       if (!find_scenario_function(fn)) missing += (missing.empty() ? "" : ", ") + fn;
@@ -568,7 +577,7 @@ int run_several(const RunArgs& args) {
         }
         if (!is_scenario_document(doc)) continue;  // goldens, traces, other JSON
         ++found;
-        reported(run_reported(doc, file, args));
+        reported(run_reported(std::move(doc), file, args));
       }
       // An empty directory is more likely a wrong path than an empty suite.
       if (found == 0)
@@ -624,6 +633,7 @@ int cmd_run(const RunArgs& args) {
               << (args.files.size() == 1 ? "a directory" : std::to_string(args.files.size()) + " files") << "\n";
     return 2;
   }
+  ScopedOverride<bool> hashes(local_hashes_enabled(), false);  // no trace is written
   return run_several(args);
 }
 
@@ -677,9 +687,10 @@ int cmd_render(const RenderArgs& args) {
   std::optional<Expectation> expect;
   if (is_trace_document(doc)) {
     trace = trace_from_json(doc, args.file);
+    doc = nullptr;  // the trace holds what is drawn
     expect = parse_expectation(scenario_of_trace(trace, args.file));
   } else {
-    Scenario sc = parse_scenario(doc, args.file);
+    Scenario sc = parse_scenario(std::move(doc), args.file);
     expect = parse_expectation(sc);
     check_resources(sc, sc.options, g_limits);
     trace = trace_of(sc, sc.options, check_scenario(sc, sc.options));

@@ -134,10 +134,7 @@ const OpSchema* find_op_rule(const std::string& name, Region region = Region::Pr
 
 class ScenarioParser {
  public:
-  ScenarioParser(const json& doc, const std::string& file) : doc_(doc), r_(file) {
-    s_.file = file;
-    s_.source = doc;
-  }
+  ScenarioParser(const json& doc, const std::string& file) : doc_(doc), r_(file) { s_.file = file; }
 
   Scenario parse() {
     r_.object(doc_, "");
@@ -151,6 +148,7 @@ class ScenarioParser {
     const json& inputs = r_.array(r_.field(doc_, "", "inputs"), "/inputs");
     for (size_t i = 0; i < inputs.size(); ++i) parse_input(inputs[i], child("/inputs", i));
     const json& program = r_.array(r_.field(doc_, "", "program"), "/program");
+    s_.program.reserve(program.size());
     for (size_t i = 0; i < program.size(); ++i) parse_op(program[i], child("/program", i));
     if (doc_.contains("backward")) s_.backward = value_name(doc_["backward"], "/backward");
     if (doc_.contains("expect")) s_.expect = r_.object(doc_["expect"], "/expect");
@@ -636,7 +634,15 @@ const std::vector<std::string>& known_ops() {
 const std::vector<std::string>& implemented_ops() { return known_ops(); }
 
 Scenario parse_scenario(const json& doc, const std::string& file) {
-  return ScenarioParser(doc, file).parse();
+  Scenario s = ScenarioParser(doc, file).parse();
+  s.source = doc;
+  return s;
+}
+
+Scenario parse_scenario(json&& doc, const std::string& file) {
+  Scenario s = ScenarioParser(doc, file).parse();
+  s.source = std::move(doc);
+  return s;
 }
 
 Scenario load_scenario(const std::string& path) {

@@ -179,6 +179,9 @@ bool is_creation_op(const std::string& op);
 
 // Checks the document and builds the scenario; throws InputError naming `file` and the JSON path.
 Scenario parse_scenario(const nlohmann::json& doc, const std::string& file);
+// The same, keeping the document itself as the scenario's `source` (no copy: a long program's
+// document is as large as the scenario).
+Scenario parse_scenario(nlohmann::json&& doc, const std::string& file);
 // Reads and parses a file; unreadable files and invalid JSON throw InputError too.
 Scenario load_scenario(const std::string& path);
 

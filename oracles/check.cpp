@@ -607,7 +607,7 @@ CheckedRun checked_run(const Scenario& sc, const RunOptions& options, bool keep_
     }
     return out;
   }
-  out.events = run.runtime->events();
+  out.events = run.runtime->recorder().take_events();  // the run is over: nothing adds to them
   // Never throws: what cannot be kept is not kept (no files beat no result).
   auto keep = [&](const OracleRun* oracle) {
     if (!keep_values) return;

@@ -282,7 +282,7 @@ Locals BodyContext::collective_node(const std::string& name, const LTensor& x, c
     // The backward runs after the body has returned, when this context is gone: it holds the
     // Runtime (which outlives the graph) and copies of everything else, never `this`.
     Runtime* rt = &rt_;
-    const Locals like = detached(outs);
+    const LocalShapes like(outs);
     const size_t n = x.locals.size();
     const std::string grad_of = x.name;
     const int program_op = rt->recorder().program_op;
@@ -290,7 +290,7 @@ Locals BodyContext::collective_node(const std::string& name, const LTensor& x, c
             [rt, like, n, grad_of, name, out, bwd, program_op](variable_list&& g) -> variable_list {
       ScopedOverride<int> at(rt->recorder().program_op, program_op);
       return rt->guarded(n, [&] {
-        Locals grads = defined_grads(std::move(g), like);
+        Locals grads = like.defined(std::move(g));
         if (!bwd.differentiable)
           throw SemanticError(ErrorKind::NotDifferentiable, name + " is not differentiable");
         if (!bwd.step) return grads;  // the identity: nothing moves

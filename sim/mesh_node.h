@@ -5,6 +5,7 @@
 
 #include <functional>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -21,8 +22,15 @@ class MeshNode : public torch::autograd::Node {
   using Fn = std::function<torch::autograd::variable_list(torch::autograd::variable_list&&)>;
   MeshNode(std::string name, Fn fn) : name_(std::move(name)), fn_(std::move(fn)) {}
   torch::autograd::variable_list apply(torch::autograd::variable_list&& grads) override {
+    if (!fn_)
+      throw std::runtime_error(name_ + ": its backward ran already and its graph was freed (a second backward "
+                               "needs the first to keep the graph)");
     return fn_(std::move(grads));
   }
+  // A backward that does not keep the graph frees what the node's backward holds once it ran (its
+  // operands, the op's attributes) as libtorch's own nodes free their saved tensors: a long
+  // program's graph is gone by the time the oracle runs.
+  void release_variables() override { fn_ = nullptr; }
   std::string name() const override { return name_; }
 
  private:
@@ -65,11 +73,25 @@ inline Locals detached(const Locals& locals) {
   return out;
 }
 
-// Gradients that did not flow (an unused output) are zeros of the output's shape.
-inline Locals defined_grads(torch::autograd::variable_list&& grads, const Locals& like) {
-  Locals out(like.size());
-  for (size_t r = 0; r < like.size(); ++r) out[r] = grads[r].defined() ? grads[r] : at::zeros_like(like[r]);
-  return out;
-}
+// The shapes and options of a node's outputs, without holding the tensors (a node that held its
+// own outputs would keep itself alive): enough for the zeros of a gradient that did not flow.
+class LocalShapes {
+ public:
+  explicit LocalShapes(const Locals& locals) {
+    sizes_.reserve(locals.size());
+    for (const auto& t : locals) sizes_.push_back(t.sizes().vec());
+    if (!locals.empty()) options_ = locals.front().options();
+  }
+  // Gradients that did not flow (an unused output) become zeros of the output's shape.
+  Locals defined(torch::autograd::variable_list&& grads) const {
+    Locals out(sizes_.size());
+    for (size_t r = 0; r < sizes_.size(); ++r) out[r] = grads[r].defined() ? grads[r] : at::zeros(sizes_[r], options_);
+    return out;
+  }
+
+ private:
+  std::vector<std::vector<int64_t>> sizes_;
+  at::TensorOptions options_;
+};
 
 }  // namespace meshsim

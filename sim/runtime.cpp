@@ -98,6 +98,11 @@ Runtime::Runtime(Mesh mesh, RunOptions options) : mesh_(std::move(mesh)), option
 
 bool Runtime::follows(Difference d) const { return meshsim::follows(options_.semantics, d); }
 
+bool& local_hashes_enabled() {
+  static thread_local bool enabled = true;
+  return enabled;
+}
+
 Event Runtime::make_event(const std::string& kind, const std::string& name, const std::string& value,
                           const Locals& locals) const {
   Event e;
@@ -105,9 +110,10 @@ Event Runtime::make_event(const std::string& kind, const std::string& name, cons
   e.kind = kind;
   e.name = name;
   e.value = value;
+  const bool hashed = local_hashes_enabled();
   for (const auto& t : locals) {
     e.local_shapes.push_back(t.sizes().vec());
-    e.hashes.push_back(tensor_hash(t));
+    if (hashed) e.hashes.push_back(tensor_hash(t));
   }
   return e;
 }
@@ -183,13 +189,13 @@ DTensor Runtime::gradient_boundary(const DTensor& y, const std::string& note) {
   Runtime* rt = this;
   const Spec primal = y.spec;
   const std::string name = y.name;
-  const Locals like = detached(out.locals);
+  const LocalShapes like(out.locals);
   const size_t n = y.locals.size();
   const int program_op = recorder_.program_op;
   connect("GradientBoundary", y.locals, out.locals, [=](variable_list&& g) -> variable_list {
     ScopedOverride<int> at(rt->recorder().program_op, program_op);
     return rt->guarded(n, [&] {
-      Locals grads = defined_grads(std::move(g), like);
+      Locals grads = like.defined(std::move(g));
       const GradSpec from = rt->grad_spec(name, primal);
       const GradSpec target{cotangent_spec(primal), cotangent_scale_divisor(rt->mesh(), primal)};
       if (from == target) return grads;
@@ -235,7 +241,7 @@ DTensor Runtime::grad_placements_boundary(const DTensor& x, const Spec& grad_wri
   connect("GradPlacements", x.locals, out.locals, [=](variable_list&& g) -> variable_list {
     ScopedOverride<int> at(rt->recorder().program_op, program_op);
     return rt->guarded(n, [&] {
-      Locals grads = defined_grads(std::move(g), primal.locals);
+      Locals grads = LocalShapes(primal.locals).defined(std::move(g));
       const GradSpec from{grad, 1};
       if (hookless)
         return rt->keep_grad_layout(std::move(grads), from, primal.name, primal.spec, primal.shape, primal.locals, note);
@@ -290,7 +296,7 @@ DTensor Runtime::redistribute(const DTensor& x, const Spec& to_written, const st
     Runtime* rt = this;
     const Spec from = x.spec;
     const std::string in_name = x.name;
-    const Locals like = detached(y.locals);  // shapes for missing gradients; no cycle
+    const LocalShapes like(y.locals);  // shapes for missing gradients; no cycle
     const size_t n_inputs = x.locals.size();
     // The backward of an implicit redistribution is implicit too, for the same reason.
     const std::string implicit = recorder_.implicit;
@@ -299,7 +305,7 @@ DTensor Runtime::redistribute(const DTensor& x, const Spec& to_written, const st
       ScopedOverride<std::string> why(rt->recorder().implicit, implicit);
       ScopedOverride<int> at(rt->recorder().program_op, program_op);
       return rt->guarded(n_inputs, [&] {
-        Locals grads = defined_grads(std::move(g), like);
+        Locals grads = like.defined(std::move(g));
         const std::string note = "backward of redistribute " + spec_str(from) + " -> " + spec_str(to);
         if (rt->follows(Difference::RedistributeBackward)) {  // PyTorch: to the source's placements, Partial as R
           // A P(max) / P(min) source came from an amax / amin over a sharded dim, whose backward
@@ -413,6 +419,33 @@ Locals next_rank_along_shard(const Mesh& mesh, const Spec& spec, int64_t dim, Lo
   return contrib;
 }
 
+// A small op: its operands hold at most this many elements on every rank. Once a run keeps the
+// per-rank graphs of this many small ops times ranks (about 50 MB of libtorch's graph objects), its
+// further small ops run again in the backward instead (Runtime::apply_op).
+constexpr int64_t kSmallOpElements = 4096;
+constexpr int64_t kKeptSmallGraphs = 32768;
+
+// Per rank: an op's operands as local leaves and its result with the local graph that made it.
+struct LocalGraphs {
+  explicit LocalGraphs(size_t ranks) : leaves(ranks), results(ranks) {}
+  std::vector<std::vector<at::Tensor>> leaves;
+  Locals results;
+};
+
+// A rank's attributes for the op's per-rank kernel: mean's global count, a view's local shape,
+// the range of a sharded dim the kernel needs (ranged_operand). Only the operands' specs and
+// shapes are read.
+OpAttrs rank_local_attrs(const std::string& op, const OpAttrs& attrs, const Mesh& mesh,
+                         const std::vector<DTensor>& operands, const Spec& out_spec, const Shape& out_shape, size_t r) {
+  OpAttrs a = with_global_shape(op, attrs, operands.at(0).shape);
+  if (is_view_op(op)) a.local_shape = local_layout(mesh, out_spec, out_shape, static_cast<int64_t>(r)).shape;
+  if (const auto t = ranged_operand(op); t && shards_dim(operands[t->first].spec, t->second)) {
+    const LocalLayout l = local_layout(mesh, operands[t->first].spec, operands[t->first].shape, static_cast<int64_t>(r));
+    a.range = Chunk{l.offset[t->second], l.shape[t->second]};
+  }
+  return a;
+}
+
 }  // namespace
 
 DTensor Runtime::apply_op(const std::string& op, const OpAttrs& attrs, const std::vector<DTensor>& args,
@@ -467,24 +500,36 @@ DTensor Runtime::apply_op(const std::string& op, const OpAttrs& attrs, const std
   for (size_t i = 0; i < ready.size(); ++i) any |= (needs[i] = track && sources[i].requires_grad());
 
   const size_t R = static_cast<size_t>(mesh_.size());
-  // Per rank: the operands as local leaves and the result with its local graph, for the VJP.
-  auto leaves = std::make_shared<std::vector<std::vector<at::Tensor>>>(R);
-  auto results = std::make_shared<Locals>(R);
-  Locals outs(R);
-  const OpAttrs local_attrs = with_global_shape(op, attrs, shapes.at(0));  // mean's global count
+  // Per rank, the operands as local leaves and the result with its local graph, for the VJP, kept
+  // from the forward: a large op's always (running it again would cost what it cost, and its
+  // graph is small beside its data), a small op's until the run keeps kKeptSmallGraphs of them.
+  // Past that, a small op runs without autograd and its backward runs each rank's kernel again on
+  // the same operands (deterministic kernels: the same result): a long program of small ops would
+  // otherwise keep about 1.6 KB of graph per rank and op until its backward (#37 item 10).
+  int64_t largest = 0;  // the most elements a rank's operands hold
   for (size_t r = 0; r < R; ++r) {
-    std::vector<at::Tensor> xs;
-    for (size_t i = 0; i < ready.size(); ++i) xs.push_back(ready[i].locals[r].detach().requires_grad_(needs[i]));
-    at::AutoGradMode mode(any);
-    OpAttrs rank_attrs = local_attrs;
-    if (is_view_op(op)) rank_attrs.local_shape = local_layout(mesh_, out_spec, d.out_shape, static_cast<int64_t>(r)).shape;
-    if (const auto t = ranged_operand(op); t && shards_dim(ready[t->first].spec, t->second)) {
-      const LocalLayout l = local_layout(mesh_, ready[t->first].spec, ready[t->first].shape, static_cast<int64_t>(r));
-      rank_attrs.range = Chunk{l.offset[t->second], l.shape[t->second]};
+    int64_t n = 0;
+    for (const auto& t : ready) n += t.locals[r].numel();
+    largest = std::max(largest, n);
+  }
+  const bool small = largest <= kSmallOpElements;
+  const bool keep = any && (!small || kept_small_graphs_ < kKeptSmallGraphs);
+  if (keep && small) kept_small_graphs_ += static_cast<int64_t>(R);
+  auto kept = keep ? std::make_shared<LocalGraphs>(R) : nullptr;
+  Locals outs(R);
+  {
+    at::AutoGradMode mode(kept != nullptr);
+    for (size_t r = 0; r < R; ++r) {
+      std::vector<at::Tensor> xs;
+      for (size_t i = 0; i < ready.size(); ++i)
+        xs.push_back(kept ? ready[i].locals[r].detach().requires_grad_(needs[i]) : ready[i].locals[r]);
+      at::Tensor result = local_op(op, rank_local_attrs(op, attrs, mesh_, ready, out_spec, d.out_shape, r), xs);
+      outs[r] = result.detach();
+      if (kept) {
+        kept->results[r] = std::move(result);
+        kept->leaves[r] = std::move(xs);
+      }
     }
-    (*results)[r] = local_op(op, rank_attrs, xs);
-    outs[r] = (*results)[r].detach();
-    (*leaves)[r] = std::move(xs);
   }
   DTensor y{out_name, d.out_shape, out_spec, outs};
 
@@ -506,7 +551,14 @@ DTensor Runtime::apply_op(const std::string& op, const OpAttrs& attrs, const std
       names.push_back(sources[i].name);
       inputs.insert(inputs.end(), sources[i].locals.begin(), sources[i].locals.end());
     }
-    const Locals like = detached(y.locals);
+    const LocalShapes like(y.locals);
+    // A small op's operands as the kernel took them, for running it again, detached (sharing
+    // storage): a node holding the operands themselves would own the node that made them, and
+    // freeing a long program's graph would then recurse through every op.
+    std::vector<Locals> operands;
+    if (!kept)
+      for (const auto& t : ready) operands.push_back(detached(t.locals));
+    const Shape out_shape = d.out_shape;
     const size_t n_inputs = inputs.size();
     const int program_op = recorder_.program_op;
     const bool algorithm = recorder_.algorithm;
@@ -514,7 +566,21 @@ DTensor Runtime::apply_op(const std::string& op, const OpAttrs& attrs, const std
       ScopedOverride<int> at(rt->recorder().program_op, program_op);
       ScopedOverride<std::string> explicit_(rt->recorder().implicit, "");
       return rt->guarded(n_inputs, [&] {
-        Locals grads = defined_grads(std::move(g), like);
+        Locals grads = like.defined(std::move(g));
+        LocalGraphs made(kept ? 0 : R);
+        if (!kept) {  // a small op: its graphs made again
+          at::AutoGradMode mode(true);
+          std::vector<DTensor> ready_specs;
+          for (size_t i = 0; i < in_specs.size(); ++i) ready_specs.push_back({"", shapes[i], in_specs[i], {}});
+          for (size_t r = 0; r < R; ++r) {
+            for (size_t i = 0; i < operands.size(); ++i)
+              made.leaves[r].push_back(operands[i][r].detach().requires_grad_(needs[i]));
+            made.results[r] =
+                local_op(op, rank_local_attrs(op, attrs, rt->mesh(), ready_specs, out_spec, out_shape, r), made.leaves[r]);
+          }
+        }
+        const auto& leaves = kept ? kept->leaves : made.leaves;
+        const Locals& results = kept ? kept->results : made.results;
         const GradSpec gin = rt->grad_spec(out_name, out_spec);
         variable_list result(n_inputs);
         // The operands whose incoming gradient needs no move share one VJP per rank (one pass
@@ -531,14 +597,14 @@ DTensor Runtime::apply_op(const std::string& op, const OpAttrs& attrs, const std
           for (size_t i : shared) ready_contrib[i].resize(R);
           for (size_t r = 0; r < R; ++r) {
             std::vector<at::Tensor> wrt;
-            for (size_t i : shared) wrt.push_back((*leaves)[r][i]);
-            variable_list vjp((*results)[r].requires_grad() ? shared.size() : 0);
+            for (size_t i : shared) wrt.push_back(leaves[r][i]);
+            variable_list vjp(results[r].requires_grad() ? shared.size() : 0);
             if (!vjp.empty())
-              vjp = torch::autograd::grad({(*results)[r]}, wrt, {grads[r]}, /*retain_graph=*/true,
+              vjp = torch::autograd::grad({results[r]}, wrt, {grads[r]}, /*retain_graph=*/true,
                                           /*create_graph=*/false, /*allow_unused=*/true);
             for (size_t k = 0; k < shared.size(); ++k) {
               const size_t i = shared[k];
-              ready_contrib[i][r] = k < vjp.size() && vjp[k].defined() ? vjp[k] : at::zeros_like((*leaves)[r][i]);
+              ready_contrib[i][r] = k < vjp.size() && vjp[k].defined() ? vjp[k] : at::zeros_like(leaves[r][i]);
             }
           }
         }
@@ -559,14 +625,14 @@ DTensor Runtime::apply_op(const std::string& op, const OpAttrs& attrs, const std
           Locals contrib(R);
           for (size_t r = 0; r < R && ready_contrib[i].empty(); ++r) {
             // A local result no operand reaches (an empty vocab shard's zeros) contributes zeros.
-            if (!(*results)[r].requires_grad()) {
-              contrib[r] = at::zeros_like((*leaves)[r][i]);
+            if (!results[r].requires_grad()) {
+              contrib[r] = at::zeros_like(leaves[r][i]);
               continue;
             }
-            auto vjp = torch::autograd::grad({(*results)[r]}, {(*leaves)[r][i]}, {gi[r]},
+            auto vjp = torch::autograd::grad({results[r]}, {leaves[r][i]}, {gi[r]},
                                              /*retain_graph=*/true, /*create_graph=*/false,
                                              /*allow_unused=*/true);
-            contrib[r] = vjp[0].defined() ? vjp[0] : at::zeros_like((*leaves)[r][i]);
+            contrib[r] = vjp[0].defined() ? vjp[0] : at::zeros_like(leaves[r][i]);
           }
           if (!ready_contrib[i].empty()) contrib = std::move(ready_contrib[i]);
           if (mutant_on(Mutant::EmbeddingGradWrongRank) && op == "embedding" && i == 1)
@@ -671,9 +737,9 @@ DTensor Runtime::alias(const DTensor& x) {
   if (!x.requires_grad() || !at::GradMode::is_enabled()) return x;
   DTensor out = x;
   out.locals = detached(x.locals);
-  const Locals like = detached(out.locals);
+  const LocalShapes like(out.locals);
   connect("Alias \"" + x.name + "\"", x.locals, out.locals,
-          [like](variable_list&& g) -> variable_list { return defined_grads(std::move(g), like); });
+          [like](variable_list&& g) -> variable_list { return like.defined(std::move(g)); });
   return out;
 }
 

@@ -29,6 +29,13 @@ class Recorder {
   // event while muted.
   void add(Event e);
   const std::vector<Event>& events() const { return events_; }
+  // The events, moved out (none are left): for the run's result once the run is over (a long
+  // program's events are not copied). Events added later would be numbered from 0 again.
+  std::vector<Event> take_events() {
+    std::vector<Event> out;
+    out.swap(events_);
+    return out;
+  }
   // Per event, the index in the scenario's program of the op it belongs to (a backward node's: the
   // op that made it); -1 for the inputs and the backward's seed.
   const std::vector<int>& event_ops() const { return ops_; }
@@ -88,6 +95,11 @@ struct OpApplication {
   std::vector<Shape> shapes;
   std::string out;
 };
+
+// Whether events carry a hash of each local they record (Event::hashes, for traces, replay and
+// the determinism property): on, but in a scope that writes no trace (ScopedOverride), where
+// hashing every local of a long program costs time and memory for nothing. Per thread.
+bool& local_hashes_enabled();
 
 class Runtime {
  public:
@@ -221,6 +233,7 @@ class Runtime {
   RunOptions options_;
   Recorder recorder_;
   std::string phase_ = "forward";
+  int64_t kept_small_graphs_ = 0;  // per-rank graphs of small ops kept from their forward (apply_op)
   std::map<std::string, GradSpec> grad_specs_;
   std::map<std::string, ShardingDecision> decisions_;
   std::map<std::string, BodyValue> body_values_;

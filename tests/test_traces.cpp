@@ -211,6 +211,23 @@ TEST(TraceJson, FileRoundTripIsExactAndDeterministic) {
   EXPECT_EQ(text.rfind("{\n  \"events\"", 0), 0u) << text.substr(0, 40);
 }
 
+// write_trace builds its text one event at a time: the same bytes as the whole document's dump,
+// for events with and without an implicit reason, empty and nested values, no events, a null
+// result, and strings that JSON escapes.
+TEST(TraceJson, TextIsTheDocumentsDumpByteForByte) {
+  Trace t = fsdp_trace();
+  ASSERT_FALSE(t.events.empty());
+  t.events.front().implicit = "planner: \"quoted\"\nnewline, tab\t, unicode \u00e9";
+  t.events.back().note = "";
+  t.scenario["program"].push_back(json::object());
+  EXPECT_EQ(trace_text(t), trace_to_json(t).dump(2) + "\n");
+  Trace bare = t;
+  bare.events.clear();
+  bare.result = nullptr;
+  bare.options = json::object();
+  EXPECT_EQ(trace_text(bare), trace_to_json(bare).dump(2) + "\n");
+}
+
 TEST(TraceJson, IsTraceDocument) {
   EXPECT_TRUE(is_trace_document(json{{"format", "meshsim.trace/1"}}));
   EXPECT_FALSE(is_trace_document(json{{"format", "meshsim.scenario/1"}}));

@@ -213,9 +213,53 @@ Trace trace_from_json(const json& doc, const std::string& file) {
   return trace;
 }
 
-void write_trace(const Trace& trace, const std::string& path) {
-  write_file_atomically(path, trace_to_json(trace).dump(2) + "\n");
+namespace {
+
+// `value` pretty-printed as it stands `depth` levels down in a document dump(2) prints: each line
+// after the first indented by 2 * depth spaces (a string in JSON never holds a raw newline).
+void append_nested(std::string& out, const json& value, int depth) {
+  const std::string text = value.dump(2);
+  const std::string indent(static_cast<size_t>(2 * depth), ' ');
+  out.reserve(out.size() + text.size());
+  for (char c : text) {
+    out += c;
+    if (c == '\n') out += indent;
+  }
 }
+
+}  // namespace
+
+std::string trace_text(const Trace& trace) {
+  // trace_to_json(trace).dump(2) + "\n", byte for byte, without the whole document in memory at
+  // once: one event's JSON at a time (a long program's trace holds hundreds of thousands). The
+  // top-level keys in dump's (sorted) order.
+  std::string out = "{\n  \"events\": ";
+  if (trace.events.empty()) {
+    out += "[]";
+  } else {
+    out += "[\n";
+    for (size_t i = 0; i < trace.events.size(); ++i) {
+      out += "    ";
+      append_nested(out, event_to_json(trace.events[i]), 2);
+      out += i + 1 < trace.events.size() ? ",\n" : "\n";
+    }
+    out += "  ]";
+  }
+  out += ",\n  \"format\": ";
+  append_nested(out, kTraceFormat, 1);
+  out += ",\n  \"options\": ";
+  append_nested(out, trace.options, 1);
+  out += ",\n  \"result\": ";
+  append_nested(out, trace.result, 1);
+  out += ",\n  \"scenario\": ";
+  append_nested(out, trace.scenario, 1);
+  out += ",\n  \"version\": ";
+  append_nested(out, trace.version, 1);
+  out += "\n}\n";
+  return out;
+}
+
+void write_trace(const Trace& trace, const std::string& path) { write_file_atomically(path, trace_text(trace)); }
 
 Trace read_trace(const std::string& path) { return trace_from_json(read_json_file(path), path); }
 

@@ -40,6 +40,9 @@ nlohmann::json trace_to_json(const Trace& trace);
 // Throws InputError(file, json_path, message).
 Trace trace_from_json(const nlohmann::json& doc, const std::string& file);
 
+// trace_to_json(trace).dump(2) + "\n", byte for byte, built one event at a time (never the whole
+// document as JSON): what write_trace writes.
+std::string trace_text(const Trace& trace);
 // Pretty JSON (2-space indent, sorted keys) with a trailing newline, deterministic byte for byte.
 // Throws InputError(path, "", ...) when the file cannot be written.
 void write_trace(const Trace& trace, const std::string& path);
