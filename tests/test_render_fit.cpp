@@ -105,16 +105,24 @@ TEST(RenderFit, LayerBoxSumsTheCollectivesOfItsValues) {
   }
 }
 
-// A small program stays drawn in full by default (its golden text unchanged), and folds when asked
-// where it has layers.
+// A program under the size stays drawn in full by default (a golden text unchanged), and folds when
+// asked where it has layers.
 TEST(RenderFit, SmallProgramIsFoldedOnlyWhenAsked) {
   json doc = json::parse(std::ifstream(kExamples / "fsdp_reduced.json"));
   const Trace small = trace_of_doc(doc);
   EXPECT_EQ(render_dot(small), render_dot(small, opts(RenderView::Logical, FoldMode::Never)));
   EXPECT_FALSE(has(render_dot(small, opts(RenderView::Logical, FoldMode::Always)), "folded by layer"))
       << "no layers, nothing to fold";
-  const Trace block = trace_of_file(kExamples / "transformer_block_tp.json");
-  EXPECT_FALSE(has(render_dot(block), "folded by layer")) << "under the size, drawn in full";
+  // The first layer of the transformer alone: 188 nodes in full, under kFoldAboveNodes, so drawn in
+  // full by default; it has a layer, so --fold folds it.
+  const RenderOptions first_layer = opts(RenderView::Logical, FoldMode::Auto, "0..40");
+  const std::string full = render_dot(transformer(), first_layer);
+  size_t nodes = 0;
+  for (auto at = full.find(" [label="); at != std::string::npos; at = full.find(" [label=", at + 1)) ++nodes;
+  EXPECT_LT(nodes, kFoldAboveNodes);
+  EXPECT_FALSE(has(full, "folded by layer")) << "under the size, drawn in full";
+  EXPECT_TRUE(has(render_dot(transformer(), opts(RenderView::Logical, FoldMode::Always, "0..40")),
+                  "folded by layer: 1 layer (l0)"));
 }
 
 // An imported program's layers are its modules, cut after their numbered part.
