@@ -90,7 +90,7 @@ void LocalMapBuilder::step() {
   // The collectives (kinds 3-6) three times as often as each other kind: they apply to fewer
   // operands, and the variance rules are what local_map programs exist to test.
   const int first = *rc::gen::weightedElement<int>({{1, 0}, {1, 1}, {1, 2}, {3, 3}, {3, 4}, {3, 5}, {3, 6}, {1, 7},
-                                                    {1, 8}, {1, 9}, {1, 10}, {1, 11}, {1, 12}, {1, 13}, {1, 14}, {1, 15}, {1, 16}, {2, 17}, {1, 18}});
+                                                    {1, 8}, {1, 9}, {1, 10}, {1, 11}, {1, 12}, {1, 13}, {1, 14}, {1, 15}, {1, 16}, {2, 17}, {3, 18}});
   const BodyValue x = any();
   const size_t a = static_cast<size_t>(*rc::gen::inRange<int>(0, mesh.ndim()));
   for (int i = 0; i < kKinds; ++i)

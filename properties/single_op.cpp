@@ -225,17 +225,17 @@ int attr_forms(const std::string& name) {
 // How often each op is drawn: matmul's ranks and batch broadcasting have the most rules; the
 // losses and the embedding have the planted bugs of the most kinds; the extrema's ties.
 int copies_of(const RuleFamily& f, const std::string& o) {
-  if (o == "matmul") return 4;
-  if (o == "bmm") return 5;  // P(avg) against R: its rarest rows
+  if (o == "matmul") return 5;  // batch dims sharded, broadcast or not
+  if (o == "bmm") return 6;     // P(avg) against R: its rarest rows
   if (o == "embedding" || o == "pick_target") return 4;
-  if (f.name == "norm") return 6;  // weight and bias, each sharded or not, over batch or sequence dims
+  if (f.name == "norm") return 7;  // weight and bias, each sharded or not, over batch or sequence dims
   if (o == "log_softmax") return 8;  // loss parallel besides the rows
   if (attr_forms(o) > 1) return attr_forms(o);  // gelu: three forms of `approximate`
   if (o == "where") return 6;  // three operands, each whole or broadcast: the most rows
   // Comparisons of two operands: either one broadcast, or the scalar value.
   if (f.name == "compare" && o != "logical_not") return 3;
   // Along a dim: a shard after a dropped dim (max, min, argmax, argmin) moves down by one.
-  if (o == "topk") return 8;  // the planted bug local_topk_sharded_dim: a shard of its dim, k >= 1
+  if (o == "topk") return 10;  // the planted bug local_topk_sharded_dim: a shard of its dim, k >= 1
   if (f.name == "select" || f.name == "select_index") return 2;
   if (f.name == "triangle") return 2;  // a batch dim's shard needs a third dim
   // amax, amin: their gradient's split among ties shows only where the extremum ties.
@@ -296,6 +296,16 @@ json single_op_program() {
     if (name == "embedding")
       for (const auto& row : rows)
         if (row.size() == 2 && row[1].is_shard() && row[1].dim == 0)
+          for (size_t more = shard_rows.size(); more > 0; --more) shard_rows.push_back(row);
+    // expand moves elements: its Partial rows (P(max) and P(min) pass through) drawn as its shards are.
+    if (name == "expand")
+      for (const auto& row : rows)
+        if (row[0].is_partial()) shard_rows.push_back(row);
+    // The losses' class-sharded pick (loss parallel: log_softmax over the shard, the masked pick) as
+    // often as the other rows together.
+    if (name == "pick_target")
+      for (const auto& row : rows)
+        if (row.size() == 2 && row[0].is_shard() && row[0].dim == 1)
           for (size_t more = shard_rows.size(); more > 0; --more) shard_rows.push_back(row);
     // log_softmax of a shard of its dim: loss parallel (no row: it runs as a decomposition).
     if (name == "log_softmax") {
