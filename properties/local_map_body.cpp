@@ -174,6 +174,23 @@ BodyValue LocalMapBuilder::region_arg(const Shape& shape, const std::vector<std:
   return entered(name, shape, spec);
 }
 
+// y = where(mask, x, u), u a value of the pool read as x is (itself, at least): within bounds.
+bool LocalMapBuilder::where_of(const BodyValue& mask, const BodyValue& x, BodyValue& y) {
+  std::vector<const BodyValue*> partners;
+  for (const auto& v : pool) {
+    bool fits = v.shape == x.shape;
+    for (size_t b = 0; b < x.reading.size() && fits; ++b) fits = same_reading(x, v, b);
+    if (fits) partners.push_back(&v);
+  }
+  const BodyValue u = *partners.at(static_cast<size_t>(*rc::gen::inRange<int>(0, static_cast<int>(partners.size()))));
+  if (!within_bounds("where", {}, {{x.bound, x.rounded}, {u.bound, u.rounded}}, std::max(x.bound, u.bound), y.rounded)) return false;
+  y.label = local_label({&mask, &x, &u});
+  y.bound = std::max(x.bound, u.bound);
+  y.floor = std::min(x.floor, u.floor);
+  add_local(y, "where", {mask, x, u});
+  return true;
+}
+
 bool LocalMapBuilder::try_nn_kind(const BodyValue& x) {
   const size_t rank = x.shape.size();
   const auto r = static_cast<int64_t>(rank);
@@ -202,19 +219,7 @@ bool LocalMapBuilder::try_nn_kind(const BodyValue& x) {
       add_local(y, "masked_fill", {x, mask}, {{"value", value}});
       return true;
     }
-    std::vector<const BodyValue*> partners;
-    for (const auto& v : pool) {
-      bool fits = v.shape == x.shape;
-      for (size_t b = 0; b < x.reading.size() && fits; ++b) fits = same_reading(x, v, b);
-      if (fits) partners.push_back(&v);
-    }
-    const BodyValue u = *partners.at(static_cast<size_t>(*rc::gen::inRange<int>(0, static_cast<int>(partners.size()))));
-    if (!within_bounds("where", {}, {{x.bound, x.rounded}, {u.bound, u.rounded}}, std::max(x.bound, u.bound), y.rounded)) return false;
-    y.label = local_label({&mask, &x, &u});
-    y.bound = std::max(x.bound, u.bound);
-    y.floor = std::min(x.floor, u.floor);
-    add_local(y, "where", {mask, x, u});
-    return true;
+    return where_of(mask, x, y);
   }
   if (pick == 4) {  // layer_norm, rms_norm over the last 1-2 dims no axis shards, a replicated weight now and then
     if (rank == 0 || x.has_partial()) return false;
@@ -402,19 +407,7 @@ bool LocalMapBuilder::try_select_kind(const BodyValue& x) {
     const BodyValue other = made(renamed(x), op_of(GenClass::Compare), {x}, {{"value", *rc::gen::element(-0.5, 1.5)}});
     mask = made(renamed(x), *rc::gen::element<std::string>("logical_and", "logical_or"), {mask, other}, json::object());
   }
-  std::vector<const BodyValue*> partners;
-  for (const auto& v : pool) {
-    bool fits = v.shape == x.shape;
-    for (size_t b = 0; b < x.reading.size() && fits; ++b) fits = same_reading(x, v, b);
-    if (fits) partners.push_back(&v);
-  }
-  const BodyValue u = *partners.at(static_cast<size_t>(*rc::gen::inRange<int>(0, static_cast<int>(partners.size()))));
-  if (!within_bounds("where", {}, {{x.bound, x.rounded}, {u.bound, u.rounded}}, std::max(x.bound, u.bound), y.rounded)) return false;
-  y.label = local_label({&mask, &x, &u});
-  y.bound = std::max(x.bound, u.bound);
-  y.floor = std::min(x.floor, u.floor);
-  add_local(y, "where", {mask, x, u});
-  return true;
+  return where_of(mask, x, y);
 }
 
 }  // namespace meshsim::gen::body

@@ -140,6 +140,8 @@ struct LocalMapBuilder {
   // argsort along such a dim), combined by logical_not, _and or _or now and then, picking x or a
   // value read alike by where; of a value with no Partial axis that no rounding made.
   bool try_select_kind(const BodyValue& x);
+  // y = where(mask, x, u) with u a value of the pool that reads as x does; false out of bounds.
+  bool where_of(const BodyValue& mask, const BodyValue& x, BodyValue& y);
 
   // A region arg without a gradient (a bool mask, int64 ids or targets), laid out per axis as
   // `reading` gives it (Shard of a dim, or Replicated: R, or Rd now and then); entered, not pooled.

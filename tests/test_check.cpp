@@ -53,7 +53,7 @@ std::map<std::string, std::pair<std::string, int>> verdicts(const std::vector<js
 }
 
 const std::string kProperties =
-    "--property dtensor_duality --property dtensor_forward_equivalence --property cotangent_involution";
+    "--property pytorch_semantics_equivalence --property dtensor_forward_equivalence --property cotangent_involution";
 
 TEST_F(Check, ShardsTogetherAreTheWholeRun) {
   for (const std::string mutant : {"", " --mutant mm_s1_s0_labelled_r"}) {
@@ -135,7 +135,7 @@ TEST_F(Check, JsonAndJunitDescribeTheRun) {
   const std::regex testcase("<testcase classname=\"meshsim.check\" name=\"([a-z_]+)\"");
   std::set<std::string> cases;
   for (std::sregex_iterator it(xml.begin(), xml.end(), testcase), end; it != end; ++it) cases.insert((*it)[1]);
-  EXPECT_EQ(cases, (std::set<std::string>{"cotangent_involution", "dtensor_duality", "dtensor_forward_equivalence"}));
+  EXPECT_EQ(cases, (std::set<std::string>{"cotangent_involution", "dtensor_forward_equivalence", "pytorch_semantics_equivalence"}));
   EXPECT_EQ(std::count(xml.begin(), xml.end(), '<') , std::count(xml.begin(), xml.end(), '>')) << xml;
   EXPECT_TRUE(contains(xml, "<failure type=\"fail\" message=\"failed after ")) << xml;
   EXPECT_FALSE(fs::exists(dir / "report.xml.tmp"));

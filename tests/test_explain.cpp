@@ -102,6 +102,12 @@ std::vector<Case> cases() {
   out.push_back({"embedding", {{4}, {8, 6}}, {}});
   out.push_back({"pick_target", {m, {4}}, {}});
   out.push_back({"count_targets", {{4}}, {}});
+  // Selection and order along dim 1 (gathered first where sharded), comparisons and logic.
+  OpAttrs sel = with_dim(1);
+  sel.k = 2;
+  for (const char* op : {"max", "min", "sort", "topk", "argmax", "argmin", "argsort"}) out.push_back({op, {m}, sel});
+  for (const char* op : {"eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or"}) out.push_back({op, {m, m}, {}});
+  out.push_back({"logical_not", {m}, {}});
   return out;
 }
 
