@@ -433,17 +433,31 @@ struct LocalGraphs {
 };
 
 // A rank's attributes for the op's per-rank kernel: mean's global count, a view's local shape,
-// the range of a sharded dim the kernel needs (ranged_operand). Only the operands' specs and
-// shapes are read.
-OpAttrs rank_local_attrs(const std::string& op, const OpAttrs& attrs, const Mesh& mesh,
-                         const std::vector<DTensor>& operands, const Spec& out_spec, const Shape& out_shape, size_t r) {
-  OpAttrs a = with_global_shape(op, attrs, operands.at(0).shape);
+// the range of a sharded dim the kernel needs (ranged_operand), from the operands' specs and shapes.
+OpAttrs rank_local_attrs(const std::string& op, const OpAttrs& attrs, const Mesh& mesh, const std::vector<Spec>& specs,
+                         const std::vector<Shape>& shapes, const Spec& out_spec, const Shape& out_shape, size_t r) {
+  OpAttrs a = with_global_shape(op, attrs, shapes.at(0));
   if (is_view_op(op)) a.local_shape = local_layout(mesh, out_spec, out_shape, static_cast<int64_t>(r)).shape;
-  if (const auto t = ranged_operand(op); t && shards_dim(operands[t->first].spec, t->second)) {
-    const LocalLayout l = local_layout(mesh, operands[t->first].spec, operands[t->first].shape, static_cast<int64_t>(r));
+  if (const auto t = ranged_operand(op); t && shards_dim(specs[t->first], t->second)) {
+    const LocalLayout l = local_layout(mesh, specs[t->first], shapes[t->first], static_cast<int64_t>(r));
     a.range = Chunk{l.offset[t->second], l.shape[t->second]};
   }
   return a;
+}
+
+// Each rank's kernel on its operands (`operands[i][r]`) as fresh local leaves, requiring grad as
+// `needs` says, with autograd: the leaves and the results with their local graphs, for the VJP.
+LocalGraphs local_graphs(const std::string& op, const OpAttrs& attrs, const Mesh& mesh, const std::vector<Spec>& specs,
+                         const std::vector<Shape>& shapes, const Spec& out_spec, const Shape& out_shape,
+                         const std::vector<Locals>& operands, const std::vector<bool>& needs) {
+  const size_t R = static_cast<size_t>(mesh.size());
+  at::AutoGradMode mode(true);
+  LocalGraphs g(R);
+  for (size_t r = 0; r < R; ++r) {
+    for (size_t i = 0; i < operands.size(); ++i) g.leaves[r].push_back(operands[i][r].detach().requires_grad_(needs[i]));
+    g.results[r] = local_op(op, rank_local_attrs(op, attrs, mesh, specs, shapes, out_spec, out_shape, r), g.leaves[r]);
+  }
+  return g;
 }
 
 }  // namespace
@@ -515,20 +529,20 @@ DTensor Runtime::apply_op(const std::string& op, const OpAttrs& attrs, const std
   const bool small = largest <= kSmallOpElements;
   const bool keep = any && (!small || kept_small_graphs_ < kKeptSmallGraphs);
   if (keep && small) kept_small_graphs_ += static_cast<int64_t>(R);
-  auto kept = keep ? std::make_shared<LocalGraphs>(R) : nullptr;
+  std::vector<Locals> operand_locals;
+  for (const auto& t : ready) operand_locals.push_back(t.locals);
+  std::shared_ptr<const LocalGraphs> kept;
   Locals outs(R);
-  {
-    at::AutoGradMode mode(kept != nullptr);
+  if (keep) {
+    kept = std::make_shared<const LocalGraphs>(
+        local_graphs(op, attrs, mesh_, d.in_specs, shapes, out_spec, d.out_shape, operand_locals, needs));
+    outs = detached(kept->results);
+  } else {
+    at::AutoGradMode mode(false);
     for (size_t r = 0; r < R; ++r) {
       std::vector<at::Tensor> xs;
-      for (size_t i = 0; i < ready.size(); ++i)
-        xs.push_back(kept ? ready[i].locals[r].detach().requires_grad_(needs[i]) : ready[i].locals[r]);
-      at::Tensor result = local_op(op, rank_local_attrs(op, attrs, mesh_, ready, out_spec, d.out_shape, r), xs);
-      outs[r] = result.detach();
-      if (kept) {
-        kept->results[r] = std::move(result);
-        kept->leaves[r] = std::move(xs);
-      }
+      for (const auto& l : operand_locals) xs.push_back(l[r]);
+      outs[r] = local_op(op, rank_local_attrs(op, attrs, mesh_, d.in_specs, shapes, out_spec, d.out_shape, r), xs).detach();
     }
   }
   DTensor y{out_name, d.out_shape, out_spec, outs};
@@ -557,7 +571,7 @@ DTensor Runtime::apply_op(const std::string& op, const OpAttrs& attrs, const std
     // freeing a long program's graph would then recurse through every op.
     std::vector<Locals> operands;
     if (!kept)
-      for (const auto& t : ready) operands.push_back(detached(t.locals));
+      for (const auto& l : operand_locals) operands.push_back(detached(l));
     const Shape out_shape = d.out_shape;
     const size_t n_inputs = inputs.size();
     const int program_op = recorder_.program_op;
@@ -567,18 +581,9 @@ DTensor Runtime::apply_op(const std::string& op, const OpAttrs& attrs, const std
       ScopedOverride<std::string> explicit_(rt->recorder().implicit, "");
       return rt->guarded(n_inputs, [&] {
         Locals grads = like.defined(std::move(g));
-        LocalGraphs made(kept ? 0 : R);
-        if (!kept) {  // a small op: its graphs made again
-          at::AutoGradMode mode(true);
-          std::vector<DTensor> ready_specs;
-          for (size_t i = 0; i < in_specs.size(); ++i) ready_specs.push_back({"", shapes[i], in_specs[i], {}});
-          for (size_t r = 0; r < R; ++r) {
-            for (size_t i = 0; i < operands.size(); ++i)
-              made.leaves[r].push_back(operands[i][r].detach().requires_grad_(needs[i]));
-            made.results[r] =
-                local_op(op, rank_local_attrs(op, attrs, rt->mesh(), ready_specs, out_spec, out_shape, r), made.leaves[r]);
-          }
-        }
+        // A small op's graphs are made again.
+        const LocalGraphs made =
+            kept ? LocalGraphs(0) : local_graphs(op, attrs, rt->mesh(), in_specs, shapes, out_spec, out_shape, operands, needs);
         const auto& leaves = kept ? kept->leaves : made.leaves;
         const Locals& results = kept ? kept->results : made.results;
         const GradSpec gin = rt->grad_spec(out_name, out_spec);
