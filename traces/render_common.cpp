@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <optional>
 #include <stdexcept>
+#include <unordered_map>
 
 namespace meshsim::render_detail {
 
@@ -695,6 +696,82 @@ std::string status_note(const Facts& f, bool list_all_failures) {
                               {"penwidth", "2"},
                               {"margin", "0.15,0.08"}},
                    "  ");
+}
+
+// ---- the size of a drawn body, for dot ----
+
+namespace {
+
+// The DOT string literal at text[at] (a quote), unescaped; `at` moves past it. False if none.
+bool read_quoted(const std::string& text, size_t& at, std::string* out) {
+  if (at >= text.size() || text[at] != '"') return false;
+  out->clear();
+  for (size_t i = at + 1; i < text.size() && text[i] != '\n'; ++i) {
+    if (text[i] == '"') {
+      at = i + 1;
+      return true;
+    }
+    if (text[i] == '\\' && i + 1 < text.size()) ++i;
+    *out += text[i];
+  }
+  return false;
+}
+
+}  // namespace
+
+size_t count_nodes(const std::string& body) {
+  size_t nodes = 0;
+  for (auto at = body.find(" [label="); at != std::string::npos; at = body.find(" [label=", at + 1)) ++nodes;
+  return nodes;
+}
+
+// dot's work on a body: its nodes, plus a virtual node on every rank a long edge crosses (dot
+// routes and orders those like real nodes; a weight read by every layer, or a gradient summed
+// from all of them, crosses hundreds of ranks per edge). Ranks as dot's network simplex tends to
+// set them: a node one rank below its lowest predecessor, a source just above its highest
+// successor.
+size_t layout_size(const std::string& body, size_t nodes) {
+  std::unordered_map<std::string, size_t> index;
+  std::vector<std::pair<size_t, size_t>> edges;
+  std::string from, to;
+  for (size_t at = 0; at < body.size();) {
+    size_t end = body.find('\n', at);
+    if (end == std::string::npos) end = body.size();
+    size_t p = body.find_first_not_of(' ', at);
+    if (p < end && read_quoted(body, p, &from) && body.compare(p, 4, " -> ") == 0 && read_quoted(body, p += 4, &to)) {
+      const size_t a = index.emplace(from, index.size()).first->second;
+      const size_t b = index.emplace(to, index.size()).first->second;
+      edges.emplace_back(a, b);
+    }
+    at = end + 1;
+  }
+  std::vector<std::vector<size_t>> succ(index.size());
+  std::vector<size_t> indegree(index.size(), 0), rank(index.size(), 0), ready;
+  for (const auto& [a, b] : edges) {
+    succ[a].push_back(b);
+    ++indegree[b];
+  }
+  std::vector<size_t> left = indegree;
+  for (size_t v = 0; v < succ.size(); ++v)
+    if (left[v] == 0) ready.push_back(v);
+  while (!ready.empty()) {
+    const size_t v = ready.back();
+    ready.pop_back();
+    for (size_t w : succ[v]) {
+      rank[w] = std::max(rank[w], rank[v] + 1);
+      if (--left[w] == 0) ready.push_back(w);
+    }
+  }
+  for (size_t v = 0; v < succ.size(); ++v) {
+    if (indegree[v] > 0 || succ[v].empty()) continue;
+    size_t lowest = rank[succ[v].front()];
+    for (size_t w : succ[v]) lowest = std::min(lowest, rank[w]);
+    rank[v] = lowest > 0 ? lowest - 1 : 0;
+  }
+  size_t crossed = 0;
+  for (const auto& [a, b] : edges)
+    if (rank[b] > rank[a] + 1) crossed += rank[b] - rank[a] - 1;
+  return nodes + crossed;
 }
 
 }  // namespace meshsim::render_detail

@@ -1,5 +1,6 @@
 // The renderer's insides, shared by its files (not a public header; traces/render.h is):
-//   render_common.cpp  DOT text, styles, and the facts a diagram needs besides the events
+//   render_common.cpp  DOT text, styles, the facts a diagram needs besides the events, and the
+//                      size of a drawn body for dot
 //   render_logical.cpp the logical view
 //   render_ranks.cpp   the rank view
 //   render_fit.cpp     diagrams that fit a screen: layers and their boxes, the blocks of the rank
@@ -97,6 +98,10 @@ Attrs step_attrs(const std::string& name, const std::string& html_label, const A
 Attrs step_out_edge(const Event& e, bool with_bytes);
 
 std::string node_line(const std::string& id, const Attrs& attrs, const std::string& indent = "    ");
+// The nodes of a drawn body (its " [label=" lines).
+size_t count_nodes(const std::string& body);
+// dot's work on a body of `nodes` nodes: the nodes and the virtual nodes its long edges cross.
+size_t layout_size(const std::string& body, size_t nodes);
 // A cluster of `body` (nothing when the body is empty).
 std::string cluster(const std::string& name, const Attrs& attrs, const std::string& body,
                     const std::string& indent = "  ");
