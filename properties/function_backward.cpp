@@ -19,6 +19,8 @@
 // which element, both numbers, and the factor when the backward is a constant multiple.
 #include "properties/function_backward.h"
 
+#include <ATen/core/grad_mode.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>

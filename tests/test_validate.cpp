@@ -561,4 +561,17 @@ TEST_F(Validate, NcclSkipsCleanlyWithoutGpus) {
   EXPECT_TRUE(contains(o.out, "on nccl: skipped: ")) << o;
 }
 
+// What one GPU can validate on NCCL: a one-rank mesh (scripts/gpu_check.sh runs this test there).
+// Skipped, with NCCL's reason, on a machine without a GPU or a build without NCCL.
+TEST_F(Validate, NcclValidatesAOneRankMeshOnAGpu) {
+  const fs::path file = kExamples / "regressions" / "gelu_strided_grad_float32.json";
+  const Outcome o = meshsim("validate " + q(file.string()) + " --backend nccl");
+  EXPECT_TRUE(processes_mentioning(dir.string()).empty());
+  if (o.code == 5) GTEST_SKIP() << "no GPU for NCCL here: " << o.out;
+  EXPECT_EQ(o.code, 0) << o;
+  EXPECT_TRUE(contains(o.out, "validate " + file.string() + " on nccl: 1 worker processes")) << o;
+  EXPECT_TRUE(contains(o.out, "rank 0: pass: 6 values and 1 gradient, 7 equal bit for bit")) << o;
+  EXPECT_TRUE(contains(o.out, "status: pass")) << o;
+}
+
 }  // namespace

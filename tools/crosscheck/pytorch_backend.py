@@ -60,6 +60,12 @@ SYSTEM = "pytorch"
 MAX_RANKS = 64
 # The run's float type (options.dtype); int64 and bool inputs keep theirs.
 DTYPES = {"float64": torch.float64, "float32": torch.float32}
+# Where the tensors live: "cpu" (the default), or "cuda" with `crosscheck --device cuda` (the
+# ranks' locals on one GPU under LocalTensorMode; scripts/gpu_check.sh). Tensors made without a
+# device (creation ops, offsets) follow torch's default device, set here.
+DEVICE = os.environ.get("MESHSIM_CROSSCHECK_DEVICE", "cpu")
+if DEVICE != "cpu":
+    torch.set_default_device(DEVICE)
 
 # PyTorch logs a warning per multi-axis redistribution and per rank; they are noise here.
 logging.getLogger("torch.distributed").setLevel(logging.ERROR)
@@ -238,7 +244,7 @@ class Program:
         self.mode = mode
         self.run = run
         self.dtype = DTYPES[job.options.get("dtype", "float64")]
-        self.mesh = DeviceMesh("cpu", torch.arange(job.world).reshape(job.mesh_shape),
+        self.mesh = DeviceMesh(DEVICE, torch.arange(job.world, device="cpu").reshape(job.mesh_shape),
                                mesh_dim_names=tuple(job.mesh_axes))
         self.env: dict[str, torch.Tensor] = {}
         self.inputs: dict[str, DTensor] = {}
@@ -272,7 +278,7 @@ class Program:
                 placements = self.placements(inp["placements"], len(shape) if shape is not None else len(inp["shape"]))
                 if self.job.local(name, 0) is not None and shape is not None:
                     loc = self.mode.rank_map(
-                        lambda r: torch.from_numpy(np.array(self.job.local(name, r))).to(dtype))
+                        lambda r: torch.from_numpy(np.array(self.job.local(name, r))).to(DEVICE, dtype))
                     x = DTensor.from_local(loc, self.mesh, placements, run_check=False,
                                            shape=torch.Size(shape), stride=contiguous_stride(shape))
                 else:
@@ -289,16 +295,17 @@ class Program:
         the input's shape, distributed by PyTorch itself, only to see whether PyTorch refuses too."""
         self.note("meshsim kept no tensors (it refused the scenario): inputs are PyTorch's own small "
                   "integers, and only refusals are compared")
-        gen = torch.Generator().manual_seed(0)
+        gen = torch.Generator().manual_seed(0)  # drawn on the CPU on either device: the same data
         shape = inp["shape"]
         init = inp.get("init", "int")
         with self.mode.disable():
             if isinstance(init, dict):
-                t = torch.randint(0, int(init["ids"]), shape, generator=gen)
+                t = torch.randint(0, int(init["ids"]), shape, generator=gen, device="cpu")
             elif dtype == torch.bool:
-                t = torch.randint(0, 2, shape, generator=gen).bool()
+                t = torch.randint(0, 2, shape, generator=gen, device="cpu").bool()
             else:
-                t = torch.randint(-4, 5, shape, generator=gen).to(dtype)
+                t = torch.randint(-4, 5, shape, generator=gen, device="cpu").to(dtype)
+            t = t.to(DEVICE)
         rep = DTensor.from_local(self.mode.rank_map(lambda r: t.clone()), self.mesh,
                                  [Replicate()] * self.mesh.ndim, run_check=False)
         if not inp.get("from_local"):  # shards cut by PyTorch; a Partial axis's parts are replicas
@@ -328,6 +335,8 @@ class Program:
                         f"cannot run it ({first_line(e)}), where each rank of a real run would run its own") from e
                 raise OpFailed(here, e) from e
             if timings is not None:
+                if DEVICE != "cpu":
+                    torch.cuda.synchronize()  # the op's kernels finished, not only launched
                 timings.append((op["op"], time.perf_counter() - start))
             names = op.get("outs", op.get("out"))
             if isinstance(names, list):
@@ -835,7 +844,7 @@ def global_data(prog: Program, v: DTensor) -> np.ndarray:
         full = v.full_tensor()
     with prog.mode.disable():
         t = full._local_tensors[min(full._local_tensors)] if isinstance(full, LocalTensor) else full
-        return t.detach().clone().numpy()
+        return t.detach().cpu().clone().numpy()
 
 
 # Known reasons a PyTorch 2.15 run differs from meshsim's semantics=pytorch run, each with the
