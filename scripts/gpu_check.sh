@@ -7,8 +7,11 @@
 #                                          GPU machine's torch) with the NCCL engine on, and packs
 #                                          them with the libraries the GPU machine lacks into
 #                                          gpu_carry/ (ignored by git)
-#   scripts/gpu_check.sh                   there, in the repository's root, with gpu_carry/ beside
-#                                          it: writes every result under $OUT (default out/gpu)
+#   gpu_carry/src/scripts/gpu_check.sh     there, from the repository's root, with gpu_carry/
+#                                          carried: writes every result under $OUT (default
+#                                          out/gpu). gpu_carry/src is this script, tools/ and
+#                                          examples/ as of the commit the binaries were built from,
+#                                          so what runs there is one version whatever the tree holds
 #
 # Why two halves: the GPU machine reaches no network and has none of Debian's packages that
 # meshsim builds with (nlohmann-json, CLI11, RapidCheck, Graphviz, gloo's headers); its CUDA,
@@ -44,7 +47,9 @@ if [ "${1:-}" = "--prepare" ]; then
   cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DMESHSIM_WERROR=ON \
         -DCMAKE_PREFIX_PATH="$T/torch/share/cmake" | grep 'meshsim:'
   cmake --build build-gpu --target meshsim test_validate meshsim_bench_ops
-  rm -rf gpu_carry && mkdir -p gpu_carry/bin gpu_carry/lib
+  rm -rf gpu_carry && mkdir -p gpu_carry/bin gpu_carry/lib gpu_carry/src
+  git archive HEAD scripts tools examples | tar -x -C gpu_carry/src
+  git describe --always --dirty > gpu_carry/commit
   cp build-gpu/cli/meshsim build-gpu/tests/test_validate build-gpu/bench/meshsim_bench_ops gpu_carry/bin/
   # Every library they load that is neither glibc's nor the C++ runtime nor torch's, CUDA's or
   # NCCL's (the GPU machine has those).
@@ -68,9 +73,11 @@ fi
 OUT=${OUT:-$ROOT/out/gpu}
 mkdir -p "$OUT"
 PY=${PYTHON:-python3}
-BIN=$ROOT/gpu_carry/bin
+CARRY=$(cd "$ROOT/.." && pwd)  # gpu_carry, where this copy of the script lies under src/
+BIN=$CARRY/bin
 if [ ! -x "$BIN/meshsim" ]; then
-  echo "gpu_check: no gpu_carry/bin/meshsim: run scripts/gpu_check.sh --prepare TORCH_WHEEL on the build machine" >&2
+  echo "gpu_check: no $BIN/meshsim: run scripts/gpu_check.sh --prepare TORCH_WHEEL on the build machine and" \
+       "run gpu_carry/src/scripts/gpu_check.sh" >&2
   exit 2
 fi
 step() { echo "== $* ($(date +%T))"; }
@@ -79,7 +86,7 @@ step() { echo "== $* ($(date +%T))"; }
 step environment
 TORCH_LIB=$($PY -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "lib"))')
 NV=$($PY -c 'import os, nvidia; print(os.path.dirname(nvidia.__path__[0]) + "/nvidia")' 2>/dev/null || true)
-LIBS=$ROOT/gpu_carry/lib:$TORCH_LIB
+LIBS=$CARRY/lib:$TORCH_LIB
 for d in /usr/local/cuda/lib64 /usr/local/cuda/lib "$NV"/cu13/lib "$NV"/nccl/lib "$NV"/cuda_runtime/lib; do
   [ -d "$d" ] && LIBS=$LIBS:$d
 done
@@ -100,7 +107,7 @@ import torch
 print("torch", torch.__version__, torch.version.git_version, "cuda", torch.version.cuda,
       "nccl (torch's)", ".".join(map(str, torch.cuda.nccl.version())), "device", torch.cuda.get_device_name())
 EOF
-  echo "meshsim built against torch $(cat gpu_carry/torch_built_against)"
+  echo "meshsim $(cat "$CARRY/commit") built against torch $(cat "$CARRY/torch_built_against")"
   echo "meshsim: $("$MESHSIM" --version 2>&1)"
   echo "libraries meshsim loads (torch, CUDA, NCCL):"
   LD_LIBRARY_PATH=$LIBS ldd "$BIN/meshsim" | grep -E 'torch|c10|cudart|nccl|not found'
@@ -109,7 +116,7 @@ EOF
   done
 } > "$OUT/env.txt" 2>&1
 cat "$OUT/env.txt"
-built=$(awk '{print $2}' gpu_carry/torch_built_against)
+built=$(awk '{print $2}' "$CARRY/torch_built_against")
 here=$($PY -c 'import torch; print(torch.version.git_version)')
 if [ "$built" != "$here" ]; then
   echo "gpu_check: this machine's torch ($here) is not the build meshsim was built against ($built)" | tee -a "$OUT/env.txt"
@@ -117,7 +124,7 @@ if [ "$built" != "$here" ]; then
 fi
 
 # The tests find meshsim and the examples where they were built (MESHSIM_BIN, MESHSIM_SOURCE_DIR).
-BUILT_ROOT=$(cat gpu_carry/built_root)
+BUILT_ROOT=$(cat "$CARRY/built_root")
 if [ "$BUILT_ROOT" != "$ROOT" ] && [ ! -e "$BUILT_ROOT" ]; then
   mkdir -p "$(dirname "$BUILT_ROOT")" && ln -s "$ROOT" "$BUILT_ROOT"
 fi
