@@ -63,8 +63,8 @@ exec(open(sys.argv[1]).read(), ns)
 print(ns["__version__"], ns["git_version"])
 EOF
   echo "$ROOT" > gpu_carry/built_root
-  echo /gpu_carry/ >> .git/info/exclude
-  sort -u -o .git/info/exclude .git/info/exclude
+  EXCLUDE=$(git rev-parse --git-path info/exclude)
+  echo /gpu_carry/ >> "$EXCLUDE" && sort -u -o "$EXCLUDE" "$EXCLUDE"
   du -sh gpu_carry
   echo "built against torch $(cat gpu_carry/torch_built_against); carry gpu_carry to the GPU machine"
   exit 0
