@@ -165,7 +165,7 @@ echo "-- the NCCL engine's tests (test_validate):" >> "$V"
 timeout 120 build-gpu/tests/test_validate --gtest_filter='Validate.Nccl*:Validate.BadRequests*' >> "$V" 2>&1
 echo "test_validate exit $?" | tee -a "$V"
 echo "-- two ranks on one GPU in PyTorch (NCCL's own answer):" >> "$V"
-timeout 90 $PY - >> "$V" 2>&1 <<'EOF'
+cat > "$ONE/two_ranks.py" <<'EOF'
 import os, torch, torch.distributed as dist, torch.multiprocessing as mp
 def worker(rank):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29517")
@@ -182,6 +182,7 @@ def worker(rank):
 if __name__ == "__main__":
     mp.spawn(worker, nprocs=2)
 EOF
+timeout 45 $PY "$ONE/two_ranks.py" >> "$V" 2>&1
 echo "python exit $?" >> "$V"
 tail -n 5 "$V"
 
