@@ -136,8 +136,10 @@ std::vector<MemberGroup> member_groups(const Mesh& mesh, int64_t rank) {
   for (int axis = 0; axis < mesh.ndim(); ++axis)
     for (const auto& ranks : mesh.groups(axis)) {
       const int64_t k = position_of(ranks, rank);
-      if (ranks.size() < 2 || k < 0) continue;
-      // Two axes of size 1 around one real axis give the same group twice: one communicator.
+      if (k < 0) continue;
+      // A group of one rank (an axis of size 1) gets its communicator too: local code may call a
+      // collective over it (psum over a one-rank axis), and the engine runs it, as a real run
+      // would. Two axes of size 1 around one real axis give the same group twice: one communicator.
       bool seen = false;
       for (const auto& g : out) seen = seen || g.ranks == ranks;
       if (!seen) out.push_back({ranks, k});

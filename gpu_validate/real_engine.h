@@ -99,8 +99,9 @@ struct MemberGroup {
   Ranks ranks;
   int64_t position;
 };
-// Every group of two or more ranks that `rank` belongs to, axis by axis, groups in order: the same
-// order on every rank, so that engines making one communicator per group meet at each rendezvous.
+// Every group that `rank` belongs to (a group of one rank too), axis by axis, groups in order: the
+// same order on every rank, so that engines making one communicator per group meet at each
+// rendezvous.
 std::vector<MemberGroup> member_groups(const Mesh& mesh, int64_t rank);
 
 class RealCommunicator : public Communicator {

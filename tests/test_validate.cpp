@@ -561,6 +561,24 @@ TEST_F(Validate, NcclSkipsCleanlyWithoutGpus) {
   EXPECT_TRUE(contains(o.out, "on nccl: skipped: ")) << o;
 }
 
+// Local code's collectives over an axis of one rank (a psum over dp=1) go through the engine, which
+// has a communicator for a group of one (found on the GPU: every such example of one rank stopped
+// with "no communicator for meshsim/group/0" on NCCL and on Gloo alike). On NCCL where a GPU is.
+TEST_F(Validate, CollectivesOverAOneRankAxisRunOnTheEngine) {
+  json doc = json::parse(read_text(kExamples / "lm_data_parallel.json"));
+  doc["mesh"]["shape"] = json::array({1});
+  std::ofstream(dir / "one_rank.json") << doc.dump(2);
+  const std::string file = (dir / "one_rank.json").string();
+  for (const std::string backend : {"gloo", "nccl"}) {
+    const Outcome o = meshsim("validate " + q(file) + " --backend " + backend);
+    if (backend == "nccl" && o.code == 5) continue;  // no GPU here
+    EXPECT_EQ(o.code, 0) << o;
+    EXPECT_TRUE(contains(o.out, "rank 0: pass")) << o;
+    EXPECT_FALSE(contains(o.out, " 0 collectives on " + backend)) << o;
+    EXPECT_TRUE(contains(o.out, "status: pass")) << o;
+  }
+}
+
 // What one GPU can validate on NCCL: a one-rank mesh (scripts/gpu_check.sh runs this test there).
 // Skipped, with NCCL's reason, on a machine without a GPU or a build without NCCL.
 TEST_F(Validate, NcclValidatesAOneRankMeshOnAGpu) {
