@@ -9,7 +9,7 @@
 #                                          gpu_carry/ (ignored by git)
 #   gpu_carry/src/scripts/gpu_check.sh     there, from the repository's root, with gpu_carry/
 #                                          carried: writes every result under $OUT (default
-#                                          out/gpu). gpu_carry/src is this script, tools/ and
+#                                          out/gpu; GPU_CHECK_ONLY=validate: step 1 alone). gpu_carry/src is this script, tools/ and
 #                                          examples/ as of the commit the binaries were built from,
 #                                          so what runs there is one version whatever the tree holds
 #
@@ -185,6 +185,8 @@ EOF
 timeout 45 $PY "$ONE/two_ranks.py" >> "$V" 2>&1
 echo "python exit $?" >> "$V"
 tail -n 5 "$V"
+
+if [ "${GPU_CHECK_ONLY:-}" = validate ]; then step done; exit 0; fi  # a second try of step 1 alone
 
 # --- 2. time per op: LocalTensorMode on CUDA and on the CPU, meshsim on the CPU -----------------------
 step perf
