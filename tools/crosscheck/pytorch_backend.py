@@ -700,6 +700,9 @@ OPS = {
     "argsort": lambda p, op, x: torch.argsort(x, dim=op.get("dim", -1), descending=bool(op.get("descending", False)),
                                               stable=True),
     "topk": lambda p, op, x: torch.topk(x, op["k"], dim=op.get("dim", -1), largest=bool(op.get("largest", True))).values,
+    # Indexing along dim by an int64 index operand.
+    "gather": lambda p, op, x, index: torch.gather(x, op["dim"], index),
+    "index_select": lambda p, op, x, index: torch.index_select(x, op["dim"], index),
     # Comparisons and logic: bool results.
     "eq": binary(torch.eq), "ne": binary(torch.ne), "lt": binary(torch.lt), "le": binary(torch.le),
     "gt": binary(torch.gt), "ge": binary(torch.ge),
@@ -872,6 +875,12 @@ CAUSES = {
         "DTensor.redistribute (tensor/_api.py) accepts a Partial target only where the source already "
         "has it (same type: a _MaskPartial is not Partial(sum)) or from a Shard to Partial(sum); "
         "meshsim's pytorch profile runs R -> P(sum) (divided) and treats embedding's masked partial as P(sum).",
+    "flatten_sharded_dim_refused":
+        "PyTorch 2.11's view rule (tensor/_ops/_view_ops.py, get_in_dim_to_shard) refuses a view that "
+        "flattens dims of which a later one is sharded, where 2.15 and meshsim redistribute first.",
+    "funcol_all_reduce_avg_backward_refused":
+        "PyTorch 2.11's all_reduce backward (_functional_collectives.py, all_reduce_backward) refuses "
+        "avg; 2.15 differentiates it (local_all_reduce_backward).",
     "funcol_equal_pieces":
         "c10d's all_gather_into_tensor / reduce_scatter_tensor / all_to_all_single move equal pieces "
         "(_functional_collectives.py); meshsim's local collectives gather and split uneven torch.chunk pieces.",
@@ -968,8 +977,13 @@ def explain_error(job: common.Job, d: dict, msg: str) -> dict:
         return with_cause(d, "uneven_view_refused")
     if "got mixed torch.Tensor and DTensor" in msg and program_ops(job) & {"split", "chunk"}:
         return with_cause(d, "split_unused_outputs_backward")
-    if "only Shard to Partial(sum) redistribution is supported" in msg:
+    if ("only Shard to Partial(sum) redistribution is supported" in msg
+            or "redistributing to Partial is for internal use only" in msg):  # the second: 2.11's words
         return with_cause(d, "redistribute_to_partial_refused")
+    if "Attempted to flatten multiple dimensions" in msg and "being sharded" in msg:
+        return with_cause(d, "flatten_sharded_dim_refused")
+    if "all_reduce backward only supports 'sum' reduction" in msg:
+        return with_cause(d, "funcol_all_reduce_avg_backward_refused")
     if "_rewrite_plain_shard" in msg:
         return with_cause(d, "expand_sharded_unit_dim_crashes")
     if "would remove or reshape sharded" in msg:
