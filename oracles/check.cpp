@@ -1,6 +1,7 @@
 #include "oracles/check.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <limits>
@@ -256,6 +257,23 @@ Locals scaled(const Locals& locals, int64_t divisor) {
   return out;
 }
 
+// Adds the seconds from its making to stop() (or its end) to `total`.
+class Stopwatch {
+ public:
+  explicit Stopwatch(double& total) : total_(total), t0_(std::chrono::steady_clock::now()) {}
+  ~Stopwatch() { stop(); }
+  void stop() {
+    if (stopped_) return;
+    stopped_ = true;
+    total_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
+  }
+
+ private:
+  double& total_;
+  std::chrono::steady_clock::time_point t0_;
+  bool stopped_ = false;
+};
+
 // The comparisons of a run with its oracle, into the result.
 // What the comparison found failing, for the localization.
 struct Failed {
@@ -283,6 +301,7 @@ Failed compare(const Scenario& sc, const RunOptions& options, const SimRun& run,
     nlohmann::json local_shapes = nlohmann::json::array();
     for (const auto& t : v.locals) local_shapes.push_back(t.sizes().vec());
     r["values"][name] = {{"placements", placements_json(v.spec)}, {"shape", v.shape}, {"local_shapes", local_shapes}};
+    Stopwatch numbers(out.seconds.comparison);
     std::string problem = layout_problem(sc.mesh, v);
     const bool laid_out = problem.empty();
     at::Tensor global = assemble_checked(sc.mesh, v.spec, v.locals, problem);
@@ -294,6 +313,7 @@ Failed compare(const Scenario& sc, const RunOptions& options, const SimRun& run,
     }
     double err = global.defined() ? max_abs_diff(global, ref) : std::numeric_limits<double>::infinity();
     bool pass = problem.empty() && within(err, tol, ref);
+    numbers.stop();
     std::string message;
     if (!pass) {
       message = report_mismatch(name, "value", sc.mesh, v.spec, v.locals, global, ref, tol, problem,
@@ -343,12 +363,14 @@ Failed compare(const Scenario& sc, const RunOptions& options, const SimRun& run,
       gradient.skip();
       continue;
     }
+    Stopwatch numbers(out.seconds.comparison);
     std::string problem;
     at::Tensor global = assemble_checked(sc.mesh, got->second.spec, run.grads.at(name), problem);
     const at::Tensor& ref = oracle.grads.at(name);
-    if (global.defined()) global = global * static_cast<double>(got->second.divisor);
+    if (global.defined() && got->second.divisor != 1) global = global * static_cast<double>(got->second.divisor);
     double err = global.defined() ? max_abs_diff(global, ref) : std::numeric_limits<double>::infinity();
     const bool pass = problem.empty() && within(err, tol, ref);
+    numbers.stop();
     std::string message;
     if (!pass)
       message = report_mismatch(name, "grad", sc.mesh, got->second.spec,
@@ -568,10 +590,14 @@ CheckedRun checked_run(const Scenario& sc, const RunOptions& options, bool keep_
   r["format"] = "meshsim.result/1";
   r["name"] = sc.name;
   SimRun run;
+  using Clock = std::chrono::steady_clock;
+  auto since = [](Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); };
+  auto t0 = Clock::now();
   try {
     // A planted bug lives in the system under test only; the checks below use the true rules.
     MutantScope planted(parse_mutant(options.mutant));
     run = run_distributed(sc, options);
+    out.seconds.simulation = since(t0);
   } catch (const SemanticError& e) {
     semantic_error(out, e);
     return out;
@@ -619,9 +645,11 @@ CheckedRun checked_run(const Scenario& sc, const RunOptions& options, bool keep_
   };
   OracleRun oracle;
   report_progress(sc.program.size(), sc.program.size(), "the single-device oracle");
+  t0 = Clock::now();
   try {
     oracle = run_oracle(sc, run.input_globals, options.dtype, mesh_values_of(sc, run), comparison_tolerance(sc, options),
                         /*keep_graph=*/options.localize == Localize::Always);
+    out.seconds.oracle = since(t0);
   } catch (const SemanticError& e) {  // a local_map reference libtorch refuses
     semantic_error(out, e);
     keep(nullptr);
@@ -634,8 +662,10 @@ CheckedRun checked_run(const Scenario& sc, const RunOptions& options, bool keep_
   keep(&oracle);
   report_progress(sc.program.size(), sc.program.size(), "the comparison");
   Failed failed;
+  t0 = Clock::now();
   try {
     failed = compare(sc, options, run, oracle, out);
+    out.seconds.result = since(t0) - out.seconds.comparison;
   } catch (const std::exception& e) {
     nlohmann::json keep = {{"format", r["format"]}, {"name", r["name"]}};
     r = keep;

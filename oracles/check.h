@@ -35,6 +35,14 @@ struct CheckedRun {
   std::vector<Event> events;
   int exit_code = 0;      // 0 pass, 1 a check failed, 2 or 3 an error (contract 1)
   std::shared_ptr<RunTensors> tensors;  // with keep_values, once the mesh's run finished; else null
+  // Where the run's time went, in seconds (not in the result, which a seed reproduces byte for
+  // byte): the mesh's run, the single-device oracle, the comparison of every value and gradient
+  // with the oracle's (assembling the global, its layout, the difference and the tolerance), and
+  // the rest of the result (placements, communication tables, collectives). bench/bench_checked.cpp
+  // reports each share.
+  struct Phases {
+    double simulation = 0, oracle = 0, comparison = 0, result = 0;
+  } seconds;
 };
 
 // Never throws for a scenario that parsed: errors of the semantics become status "error", and

@@ -6,7 +6,9 @@
 
 #include "tests/spec_sets.h"
 
+#include <cmath>
 #include <cstdio>
+#include <limits>
 #include <functional>
 #include <set>
 #include <string>
@@ -124,6 +126,52 @@ std::vector<json> collectives(const json& result, const std::string& phase, cons
 
 std::string what(const Mesh& mesh, const Spec& spec, const Shape& shape) {
   return "mesh " + mesh.str() + " spec " + spec_str(spec) + " shape " + shape_str(shape);
+}
+
+// ---------------------------------------------------------------------------------------------
+// 0. Comparisons: the direct loop over contiguous float data (what nearly every check meets) and
+// the tensor path (other dtypes, strided views) give the same numbers, NaN and infinities included.
+
+TEST(Compare, DirectAndTensorPathsAgree) {
+  const double nan = std::numeric_limits<double>::quiet_NaN(), inf = std::numeric_limits<double>::infinity();
+  at::Tensor a = at::randn({6, 5}, at::TensorOptions().dtype(at::kDouble).device(at::kCPU));
+  at::Tensor b = a + 1e-9 * at::randn({6, 5}, at::kDouble);
+  const std::vector<std::pair<std::pair<int, int>, std::pair<double, double>>> plants = {
+      {{0, 0}, {nan, nan}}, {{1, 1}, {inf, inf}}, {{2, 2}, {-inf, -inf}}, {{3, 3}, {1.5, 1.5}}};
+  for (const auto& [at_, v] : plants) {
+    a[at_.first][at_.second] = v.first;
+    b[at_.first][at_.second] = v.second;
+  }
+  auto both = [](const at::Tensor& x, const at::Tensor& y) {
+    // x.t() is a strided view: the tensor path; its contiguous copy: the direct loop.
+    const double strided = max_abs_diff(x.t(), y.t()), direct = max_abs_diff(x.t().contiguous(), y.t().contiguous());
+    if (std::isnan(strided)) {
+      EXPECT_TRUE(std::isnan(direct));
+    } else {
+      EXPECT_EQ(strided, direct);
+    }
+    EXPECT_EQ(within(direct, 1e-6, x.t()), within(direct, 1e-6, x.t().contiguous()));
+    return direct;
+  };
+  const double small = both(a, b);
+  EXPECT_GT(small, 0.0);
+  EXPECT_LT(small, 1e-7);
+  EXPECT_EQ(both(a.to(at::kFloat), a.to(at::kFloat)), 0.0);     // float32 against itself
+  EXPECT_GT(both(a, a.to(at::kFloat).to(at::kDouble)), 0.0);    // float64 against its float32 rounding
+  at::Tensor c = b.clone();
+  c[4][4] = 7.0 + a[4][4].item<double>();
+  EXPECT_DOUBLE_EQ(both(a, c), 7.0);                            // the largest difference, exactly
+  c[5][0] = nan;
+  EXPECT_TRUE(std::isnan(both(a, c)));                          // NaN on one side only
+  c = b.clone();
+  c[1][1] = -inf;
+  EXPECT_EQ(both(a, c), inf);                                   // inf against -inf
+  // within is relative to the largest finite magnitude of the reference.
+  const at::Tensor ref = at::tensor({1000.0, -inf, 2.0}, at::kDouble);
+  EXPECT_TRUE(within(0.5, 1e-3, ref));
+  EXPECT_FALSE(within(1.5, 1e-3, ref));
+  EXPECT_TRUE(within(0.5, 1e-3, ref.to(at::kFloat)));
+  EXPECT_FALSE(within(nan, 1e-3, ref));
 }
 
 // ---------------------------------------------------------------------------------------------
