@@ -219,6 +219,19 @@ int main(int argc, char** argv) {
   add_limits(render_cmd, limits, max_memory);
   add_input_limit(render_cmd, max_input);
 
+  cli::ExploreArgs explore;
+  auto* explore_cmd = app.add_subcommand(
+      "explore", "Write one self-contained HTML page to explore a run: the program folded by layer, values and "
+                 "their blocks per rank, the run step by step, its collectives; two traces side by side");
+  explore_cmd->add_option("files", explore.files,
+                          "A scenario (run first), a trace or a check counterexample; or two traces to compare")
+      ->required();
+  explore_cmd->add_option("-o,--out", explore.out, "Output page (.html)")->required();
+  explore_cmd->add_option("--values", explore.values,
+                          "The directory `meshsim run --values DIR` wrote: the page shows the values recorded");
+  add_limits(explore_cmd, limits, max_memory);
+  add_input_limit(explore_cmd, max_input);
+
   cli::OpsArgs ops;
   auto* ops_cmd = app.add_subcommand(
       "ops", "Print the op catalog: every op with its operands, attributes, rule family and what it computes");
@@ -327,6 +340,7 @@ int main(int argc, char** argv) {
     if (*replay_cmd) return cli::cmd_replay(replay);
     if (*ops_cmd) return cli::cmd_ops(ops, std::cout);
     if (*render_cmd) return cli::cmd_render(render);
+    if (*explore_cmd) return cli::cmd_explore(explore);
     if (*explain_cmd) return cli::cmd_explain(explain, std::cout);
     if (*validate_cmd) return cli::cmd_validate(validate);
     if (*import_cmd) return cli::cmd_import(import_cmd->remaining());
@@ -343,7 +357,9 @@ int main(int argc, char** argv) {
     return 1;
   } catch (const SemanticError& e) {
     // FILE: PATH: kind: message, as `meshsim run` says it, where the file is known.
-    const std::string file = *validate_cmd ? validate.file : *render_cmd ? render.file : *replay_cmd ? replay.trace
+    const std::string file = *validate_cmd ? validate.file : *render_cmd ? render.file
+                             : *explore_cmd && explore.files.size() == 1 ? explore.files.front()
+                             : *replay_cmd ? replay.trace
                              : *explain_cmd ? explain.file
                              : *check_cmd && check.scenarios.size() == 1 ? check.scenarios.front() : "";
     std::cerr << cli::error_line(file, e.path(), error_kind_name(e.kind()), e.what()) << "\n";

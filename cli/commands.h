@@ -1,11 +1,15 @@
 // The subcommands of `meshsim` (DESIGN.md, contract 1). Each returns the process exit code.
 #pragma once
 
+#include <optional>
 #include <ostream>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
+#include "cli/expect.h"
 #include "core/resources.h"
 #include "core/scenario.h"
 
@@ -68,6 +72,16 @@ struct RenderArgs {
   std::string ops;               // --ops FROM..TO, "" for the whole program
 };
 int cmd_render(const RenderArgs& args);
+// The exit code of the run a diagram or a page shows, as `meshsim run` would give it.
+int exit_of_drawn(const nlohmann::json& result, const std::optional<Expectation>& expect);
+
+// `meshsim explore FILE [B] -o PAGE.html [--values DIR]` (cli/explore.cpp, traces/explore.h).
+struct ExploreArgs {
+  std::vector<std::string> files;  // a scenario or a trace; or two traces, compared
+  std::string out;
+  std::string values;  // --values DIR of `meshsim run --values`
+};
+int cmd_explore(const ExploreArgs& args);
 
 // `meshsim ops`: the op catalog (core/ops.h), one line per op; --json: meshsim.ops/1; --markdown:
 // the table of the ops a scenario may use (docs/scenario-format.md's). Returns 0.

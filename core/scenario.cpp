@@ -203,9 +203,17 @@ class ScenarioParser {
     }
   }
 
+  // `group` (an op's or an input's layer, docs/scenario-format.md): a name, read by render and explore.
+  void check_group(const json& item, const std::string& path) {
+    if (!item.contains("group")) return;
+    const std::string where = child(path, "group");
+    if (r_.string(item["group"], where).empty()) r_.fail(where, "group: expected a layer's name, got \"\"");
+  }
+
   void parse_input(const json& in, const std::string& path) {
     r_.only_keys(r_.object(in, path), path,
-                 {"name", "shape", "placements", "init", "from_local", "requires_grad", "dtype", "source"});
+                 {"name", "shape", "placements", "init", "from_local", "requires_grad", "dtype", "source", "group"});
+    check_group(in, path);
     InputDecl decl;
     decl.path = path;
     decl.name = new_value(r_.field(in, path, "name"), child(path, "name"));
@@ -281,6 +289,7 @@ class ScenarioParser {
     std::vector<std::string> allowed = {multi ? "outs" : "out", "op", "args"};
     for (const auto& a : rule.attrs) allowed.push_back(a.key);
     allowed.push_back("source");  // imported programs: where the user's code made it
+    if (region == Region::Program) allowed.push_back("group");  // the explorer's and render's layer
     if (region == Region::Program) allowed.push_back("recorded");
     // Seed 003's per-op opt-out: the planner's moves of this op's operands above or below autograd.
     if (region == Region::Program && decl.op != "redistribute" && decl.op != "local_map" && decl.op != "to_local" &&
@@ -333,6 +342,7 @@ class ScenarioParser {
     if (decl.op == "to_local" && op.contains("grad_placements"))
       decl.in_grad_placements.push_back(r_.spec(op["grad_placements"], child(path, "grad_placements"), s_.mesh));
     if (op.contains("source")) decl.source = parse_source(op["source"], child(path, "source"), s_.file);
+    check_group(op, path);
     if (op.contains("redistribute_mode")) {
       const std::string mode = r_.string(op["redistribute_mode"], child(path, "redistribute_mode"));
       if (mode != "above_autograd" && mode != "below_autograd")

@@ -66,7 +66,8 @@ inline constexpr int64_t kRankViewMaxRanks = 16;
 // crashed it (docs/gallery.md, "Large programs"); the bundled examples are 1,700 at most.
 inline constexpr size_t kRenderMaxLayoutSize = 3000;
 
-// Layers (render --fold): a program's layer is the module it came from, cut after its first
+// Layers (render --fold): a program's layer is the `group` its op or input names (the scenario's
+// own layers, docs/scenario-format.md), else the module it came from, cut after its first
 // numbered part (an imported op of module "layers.0.attention.wq" is in layer "layers.0"; an
 // unnumbered module is its own layer: "tok_embeddings"), else the value name's shortest prefix that
 // ends in a number and is followed by '_' or '.' ("l0_wq_g" and "l0_h1" are in "l0",

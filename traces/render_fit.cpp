@@ -99,6 +99,12 @@ std::pair<std::string, std::string> name_prefix(const std::string& name) {
   return {"", ""};
 }
 
+// An op's or an input's `group` field (docs/scenario-format.md): its layer, named by the scenario.
+std::string group_of(const json& item) {
+  const json g = item.value("group", json());
+  return g.is_string() ? g.get<std::string>() : "";
+}
+
 std::string module_of(const json& item) {
   const json src = item.value("source", json());
   return src.is_object() && src.value("module", json()).is_string() ? src["module"].get<std::string>() : "";
@@ -134,7 +140,8 @@ Layers layers_of(const Facts& f) {
   for (size_t i = 0; i < program.size(); ++i) {
     const json& op = program[i];
     if (!op.is_object()) continue;
-    std::string layer = layer_of_module(module_of(op));
+    std::string layer = group_of(op);
+    if (layer.empty()) layer = layer_of_module(module_of(op));
     if (layer.empty() && module_of(op).empty()) {
       const auto outs = outs_of(op);
       if (!outs.empty()) layer = by_name(outs.front());
@@ -150,7 +157,8 @@ Layers layers_of(const Facts& f) {
   for (const auto& in : f.inputs) {
     if (!in.is_object() || !in.value("name", json()).is_string()) continue;
     const std::string name = in["name"].get<std::string>();
-    std::string layer = layer_of_module(module_of(in));
+    std::string layer = group_of(in);
+    if (layer.empty()) layer = layer_of_module(module_of(in));
     if (layer.empty()) layer = by_name(name);
     if (std::find(out.names.begin(), out.names.end(), layer) != out.names.end()) out.of_input[name] = layer;
   }
