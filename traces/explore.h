@@ -39,6 +39,10 @@ inline constexpr size_t kExploreMaxGraphNodes = 2500;
 // runs of ranks alike, gradient and cotangent, layer), events, layers, the graphs' SVG.
 nlohmann::json explore_model(const ExploreRun& run);
 
+// The DOT text of the graphs before dot lays them out: the overview, then each layer's (for tests:
+// STYLE.md compares DOT text, not SVG).
+std::vector<std::string> explore_dot_texts(const Trace& trace);
+
 // What differs between two runs of one program: values (spec, local shapes, local contents,
 // gradient placements) and collectives (kind, axis, bytes per value and phase).
 nlohmann::json explore_diff(const ExploreRun& a, const ExploreRun& b);

@@ -73,16 +73,39 @@ std::vector<int> layer_of_events(const Collapse& c, const std::vector<std::strin
 
 }  // namespace
 
+namespace {
+
+struct LayerPlan {
+  std::vector<std::string> layers;
+  std::vector<int> layer_of;  // per event
+};
+
+LayerPlan plan_layers(const Trace& t, const Facts& f) {
+  const Collapse c = render_detail::plan_layer_folds(t, f);
+  LayerPlan out;
+  // Layer names in order of first appearance: a layer's forward and backward boxes are one layer.
+  for (const auto& fold : c.folds)
+    if (std::find(out.layers.begin(), out.layers.end(), fold.layer) == out.layers.end())
+      out.layers.push_back(fold.layer);
+  out.layer_of = layer_of_events(c, out.layers);
+  out.layer_of.resize(t.events.size(), -1);
+  return out;
+}
+
+}  // namespace
+
+std::vector<std::string> explore_dot_texts(const Trace& t) {
+  const Facts f = render_detail::facts_of(t);
+  const LayerPlan plan = plan_layers(t, f);
+  return explore_dots(t, f, plan.layer_of, plan.layers);
+}
+
 json explore_model(const ExploreRun& run) {
   const Trace& t = run.trace;
   const Facts f = render_detail::facts_of(t);
-  const Collapse c = render_detail::plan_layer_folds(t, f);
-  // Layer names in order of first appearance: a layer's forward and backward boxes are one layer.
-  std::vector<std::string> layers;
-  for (const auto& fold : c.folds)
-    if (std::find(layers.begin(), layers.end(), fold.layer) == layers.end()) layers.push_back(fold.layer);
-  std::vector<int> layer_of = layer_of_events(c, layers);
-  layer_of.resize(t.events.size(), -1);
+  const LayerPlan plan = plan_layers(t, f);
+  const std::vector<std::string>& layers = plan.layers;
+  const std::vector<int>& layer_of = plan.layer_of;
 
   json model = {{"name", f.name},
                 {"file", run.file},
