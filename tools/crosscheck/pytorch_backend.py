@@ -319,7 +319,7 @@ class Program:
         for i, op in enumerate(ops):
             here = f"{path}/{i}"
             args = [env[a] for a in op.get("args", [])]
-            start = time.perf_counter()
+            start, start_cpu = time.perf_counter(), time.process_time()
             try:
                 out = self.op(op, args, here)
             except (OpFailed, common.NotComparable):
@@ -337,7 +337,7 @@ class Program:
             if timings is not None:
                 if DEVICE != "cpu":
                     torch.cuda.synchronize()  # the op's kernels finished, not only launched
-                timings.append((op["op"], time.perf_counter() - start))
+                timings.append((op["op"], time.perf_counter() - start, time.process_time() - start_cpu))
             names = op.get("outs", op.get("out"))
             if isinstance(names, list):
                 if len(out) != len(names):
@@ -757,9 +757,11 @@ def not_comparable_reason(job: common.Job) -> str | None:
     return None
 
 
-def execute(job: common.Job, timings: list | None = None) -> Run:
+def execute(job: common.Job, timings: list | None = None, whole: dict | None = None) -> Run:
     """Runs the job's program on DTensor under LocalTensorMode, forward and backward, and returns
-    what `check` compares. With `timings` a list, appends (op name, seconds) per program op."""
+    what `check` compares. With `timings` a list, appends (op name, wall seconds, CPU seconds) per
+    program op; with `whole` a dict, sets its "wall" and "cpu" to the program's (the inputs laid
+    out, every op, the backward; not what `check` collects after it)."""
     reason = not_comparable_reason(job)
     if reason:
         raise common.NotComparable(reason)
@@ -768,6 +770,7 @@ def execute(job: common.Job, timings: list | None = None) -> Run:
         run.notes.append("redistribute=below_autograd has no PyTorch counterpart: DTensor.redistribute is always "
                          "an autograd Function (tensor/_redistribute.py, Redistribute), so PyTorch runs it as "
                          "above_autograd; the values must agree, gradient placements may differ")
+    start, start_cpu = time.perf_counter(), time.process_time()
     fresh_world(job.world)
     torch.manual_seed(int(job.options.get("seed", 0)))
     with LocalTensorMode(job.world) as mode:
@@ -791,6 +794,10 @@ def execute(job: common.Job, timings: list | None = None) -> Run:
                 raise common.NotComparable(f"{f.path}: LocalTensorMode cannot simulate it ({first_line(f.error)}), "
                                            "an artifact of running every rank in one process") from f
             run.error = (f.path, first_line(f.error))
+        if whole is not None:
+            if DEVICE != "cpu":
+                torch.cuda.synchronize()
+            whole.update(wall=time.perf_counter() - start, cpu=time.process_time() - start_cpu)
         collect(prog, run)
     return run
 
