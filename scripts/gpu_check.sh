@@ -192,7 +192,7 @@ if [ "${GPU_CHECK_ONLY:-}" = validate ]; then step done; exit 0; fi  # a second 
 step perf
 for dev in cuda cpu; do
   echo "-- LocalTensorMode on $dev:"
-  timeout 90 $PY tools/crosscheck/perf --build build-gpu --python "$(command -v $PY)" --device $dev \
+  timeout 240 $PY tools/crosscheck/perf --build build-gpu --python "$(command -v $PY)" --device $dev --rounds 3 \
     --json "$OUT/perf_$dev.json"
 done > "$OUT/perf.txt" 2>&1
 cat "$OUT/perf.txt"
