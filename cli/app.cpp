@@ -120,6 +120,8 @@ int main(int argc, char** argv) {
   run_cmd->add_flag("--strict", run.strict, "Status unchecked (values without an oracle value) is a failure");
   run_cmd->add_option("--trace", run.trace_out, "Write the trace (meshsim.trace/1) to this file");
   auto* run_render = run_cmd->add_option("--render", run.render_out, "Write the dataflow diagram (.svg, .png or .dot)");
+  run_cmd->add_option("--explore", run.explore_out,
+                      "Write the explorer's page of the run (.html; as `meshsim explore FILE -o PAGE.html`)");
   run_cmd->add_option("--view", run.render_view, "Diagram view for --render: logical (default) or ranks")
       ->check(CLI::IsMember({"logical", "ranks"}))
       ->needs(run_render);

@@ -25,6 +25,7 @@
 #include "oracles/localize.h"
 #include "sim/interpreter.h"
 #include "sim/local_map.h"
+#include "traces/explore.h"
 #include "traces/render.h"
 #include "traces/trace.h"
 
@@ -460,12 +461,17 @@ int run_single(const RunArgs& args) {
   if (!args.trace_out.empty()) refuse_output_over_input("--trace", args.trace_out, {file});
   if (!args.render_out.empty()) refuse_output_over_input("--render", args.render_out, {file, args.trace_out});
   if (!args.values_dir.empty()) refuse_directory_over_input("--values", args.values_dir, {file});
+  if (!args.explore_out.empty()) {
+    if (args.explore_out.size() < 5 || args.explore_out.compare(args.explore_out.size() - 5, 5, ".html") != 0)
+      throw UsageError("run: --explore must name an .html file, got \"" + args.explore_out + "\"");
+    refuse_output_over_input("--explore", args.explore_out, {file, args.trace_out, args.render_out});
+  }
   std::optional<FileRun> run;
   std::optional<Report> refused;
   std::string said;  // unusable input: FILE: PATH: why, as main() says it
   // Without --trace or --render nothing reads the locals' hashes or the scenario's document: a long
   // program's run keeps neither.
-  const bool traced = !args.trace_out.empty() || !args.render_out.empty();
+  const bool traced = !args.trace_out.empty() || !args.render_out.empty() || !args.explore_out.empty();
   ScopedOverride<bool> hashes(local_hashes_enabled(), !args.trace_out.empty());
   try {
     Runnable r = runnable_of(read_json_file(file), file);  // the document is in r.sc now, not held twice
@@ -498,6 +504,10 @@ int run_single(const RunArgs& args) {
     Trace trace = trace_of(f.sc, f.options, std::move(f.run));  // the run's events, not a copy
     if (!args.trace_out.empty()) write_trace(trace, args.trace_out);
     if (!args.render_out.empty()) render_to_file(trace, args.render_out, parse_render_view(args.render_view));
+    if (!args.explore_out.empty()) {
+      ExploreRun page{file, std::move(trace), nullptr};
+      write_file_atomically(args.explore_out, explore_html({page}));
+    }
   }
   return f.exit_code;
 }
@@ -628,8 +638,8 @@ int cmd_run(const RunArgs& args) {
   std::error_code ec;
   const bool one_file = args.files.size() == 1 && !fs::is_directory(args.files.front(), ec);
   if (one_file) return run_single(args);
-  if (!args.trace_out.empty() || !args.render_out.empty() || !args.values_dir.empty()) {
-    std::cerr << "meshsim: run: --trace, --render and --values take exactly one scenario file, not "
+  if (!args.trace_out.empty() || !args.render_out.empty() || !args.values_dir.empty() || !args.explore_out.empty()) {
+    std::cerr << "meshsim: run: --trace, --render, --explore and --values take exactly one scenario file, not "
               << (args.files.size() == 1 ? "a directory" : std::to_string(args.files.size()) + " files") << "\n";
     return 2;
   }

@@ -48,6 +48,7 @@ struct RunArgs {
   std::string trace_out;
   std::string render_out;
   std::string render_view = "logical";  // logical | ranks
+  std::string explore_out;              // --explore PAGE.html: the explorer's page of this run
   std::string values_dir;               // --values DIR
   bool values_per_rank = false;         // --values-per-rank
   std::vector<std::string> options;  // key=value

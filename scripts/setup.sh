@@ -24,25 +24,30 @@ install_missing "${packages[@]}"
 build=${MESHSIM_BUILD_DIR:-build}
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release ${MESHSIM_WERROR:+-DMESHSIM_WERROR=ON} >/dev/null
 if [ "$job" = test ]; then
+  # tests/explore_browser.py drives the explorer in headless Chromium (it skips where they are missing).
+  install_missing chromium chromium-driver python3-selenium
   cmake --build "$build" -j"$(nproc)"
   ctest --test-dir "$build" --output-on-failure -j"$(nproc)"
   exit
 fi
 
-# The main job: every example, its result and its diagram. An example may demonstrate a scenario
+# The main job: every example, its result, its diagram and its explorer page (out/explore/NAME.html,
+# written by the same process as the run: `run --explore`). An example may demonstrate a scenario
 # the semantics refuse (exit 3, like reduced_policy_strict); a failed check (1) or bad input (2)
 # fails the job.
 # meshsim_installable: the command, its libraries and its man page, so that every install route of
 # the README (cmake --install, cpack -G DEB) works from the build this job leaves.
 cmake --build "$build" -j"$(nproc)" --target meshsim_installable
-mkdir -p out/diagrams
+mkdir -p out/diagrams out/explore
 failed=0
 for f in examples/*.json examples/bugs/*.json; do
   name=$(basename "$f" .json)
   [[ "$f" == examples/bugs/* ]] && name="bugs_$name"
   rc=0
-  "$build/cli/meshsim" run "$f" --render "out/diagrams/$name.svg" --trace "out/$name.trace.json" || rc=$?
+  "$build/cli/meshsim" run "$f" --render "out/diagrams/$name.svg" --trace "out/$name.trace.json" \
+    --explore "out/explore/$name.html" || rc=$?
   echo "  diagram: out/diagrams/$name.svg"
+  echo "  explorer: out/explore/$name.html"
   echo
   if [ "$rc" -ne 0 ] && [ "$rc" -ne 3 ]; then failed=1; fi
 done

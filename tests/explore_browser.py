@@ -171,6 +171,7 @@ def side_by_side(drv, page, shots):
     check(len(sides) == 2, "side by side: the value is not shown for A and B")
     check("Rd" in sides[0].text and "Replicate()" in sides[1].text, "side by side: A shows %r, B %r" % (sides[0].text, sides[1].text))
     if shots:
+        drv.execute_script("window.scrollTo(0, 0)")
         drv.save_screenshot(os.path.join(shots, "explore_side_by_side.png"))
 
 

@@ -187,6 +187,12 @@ TEST_F(ExploreCli, WritesThePageAndRefusesBadInput) {
   o = meshsim("explore " + file + " -o with_values.html --values vals");
   EXPECT_EQ(o.code, 0) << o;
   EXPECT_TRUE(has(read_text(dir / "with_values.html"), "\"recorded\":{\"grad\"")) << "w's recorded gradient";
+  // run --explore writes the same page in the run's own process (scripts/setup.sh's main job).
+  o = meshsim("run " + file + " --explore from_run.html");
+  EXPECT_EQ(o.code, 0) << o;
+  EXPECT_EQ(read_text(dir / "from_run.html"), read_text(dir / "page.html")) << "one run, one page";
+  o = meshsim("run " + file + " --explore from_run.txt");
+  EXPECT_EQ(o.code, 2) << o;
   o = meshsim("explore " + file + " -o page.svg");
   EXPECT_EQ(o.code, 2) << o;
   EXPECT_TRUE(has(o.err, ".html")) << o;

@@ -44,7 +44,8 @@ PIC.mesh = function (axes, meshShape, cell, maxRows) {
   if (shownRows < rows)
     svg += '<text x="8" y="' + (height - 4) + '" font-size="10" fill="#555">… ' + (rows - shownRows) * cols +
       " more ranks (rows " + shownRows + " to " + (rows - 1) + ") not drawn</text>";
-  return '<svg class="mesh-svg" xmlns="http://www.w3.org/2000/svg" width="' + width + '" height="' + height + '">' +
+  return '<svg class="mesh-svg" xmlns="http://www.w3.org/2000/svg" width="' + width + '" height="' + height +
+    '" viewBox="0 0 ' + width + " " + height + '">' +
     svg + "</svg>";
 };
 
@@ -82,6 +83,7 @@ PIC.tensor = function (shape, blocks, focus) {
     svg += "</g>";
   }
   const cap = "rows: dim " + (rd === null ? "-" : rd + " (" + R + ")") + ", columns: dim " + (cd === null ? "-" : cd + " (" + C + ")");
-  return '<svg class="tensor-svg" xmlns="http://www.w3.org/2000/svg" width="' + (W + 2) + '" height="' + (H + 16) + '">' +
+  return '<svg class="tensor-svg" xmlns="http://www.w3.org/2000/svg" width="' + (W + 2) + '" height="' + (H + 16) +
+    '" viewBox="0 0 ' + (W + 2) + " " + (H + 16) + '">' +
     svg + '<text x="0" y="' + (H + 13) + '" font-size="9.5" fill="#555">' + PIC.esc(cap) + "</text></svg>";
 };
