@@ -20,6 +20,7 @@ import sys
 import time
 
 SKIP = 77
+SOURCE = "."  # the source tree (main's second argument)
 
 
 def skip(why):
@@ -117,6 +118,14 @@ def transformer(drv, page, shots):
           "rank 0's cell does not say which block it holds")
     check(drv.find_elements(By.CSS_SELECTOR, "#value-panel .tensor-svg"), "l0_q: no picture of its blocks")
     # Step forward: the label moves on and the current op is lit.
+    # A value the runtime made for an operand (not in the result's values): its global shape comes
+    # from its local shapes, here l0_wq gathered and transposed.
+    made_t = [e for e in model["runs"][0]["events"] if e["v"] == "l0_q.weight_t" and e["k"] == "op"][0]
+    node(drv, "e%d" % made_t["s"]).click()
+    wq = [i for i in json.load(open(os.path.join(SOURCE, "examples/transformer_fsdp_tp_sp.json")))["inputs"] if i["name"] == "l0_wq"][0]
+    want = "global shape [%s] (from its local shapes)" % ", ".join(str(n) for n in reversed(wq["shape"]))
+    check(want in text(drv, "#value-panel"), "l0_q.weight_t: %r not in %r" % (want, text(drv, "#value-panel")[:300]))
+    node(drv, "e%d" % made["s"]).click()
     # Clicking an op's node moves the run to its step; one step on is the next event, forward.
     before = text(drv, "#step-label")
     check("l0_q = matmul" in before, "after clicking l0_q the step is " + before)
@@ -192,6 +201,8 @@ def main():
         shots = args[args.index("--screenshots") + 1]
         del args[args.index("--screenshots"):args.index("--screenshots") + 2]
     meshsim, src, work = args
+    global SOURCE
+    SOURCE = src
     os.makedirs(work, exist_ok=True)
     t_page, b_page, d_page = (os.path.join(work, n) for n in ("transformer.html", "bug.html", "side_by_side.html"))
     explore(meshsim, [os.path.join(src, "examples/transformer_fsdp_tp_sp.json")], t_page)

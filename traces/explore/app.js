@@ -209,6 +209,8 @@
     if (!v) return h("p", 'class="dim"', esc(name) + " is not in " + tag);
     const locals = MS.expandRuns(v.local);
     const ps = MS.parseSpec(v.spec);
+    const inferred = !v.shape && MS.inferShape(v.spec, locals, mesh.shape);
+    const shape = v.shape || inferred || null;
     let html = "";
     if (ps) {
       let rows = h("tr", "", h("th", "", "axis") + h("th", "", "size") + h("th", "", "placement") + h("th", "", "as DTensor prints it"));
@@ -217,10 +219,11 @@
     } else {
       html += h("div", 'class="kv"', "LTensor: " + h("code", "", esc(v.spec || "–")));
     }
-    html += h("div", 'class="kv"', "global shape " + h("code", "", esc(MS.shapeText(v.shape))) + " · local " +
+    html += h("div", 'class="kv"', "global shape " + h("code", "", esc(shape ? MS.shapeText(shape) : "unknown")) +
+      (inferred ? " (from its local shapes)" : "") + " · local " +
       v.local.map(([n, s]) => h("code", "", esc(MS.shapeText(s))) + " ×" + n).join(", "));
     const maxNumel = Math.max(1, ...locals.map(MS.numel));
-    const blocks = MS.blocks(v.spec, v.shape, mesh.shape, locals);
+    const blocks = MS.blocks(v.spec, shape, mesh.shape, locals);
     const focus = state.rank === undefined ? null : [state.rank];
     html += PIC.mesh(mesh.axes, mesh.shape, (r) => {
       const b = blocks && blocks[r];
@@ -232,7 +235,7 @@
         strong: state.rank === r,
       };
     });
-    if (blocks) html += h("div", 'class="dim"', "the blocks each rank holds (hover for ranks and ranges):") + PIC.tensor(v.shape, blocks, focus);
+    if (blocks) html += h("div", 'class="dim"', "the blocks each rank holds (hover for ranks and ranges):") + PIC.tensor(shape, blocks, focus);
     if (v.grad || v.gspec) {
       html += h("div", 'class="kv grad"', "gradient: " + h("code", "", esc(v.gspec || (v.grad && v.grad[0]) || "–")) +
         (v.grad ? " · tracked " + h("code", "", esc(v.grad[0])) + " · cotangent " + h("code", "", esc(v.grad[1])) : ""));

@@ -80,6 +80,27 @@ MS.blocks = function (spec, shape, meshShape, localShapes) {
   return out;
 };
 
+// The global shape of a DTensor the run did not list (a value the runtime made for an operand,
+// "y.arg1"), from its spec and each rank's local shape: along a dim sharded by some mesh axes, the
+// sum of the locals of the ranks at coordinate 0 on every other axis (uneven chunks included).
+MS.inferShape = function (spec, locals, meshShape) {
+  const ps = MS.parseSpec(spec);
+  if (!ps || !locals.length || ps.some((p) => /^SS/.test(p))) return null;
+  const shape = locals[0].slice();
+  const n = MS.rankCount(meshShape);
+  for (let d = 0; d < shape.length; d++) {
+    const axes = ps.map((p, a) => (new RegExp("^S\\((" + d + "|" + (d - shape.length) + ")\\)$").test(p) ? a : -1)).filter((a) => a >= 0);
+    if (!axes.length) continue;
+    let sum = 0;
+    for (let r = 0; r < n; r++) {
+      const c = MS.coords(r, meshShape);
+      if (c.every((x, a) => axes.includes(a) || x === 0)) sum += locals[r][d];
+    }
+    shape[d] = sum;
+  }
+  return shape;
+};
+
 // The groups of a collective over `axis`: ranks that differ only in that axis's coordinate.
 MS.groups = function (axis, axes, meshShape) {
   const a = axes.indexOf(axis);

@@ -18,7 +18,7 @@ PIC.mesh = function (axes, meshShape, cell, maxRows) {
   const rows = n / cols;
   const shownRows = Math.min(rows, maxRows || 16);
   const big = n <= 64;
-  const w = big ? Math.max(52, Math.min(96, 560 / cols)) : Math.max(8, Math.min(40, 560 / cols));
+  const w = big ? Math.max(52, Math.min(96, 560 / cols)) : Math.max(8, Math.min(24, 560 / cols));
   const h = big ? 40 : w;
   const left = 8, top = 18;
   let svg = "";
