@@ -184,6 +184,16 @@ def side_by_side(drv, page, shots):
         drv.save_screenshot(os.path.join(shots, "explore_side_by_side.png"))
 
 
+def refused(drv, page):
+    # A scenario the semantics refuse (exit 3) stops before its first event: the page still opens,
+    # with the error's kind and message.
+    load(drv, page)
+    check(text(drv, "#status") == "error", "refused: status " + text(drv, "#status"))
+    check("reduced_mismatch: add: operands disagree on Reduced" in text(drv, "#failure"),
+          "refused: the error line says " + text(drv, "#failure"))
+    check(text(drv, "#step-label").startswith("no steps"), "refused: steps " + text(drv, "#step-label"))
+
+
 def main():
     args = sys.argv[1:]
     shots = None
@@ -219,14 +229,19 @@ def main():
         check(rc.returncode == 0, "%s: exit %d: %s" % (name, rc.returncode, rc.stderr))
         pair.append(out)
     explore(meshsim, pair, d_page)
+    r_page = os.path.join(work, "refused.html")
+    rc = subprocess.run([meshsim, "explore", os.path.join(src, "examples/reduced_policy_strict.json"), "-o", r_page],
+                        capture_output=True, text=True)
+    check(os.path.exists(r_page), "reduced_policy_strict: no page (exit %d: %s)" % (rc.returncode, rc.stderr))
     drv = browser()
     try:
         transformer(drv, t_page, shots)
         bug(drv, b_page, b_trace, shots)
         side_by_side(drv, d_page, shots)
+        refused(drv, r_page)
     finally:
         drv.quit()
-    print("explore_browser: the transformer, the bug and the side-by-side pages behave as expected")
+    print("explore_browser: the transformer, the bug, the side-by-side and the refused pages behave as expected")
 
 
 if __name__ == "__main__":

@@ -165,6 +165,10 @@
 
   // ---------------------------------------------------------------- steps
   function setStep(k, follow) {
+    if (!idx.steps.length) {
+      $("step-label").textContent = "no steps: the run stopped before its first event";
+      return;
+    }
     state.step = Math.max(0, Math.min(idx.steps.length - 1, k));
     state.follow = follow;
     const e = idx.steps[state.step];
