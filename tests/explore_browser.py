@@ -4,7 +4,9 @@
 Writes the pages of examples/transformer_fsdp_tp_sp.json, of a failing bug and of two runs side by
 side with `meshsim explore`, opens each in headless Chromium through Selenium (Debian's chromium,
 chromium-driver and python3-selenium), drives it as a person would (opens a layer, clicks a value,
-steps forward, sorts the communication table) and asserts what the page shows. Exits 77 (ctest's
+steps forward, sorts the communication table) and asserts what the page shows; a refused run's
+page opens with its error; the 1,024-rank transformer's page is under 5 MB and loads in under 2 s,
+the 8-rank one's under 1 MB (issue 34's bar). Exits 77 (ctest's
 SKIP_RETURN_CODE) with a message where Chromium, its driver or Selenium is missing.
 
   explore_browser.py MESHSIM SOURCE_DIR WORK_DIR [--screenshots DIR] [--time PAGE.html ...]
@@ -194,6 +196,19 @@ def refused(drv, page):
     check(text(drv, "#step-label").startswith("no steps"), "refused: steps " + text(drv, "#step-label"))
 
 
+def at_scale(drv, meshsim, src, work):
+    # Issue 34's bar: the 1,024-rank transformer's page under 5 MB, loaded in under 2 s; the 8-rank
+    # one under 1 MB (docs/gallery.md, "Size and load time").
+    for name, ranks, limit in (("scale/transformer_1024", 1024, 5 << 20), ("transformer_fsdp_tp_sp_cp", 8, 1 << 20)):
+        page = os.path.join(work, name.replace("/", "_") + ".html")
+        explore(meshsim, [os.path.join(src, "examples", name + ".json")], page)
+        size = os.path.getsize(page)
+        check(size < limit, "%s: %d bytes, over %d" % (name, size, limit))
+        seconds = load(drv, page)
+        check(seconds < 2.0, "%s (%d ranks): loaded in %.2f s, over 2 s" % (name, ranks, seconds))
+        print("%s: %d ranks, %d bytes, loaded in %.2f s" % (name, ranks, size, seconds))
+
+
 def main():
     args = sys.argv[1:]
     shots = None
@@ -239,6 +254,7 @@ def main():
         bug(drv, b_page, b_trace, shots)
         side_by_side(drv, d_page, shots)
         refused(drv, r_page)
+        at_scale(drv, meshsim, src, work)
     finally:
         drv.quit()
     print("explore_browser: the transformer, the bug, the side-by-side and the refused pages behave as expected")
