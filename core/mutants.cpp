@@ -40,6 +40,10 @@ const std::vector<MutantInfo>& mutant_catalog() {
       {Mutant::FunctionOutputsShareSets, "function_outputs_share_sets",
        "a Function with several outputs: every output takes the first output's variant and reduced sets, not its "
        "own (all_reduce_keep_local's kept local labelled invariant)"},
+      {Mutant::GatherShardExtentsUnchecked, "gather_shard_extents_unchecked",
+       "gather of x and the index sharded alike on a dim d other than the gather dim, S(d), S(d) -> S(d), "
+       "without checking that the index is as long as x on d: where it is shorter, a rank's blocks of x and of "
+       "the index are different rows"},
       {Mutant::GeluTanhDerivative, "gelu_tanh_derivative",
        "gelu {approximate: none} differentiated with the tanh approximation's derivative"},
       {Mutant::GradAccumulationMixedLayouts, "grad_accumulation_mixed_layouts",

@@ -26,6 +26,7 @@ enum class Mutant {
   Float32RandomReductionOrder,     // collectives reduce float32 in a hidden random order
   FunctionBackwardWrongFactor,     // a built-in Function's backward (local_square) scales its gradient by 2
   FunctionOutputsShareSets,        // a Function with several outputs: every output takes the first one's sets
+  GatherShardExtentsUnchecked,     // gather: x and index S(d) -> S(d) kept where the index is shorter than x on d
   GeluTanhDerivative,              // gelu {approximate: none} differentiated as the tanh approximation
   GradAccumulationMixedLayouts,    // pytorch semantics: a gradient contribution in another layout added unmoved
   LocalTopkShardedDim,             // topk over a sharded dim: each rank's own top k labelled replicated

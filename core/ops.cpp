@@ -204,11 +204,17 @@ std::vector<OpSchema> build() {
               kProgram),
       with(handled(op("full", {}, creation_attrs(true), "", false, "value everywhere, of a shape"), kProgram),
            GenClass::Creation),
+      op("gather", {{"x", kAny}, {"index", kInt}}, {{"dim", T::Int, true}}, "index", true,
+         "torch.gather(x, dim, index): x at index along dim, index of x's rank and no larger on the other dims "
+         "(the result has its shape); the gradient scatter_added back to x"),
       comparison("ge", "x >= y (or x >= value), broadcast; bool"),
       with(op("gelu", x(), {{"approximate", T::String, false, "none", {"none", "tanh"}}}, "nonlinear_unary", false,
               "x * Phi(x) (approximate tanh: the tanh form)"),
            GenClass::UnaryLayer, {g, false, false, same, {{"approximate", R"(["none", "tanh"])"}}}),
       comparison("gt", "x > y (or x > value), broadcast; bool"),
+      op("index_select", {{"x", kAny}, {"index", kInt}}, {{"dim", T::Int, true}}, "index", true,
+         "torch.index_select(x, dim, index): the entries of x at the 1-D index along dim; the gradient "
+         "index_added back to x"),
       with(op("layer_norm", {{"x"}, {"weight", OperandType::Float, true}, {"bias", OperandType::Float, true}},
               norm_attrs("1e-5"), "norm", false, "normalize the trailing normalized_shape dims, then weight and bias"),
            GenClass::Norm),

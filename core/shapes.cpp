@@ -109,6 +109,22 @@ Shape infer_shape(const std::string& op, const std::vector<Shape>& s, const OpAt
     out.push_back(s[1][1]);
     return out;
   }
+  if (family == "index") {  // gather, index_select: dim of x (wrapped above)
+    const auto d = static_cast<size_t>(*a.dim);
+    if (op == "index_select") {
+      if (s[1].size() != 1) fail("the index must be 1-D, got " + shape_str(s[1]));
+      Shape out = s[0];
+      out[d] = s[1][0];
+      return out;
+    }
+    if (s[1].size() != s[0].size())
+      fail("the index " + shape_str(s[1]) + " must have as many dims as x " + shape_str(s[0]));
+    for (size_t i = 0; i < s[0].size(); ++i)
+      if (i != d && s[1][i] > s[0][i])
+        fail("the index " + shape_str(s[1]) + " is larger than x " + shape_str(s[0]) + " on dim " + std::to_string(i) +
+             " (only dim " + std::to_string(d) + " may be)");
+    return s[1];
+  }
   if (family == "pick_target") {
     if (s[0].size() != 2 || s[1].size() != 1 || s[1][0] != s[0][0])
       fail("needs log_probs [N, C] and a target [N], got " + shape_str(s[0]) + " and " + shape_str(s[1]));

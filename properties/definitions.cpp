@@ -348,6 +348,22 @@ void draw_comparison(const std::string& op, Case& c) {
   if (logic) c.types = {"bool", "bool"};
 }
 
+// gather, index_select: x of 1-3 dims along one of them, positions in its extent (repeats
+// often: their gradients add up); gather's index of x's rank, no larger on the other dims,
+// index_select's 1-D of 0-4 positions.
+void draw_indexing(const std::string& op, Case& c) {
+  const int64_t r = draw_in(1, 3), d = draw_in(0, r - 1);
+  const Dims s = draw_shape(r);
+  c.attrs.dim = as_given(d, r);
+  Dims index{draw_in(0, 4)};
+  if (op == "gather") {
+    index = s;
+    for (int64_t i = 0; i < r; ++i) index[static_cast<size_t>(i)] = i == d ? draw_in(0, 4) : draw_in(1, s[static_cast<size_t>(i)]);
+  }
+  c.xs = {draw_values(s, false), draw_ids(index, s[static_cast<size_t>(d)])};
+  c.types = {"float", "int64"};
+}
+
 void draw_triangle(const std::string&, Case& c) {
   c.attrs.diagonal = draw_in(-3, 3);
   add_operand(c, draw_shape(draw_in(2, 4)));
@@ -469,9 +485,11 @@ const Row kRows[] = {
          return out;
        });
      }},
+    {"gather", draw_indexing, [](Attrs a, int64_t rank) { return indexed("gather", wrap(*a.dim, rank)); }},
     {"ge", draw_comparison, [](Attrs a, int64_t) { return comparison("ge", a.value); }},
     {"gelu", draw_nonlinear, [](Attrs a, int64_t) { return gelu(a.tanh); }},
     {"gt", draw_comparison, [](Attrs a, int64_t) { return comparison("gt", a.value); }},
+    {"index_select", draw_indexing, [](Attrs a, int64_t rank) { return indexed("index_select", wrap(*a.dim, rank)); }},
     {"layer_norm", draw_norm,
      [](Attrs a, int64_t) { return norm(true, a.normalized_shape.size(), a.eps.value_or(1e-5)); }},
     {"le", draw_comparison, [](Attrs a, int64_t) { return comparison("le", a.value); }},

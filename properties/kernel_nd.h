@@ -192,6 +192,9 @@ Definition softmax(int64_t dim);
 // The selection and order ops along `dim` (max, min, sort, topk: the values, the gradient to the
 // positions picked; argmax, argmin, argsort: the positions), written out line by line.
 Definition selection(const std::string& op, const OpAttrs& a, int64_t dim);
+// gather and index_select along `dim` (the index operand's values as positions); the gradient
+// added back at them.
+Definition indexed(const std::string& op, int64_t dim);
 // Comparisons and logic (a bool result as 1 or 0), with the scalar `value` for one operand.
 Definition comparison(const std::string& op, double value);
 

@@ -462,6 +462,38 @@ Definition selection(const std::string& op, const OpAttrs& a, int64_t dim) {
   return d;
 }
 
+// gather and index_select along `dim`: the result's entry at multi-index o reads x at o with its
+// `dim` position replaced by the index's value (gather: the index's entry at o; index_select: the
+// index's entry o[dim]); the gradient adds g back there (scatter_add, index_add).
+Definition indexed(const std::string& op, int64_t dim) {
+  const auto u = static_cast<size_t>(dim);
+  const bool gather = op == "gather";
+  auto out_shape = [=](Xs xs) {
+    if (gather) return xs[1].shape;
+    Dims out = xs[0].shape;
+    out[u] = xs[1].shape.at(0);
+    return out;
+  };
+  // The flat position in x that result entry k reads.
+  auto source = [=](Xs xs, int64_t k, const Dims& shape) {
+    Dims o = multi_index(k, shape);
+    o[u] = static_cast<int64_t>(gather ? xs[1].at(k) : xs[1].at(o[u]));
+    return flat_index(o, xs[0].shape);
+  };
+  Definition d;
+  d.value = [=](Xs xs) {
+    Nd y = zeros(out_shape(xs));
+    for (int64_t k = 0; k < count_of(y.shape); ++k) y.at(k) = xs[0].at(source(xs, k, y.shape));
+    return y;
+  };
+  d.vjp = [=](Xs xs, const Nd& g, size_t) {
+    Nd r = zeros(xs[0].shape);
+    for (int64_t k = 0; k < count_of(g.shape); ++k) r.at(source(xs, k, g.shape)) += g.at(k);
+    return r;
+  };
+  return d;
+}
+
 Definition comparison(const std::string& op, double value) {
   std::function<bool(double, double)> f;
   if (op == "eq") f = [](double x, double y) { return x == y; };

@@ -348,6 +348,7 @@ bool LocalMapBuilder::try_select_kind(const BodyValue& x) {
   if (sharded(x, d)) return false;
   const int64_t n = x.shape[static_cast<size_t>(d)];
   BodyValue y = renamed(x);
+  if (*rc::gen::inRange(0, 4) == 0) return indexed(x, d, y);
   auto move_shards = [&](int64_t removed) {
     for (size_t b = 0; b < y.reading.size(); ++b)
       if (y.reading[b] == Reading::Shard && y.shard_dim[b] > removed) --y.shard_dim[b];
@@ -408,6 +409,30 @@ bool LocalMapBuilder::try_select_kind(const BodyValue& x) {
     mask = made(renamed(x), *rc::gen::element<std::string>("logical_and", "logical_or"), {mask, other}, json::object());
   }
   return where_of(mask, x, y);
+}
+
+// gather(x, d, index) with an int64 index of x's shape read as x (each rank's block of the index
+// is its block of x's rows), or index_select(x, d, index [k]) with a replicated index: along a dim
+// no axis shards, so the local result is the global op's under x's reading.
+bool LocalMapBuilder::indexed(const BodyValue& x, int64_t d, BodyValue& y) {
+  const int64_t n = x.shape[static_cast<size_t>(d)];
+  if (n == 0) return false;
+  const bool gather = *rc::gen::arbitrary<bool>();
+  BodyValue index;
+  if (gather) {
+    index = region_arg(x.shape, alike(x), "int64", n);
+  } else {
+    const int64_t k = *rc::gen::inRange<int64_t>(0, 6);
+    index = region_arg({k}, std::vector<std::pair<Reading, int64_t>>(x.reading.size(), {Reading::Replicated, -1}), "int64", n);
+    y.shape[static_cast<size_t>(d)] = k;
+  }
+  const std::string name = gather ? "gather" : "index_select";
+  if (!within_bounds(name, {}, {{x.bound, x.rounded}}, x.bound, y.rounded)) return false;
+  y.label = local_label({&x, &index});
+  y.bound = x.bound;
+  y.floor = x.floor;
+  add_local(y, name, {x, index}, {{"dim", *rc::gen::arbitrary<bool>() ? d : d - static_cast<int64_t>(x.shape.size())}});
+  return true;
 }
 
 }  // namespace meshsim::gen::body

@@ -76,6 +76,27 @@ std::vector<Shape> draw_case(const std::string& name, size_t arity, json& attrs)
     }
     return {x};
   }
+  if (name == "gather" || name == "index_select") {  // along a dim of 2 or 3
+    // Every extent drawn at full size from the first case: over one row every position is 0, and
+    // a shard of one row shows no offset.
+    auto extent = [] { return *rc::gen::resize(100, rc::gen::inRange<int64_t>(1, 8)); };
+    Shape x = *rc::gen::arbitrary<bool>() ? Shape{extent(), extent()} : Shape{extent(), extent(), extent()};
+    const auto rank = static_cast<int64_t>(x.size());
+    const int64_t d = dim(rank);
+    const auto u = static_cast<size_t>(d < 0 ? d + rank : d);
+    attrs["dim"] = d;
+    x[u] = *rc::gen::resize(100, rc::gen::inRange<int64_t>(1, 9));
+    const int64_t positions = *rc::gen::resize(100, rc::gen::inRange<int64_t>(1, 9));
+    if (name == "index_select") return {x, {positions}};
+    // gather's index: as long as x on the other dims half of the time (its S(d), S(d) rows), else
+    // shorter, by at least one and at least 2 (a shard of one row is rank 0's block alike); as
+    // many positions as drawn on the dim.
+    Shape index = x;
+    for (size_t i = 0; i < index.size(); ++i)
+      if (i != u && x[i] >= 3 && *rc::gen::arbitrary<bool>()) index[i] = *rc::gen::resize(100, rc::gen::inRange<int64_t>(2, x[i]));
+    index[u] = positions;
+    return {x, index};
+  }
   if (gen == GenClass::Compare || name == "logical_and" || name == "logical_or") {
     // Two operands, the same shape or one broadcast, or (a comparison) the scalar value.
     const int form = *rc::gen::inRange(0, 6);
@@ -237,6 +258,10 @@ int copies_of(const RuleFamily& f, const std::string& o) {
   // Along a dim: a shard after a dropped dim (max, min, argmax, argmin) moves down by one.
   if (o == "topk") return 10;  // the planted bug local_topk_sharded_dim: a shard of its dim, k >= 1
   if (f.name == "select" || f.name == "select_index") return 2;
+  // x or the index sharded, on another dim or the dim; gather: the planted bug
+  // gather_shard_extents_unchecked (x and a shorter index sharded alike)
+  if (o == "gather") return 13;
+  if (f.name == "index") return 3;
   if (f.name == "triangle") return 2;  // a batch dim's shard needs a third dim
   // amax, amin: their gradient's split among ties shows only where the extremum ties.
   if (op_schema(o).gen == GenClass::Extremum) return 4;
@@ -318,6 +343,14 @@ json single_op_program() {
       const int64_t d = decl.attrs["dim"].get<int64_t>(), rank = static_cast<int64_t>(shapes[0].size());
       shard_rows.push_back({Placement::shard(d < 0 ? d + rank : d)});
     }
+    // gather of x and the index sharded alike on a dim not gathered where the index is shorter:
+    // no row takes it (the planted bug gather_shard_extents_unchecked keeps it), drawn as a row.
+    if (name == "gather") {
+      const int64_t d = decl.attrs["dim"].get<int64_t>(), rank = static_cast<int64_t>(shapes[0].size());
+      for (int64_t other = 0; other < rank; ++other)
+        if (other != (d < 0 ? d + rank : d) && shapes[1][static_cast<size_t>(other)] < shapes[0][static_cast<size_t>(other)])
+          for (int more = 0; more < 2; ++more) shard_rows.push_back({Placement::shard(other), Placement::shard(other)});
+    }
     for (int a = 0; a < mesh.ndim(); ++a) {
       const auto& row = !shard_rows.empty() && *rc::gen::inRange(0, 3) != 0 ? *rc::gen::elementOf(shard_rows) : *rc::gen::elementOf(rows);
       for (size_t i = 0; i < row.size() && first + i < specs.size(); ++i)
@@ -349,7 +382,11 @@ json single_op_program() {
     args.push_back(arg);
     if (type != "float") {  // no gradient, no Partial; ids in the table's vocab, targets in the classes
       specs[i] = without_partial(specs[i]);
-      const int64_t high = name == "embedding" ? shapes[1][0] : loss ? shapes[0][1] : 0;
+      int64_t high = name == "embedding" ? shapes[1][0] : loss ? shapes[0][1] : 0;
+      if (name == "gather" || name == "index_select") {  // positions along x's dim
+        const int64_t d = decl.attrs["dim"].get<int64_t>(), rank = static_cast<int64_t>(shapes[0].size());
+        high = shapes[0][static_cast<size_t>(d < 0 ? d + rank : d)];
+      }
       inputs.push_back(typed_input(arg, shapes[i], specs[i], type, high));
       continue;
     }

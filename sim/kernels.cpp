@@ -263,9 +263,12 @@ const KernelRow kRows[] = {
     {"expand",
      [](const OpAttrs& a, const Xs& xs) { return xs.at(0).expand(view_shape("expand", a, xs.at(0))).contiguous(); }},
     {"flatten", [](const OpAttrs& a, const Xs& xs) { return reshaped("flatten", a, xs); }},
+    {"gather", [](const OpAttrs& a, const Xs& xs) { return at::gather(xs.at(0), a.dim.value_or(0), xs.at(1)); }},
     {"ge", [](const OpAttrs& a, const Xs& xs) { return at::ge(xs.at(0), second(a, xs)); }},
     {"gelu", [](const OpAttrs& a, const Xs& xs) { return gelu(xs.at(0), a.tanh); }},
     {"gt", [](const OpAttrs& a, const Xs& xs) { return at::gt(xs.at(0), second(a, xs)); }},
+    {"index_select",
+     [](const OpAttrs& a, const Xs& xs) { return at::index_select(xs.at(0), a.dim.value_or(0), xs.at(1)); }},
     {"layer_norm",
      [](const OpAttrs& a, const Xs& xs) {
        const at::Tensor w = xs.size() > 1 ? xs[1] : at::Tensor(), b = xs.size() > 2 ? xs[2] : at::Tensor();

@@ -1236,7 +1236,7 @@ TEST(Coverage, UniverseHoldsEveryRowOnce) {
       const Shape s = op == "bmm" ? Shape{2, 2, 2} : op == "expand" ? Shape{1, 2} : Shape{2, 2};
       std::vector<Shape> shapes(n, s);
       if (f.name == "norm") shapes = {{2, 2}, {2}};
-      if (f.name == "pick_target") shapes = {{2, 2}, {2}};
+      if (f.name == "pick_target" || op == "index_select") shapes = {{2, 2}, {2}};  // index_select: a 1-D index
       expect_rows(op, shapes, a);
       ++ops;
     }

@@ -100,6 +100,9 @@ std::vector<Case> cases() {
   out.push_back({"rms_norm", {m, {6}}, norm});
   out.push_back({"rms_norm", {m}, norm});
   out.push_back({"embedding", {{4}, {8, 6}}, {}});
+  // gather and index_select along dim 1 (an index as long as x on dim 0: gather's S(0), S(0) row).
+  out.push_back({"gather", {m, {4, 3}}, with_dim(1)});
+  out.push_back({"index_select", {m, {5}}, with_dim(1)});
   out.push_back({"pick_target", {m, {4}}, {}});
   out.push_back({"count_targets", {{4}}, {}});
   // Selection and order along dim 1 (gathered first where sharded), comparisons and logic.

@@ -68,7 +68,8 @@ bool differentiable(const std::vector<Names>& specs) {
 int arity(const std::string& op) {
   static const std::set<std::string> binary = {"add", "bmm", "cat", "div", "matmul", "mm", "mul", "stack", "sub",
                                                "masked_fill", "embedding", "nll_loss", "cross_entropy",
-                                               "eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or"};
+                                               "eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or",
+                                               "gather", "index_select"};
   if (op == "where") return 3;
   return binary.count(op) ? 2 : 1;
 }
@@ -76,6 +77,7 @@ int arity(const std::string& op) {
 // The element type of operand i: ids and targets are int64, conditions and masks bool.
 std::string operand_dtype(const std::string& op, size_t i) {
   if ((op == "embedding" && i == 0) || ((op == "nll_loss" || op == "cross_entropy") && i == 1)) return "int64";
+  if ((op == "gather" || op == "index_select") && i == 1) return "int64";  // the index
   if ((op == "where" && i == 0) || (op == "masked_fill" && i == 1)) return "bool";
   if (op == "logical_and" || op == "logical_or" || op == "logical_not") return "bool";
   return "float";
@@ -126,6 +128,12 @@ std::vector<OpConfig> configs(const std::string& op) {
   if (op == "embedding") return {{op, none, {{5}, {7, 3}}}, {op, none, {{2, 3}, {5, 4}}}};
   if (op == "nll_loss" || op == "cross_entropy")
     return {{op, none, {tall, {5}}}, {op, {{"reduction", "sum"}}, {{4, 5}, {4}}}, {op, {{"ignore_index", 2}}, {{6, 3}, {6}}}};
+  // gather and index_select along each dim: an index as long as x on the other dims (gather's S(d),
+  // S(d) rows) or shorter, longer or shorter than x on the dim; uneven on [3], [4] and [2, 2].
+  if (op == "gather")
+    return {{op, {{"dim", 0}}, {tall, {7, 3}}}, {op, {{"dim", -1}}, {tall, {5, 2}}}, {op, {{"dim", 1}}, {cube, {2, 4, 2}}}};
+  if (op == "index_select")
+    return {{op, {{"dim", 0}}, {tall, {4}}}, {op, {{"dim", -1}}, {tall, {7}}}, {op, {{"dim", 1}}, {cube, {3}}}};
   // max, min, argmax, argmin: along each dim, keepdim or not; sort, argsort, topk along each dim
   // (k from 0 to the whole extent). The dim gathered where sharded; [5, 3] is uneven on [3] and [4].
   if (op == "max" || op == "min" || op == "argmax" || op == "argmin") {
@@ -191,6 +199,13 @@ std::vector<OpConfig> configs(const std::string& op) {
   json attrs = op == "scale" ? json{{"value", 1.5}} : op == "pow" ? json{{"exponent", 1.5}} : json::object();
   if (op == "gelu") return {{op, none, {tall}}, {op, {{"approximate", "tanh"}}, {wide}}, {op, none, {cube}}};
   return {{op, attrs, {tall}}, {op, attrs, {wide}}, {op, attrs, {cube}}};
+}
+
+// gather's and index_select's index: positions along x's dim.
+int64_t indexed_extent(const OpConfig& cfg) {
+  const auto rank = static_cast<int64_t>(cfg.shapes[0].size());
+  const int64_t dim = cfg.attrs.at("dim").get<int64_t>();
+  return cfg.shapes[0].at(static_cast<size_t>(dim < 0 ? dim + rank : dim));
 }
 
 // Per config: every placement on meshes [3] and [4]; on [2, 2] every pair for one operand, and
@@ -305,7 +320,9 @@ json scenario_json(const OpCase& c) {
                {"requires_grad", grad && dtype == "float"}};
     if (dtype != "float") in["dtype"] = dtype;
     if (dtype == "int64")  // ids of the weight's vocab, targets of the classes
-      in["init"] = {{"ids", cfg.op == "embedding" ? cfg.shapes[1][0] : cfg.shapes[0][1]}};
+      in["init"] = {{"ids", cfg.op == "embedding"                                  ? cfg.shapes[1][0]
+                            : cfg.op == "gather" || cfg.op == "index_select" ? indexed_extent(cfg)
+                                                                             : cfg.shapes[0][1]}};
     inputs.push_back(in);
     if (positive_operand(cfg.op, i)) {
       program.push_back({{"out", "d"}, {"op", "exp"}, {"args", {name}}});

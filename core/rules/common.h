@@ -9,6 +9,7 @@
 //   rules/reductions.cpp    reduction (sum, mean), amax, amin, softmax
 //   rules/norms_losses.cpp  norm (layer_norm, rms_norm), pick_target, count_targets
 //   rules/embedding.cpp     embedding
+//   rules/indexing.cpp      index (gather, index_select)
 //   rules/selection.cpp     select (max, min, sort, topk), select_index (argmax, argmin,
 //                           argsort), compare (eq, ne, lt, le, gt, ge, logical_and/not/or)
 //   rules/registry.cpp      the registry: one entry per family, in the order of rule_families()
@@ -254,6 +255,10 @@ Grad count_targets_gradient(const AxisGrad& x);
 // embedding.cpp
 std::vector<RuleRow> embedding_rows(const RowCtx& c);
 Grad embedding_gradient(const AxisGrad& x);
+
+// indexing.cpp
+std::vector<RuleRow> index_rows(const RowCtx& c);
+Grad index_gradient(const AxisGrad& x);
 
 // selection.cpp
 std::vector<RuleRow> select_rows(const RowCtx& c);

@@ -115,6 +115,21 @@ std::vector<CoverageCase> coverage_cases(const std::string& family, const std::s
         }
   } else if (family == "embedding") {
     for (int64_t r = 1; r <= 2; ++r) add({cube(r), cube(2)});
+  } else if (family == "index") {
+    // x of 1-3 dims along each dim; gather's index as long as x (its S(d), S(d) rows) or shorter on
+    // the other dims, index_select's 1-D.
+    for (int64_t r = 1; r <= 3; ++r)
+      for (int64_t d = 0; d < r; ++d) {
+        const OpAttrs a = with([&](OpAttrs& at) { at.dim = d; });
+        if (op == "index_select") {
+          add({cube(r), {3}}, a);
+          continue;
+        }
+        add({cube(r), cube(r)}, a);
+        Shape shorter(static_cast<size_t>(r), 1);
+        shorter[static_cast<size_t>(d)] = 3;
+        add({cube(r), shorter}, a);
+      }
   } else if (family == "pick_target") {
     add({cube(2), cube(1)});
   } else if (family == "mm") {

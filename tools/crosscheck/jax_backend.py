@@ -254,6 +254,13 @@ def _order(x, dim, descending):
     return jnp.argsort(-x if descending else x, axis=dim, stable=True)
 
 
+def _gather(x, index, dim):
+    """torch.gather: x cut to the index's extent on the other dims, then taken along dim."""
+    dim = _wrap(dim, x.ndim)
+    cut = tuple(slice(None) if i == dim else slice(0, index.shape[i]) for i in range(x.ndim))
+    return jnp.take_along_axis(x[cut], index, axis=dim)
+
+
 def _sorted(x, op, descending, k):
     """sort's values along dim; topk's first k (its order, ties at the first positions)."""
     dim = _wrap(op.get("dim", -1), x.ndim)
@@ -319,6 +326,8 @@ OPS = {
     "sort": lambda xs, op: _sorted(xs[0], op, op.get("descending", False), None),
     "argsort": lambda xs, op: _order(xs[0], op.get("dim", -1), op.get("descending", False)),
     "topk": lambda xs, op: _sorted(xs[0], op, op.get("largest", True), op["k"]),
+    "gather": lambda xs, op: _gather(xs[0], xs[1], op["dim"]),
+    "index_select": lambda xs, op: jnp.take(xs[0], xs[1], axis=op["dim"]),
     "eq": _binary(jnp.equal), "ne": _binary(jnp.not_equal), "lt": _binary(jnp.less),
     "le": _binary(jnp.less_equal), "gt": _binary(jnp.greater), "ge": _binary(jnp.greater_equal),
     "logical_and": lambda xs, op: jnp.logical_and(xs[0], xs[1]),
