@@ -102,7 +102,10 @@ TEST(Explore, GroupFieldNamesTheLayer) {
 }
 
 TEST(Explore, FailingRunCarriesItsFirstDivergenceAndMismatch) {
-  const json m = explore_model(run_of_file("bugs/partial_bias_in_local_map.json"));
+  const ExploreRun run = run_of_file("bugs/partial_bias_in_local_map.json");
+  // local_map's entry makes "h" from "h": its edge comes from the input, not from itself.
+  EXPECT_TRUE(has(explore_dot_texts(run.trace)[0], "\"v:h\" -> \"e2\";"));
+  const json m = explore_model(run);
   EXPECT_EQ(m["status"], "fail");
   const json& fd = m["failure"]["first_divergence"];
   EXPECT_EQ(fd["value"], "y");

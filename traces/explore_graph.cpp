@@ -25,7 +25,7 @@ struct Node {
   int layer = -1;
   bool failing = false;
   std::vector<const Event*> collectives;  // the steps that made it or its operands' redistributions
-  std::vector<std::string> args;          // values it reads
+  std::vector<size_t> from;               // the nodes that made the values it reads, when it ran
 };
 
 struct Program {
@@ -55,7 +55,12 @@ Program program_of(const Trace& t, const Facts& f, const std::vector<int>& layer
     n.value = e.value;
     n.layer = layer_of[i];
     n.failing = f.value_errors.count(e.value) > 0;
-    n.args = e.args;
+    // Its operands' makers as they were when it ran: local_map's entry makes a value of the same
+    // name as its operand ("h" from "h").
+    for (const auto& arg : e.args) {
+      auto made = p.maker.find(arg);
+      if (made != p.maker.end()) n.from.push_back(made->second);
+    }
     auto it = pending.find(e.value);
     if (it != pending.end()) {
       n.collectives = std::move(it->second);
@@ -143,10 +148,7 @@ std::string overview_dot(const Program& p, const std::vector<std::string>& layer
   }
   Edges edges;
   for (const Node& n : p.nodes)
-    for (const auto& arg : n.args) {
-      auto it = p.maker.find(arg);
-      if (it != p.maker.end()) edges.add(id_of(p.nodes[it->second]), id_of(n));
-    }
+    for (size_t k : n.from) edges.add(id_of(p.nodes[k]), id_of(n));
   return std::string(kHead) + body + edges.text() + "}\n";
 }
 
@@ -158,10 +160,9 @@ std::string layer_dot(const Program& p, int layer) {
   for (const Node& n : p.nodes) {
     if (n.layer != layer) continue;
     body += node_text(n);
-    for (const auto& arg : n.args) {
-      auto it = p.maker.find(arg);
-      if (it == p.maker.end()) continue;
-      const Node& from = p.nodes[it->second];
+    for (size_t k : n.from) {
+      const Node& from = p.nodes[k];
+      const std::string& arg = from.value;
       if (from.layer == layer) {
         edges.add(from.id, n.id);
       } else {
