@@ -9,7 +9,7 @@
 #                                          gpu_carry/ (ignored by git)
 #   gpu_carry/src/scripts/gpu_check.sh     there, from the repository's root, with gpu_carry/
 #                                          carried: writes every result under $OUT (default
-#                                          out/gpu; GPU_CHECK_ONLY=validate: step 1 alone). gpu_carry/src is this script, tools/ and
+#                                          out/gpu; GPU_CHECK_ONLY=validate or perf: that step alone). gpu_carry/src is this script, tools/ and
 #                                          examples/ as of the commit the binaries were built from,
 #                                          so what runs there is one version whatever the tree holds
 #
@@ -129,6 +129,7 @@ if [ "$BUILT_ROOT" != "$ROOT" ] && [ ! -e "$BUILT_ROOT" ]; then
   mkdir -p "$(dirname "$BUILT_ROOT")" && ln -s "$ROOT" "$BUILT_ROOT"
 fi
 
+if [ "${GPU_CHECK_ONLY:-}" != perf ]; then  # GPU_CHECK_ONLY=perf: step 2 alone
 # --- 1. validate on NCCL ----------------------------------------------------------------------------
 step "validate --backend nccl"
 V=$OUT/validate.txt
@@ -187,6 +188,7 @@ echo "python exit $?" >> "$V"
 tail -n 5 "$V"
 
 if [ "${GPU_CHECK_ONLY:-}" = validate ]; then step done; exit 0; fi  # a second try of step 1 alone
+fi
 
 # --- 2. time per op: LocalTensorMode on CUDA and on the CPU, meshsim on the CPU -----------------------
 step perf
@@ -196,6 +198,7 @@ for dev in cuda cpu; do
     --json "$OUT/perf_$dev.json"
 done > "$OUT/perf.txt" 2>&1
 cat "$OUT/perf.txt"
+if [ "${GPU_CHECK_ONLY:-}" = perf ]; then step done; exit 0; fi
 # --- 3. PyTorch's DTensor on CUDA against meshsim ---------------------------------------------------
 step "crosscheck --device cuda"
 timeout 240 $PY tools/crosscheck/crosscheck --system pytorch --python "$(command -v $PY)" --device cuda \
