@@ -1,7 +1,9 @@
 #include "sim/interpreter.h"
 
+#include <cmath>
 #include <optional>
 #include <set>
+#include <string_view>
 
 #include <ATen/core/grad_mode.h>
 
@@ -111,9 +113,12 @@ std::vector<DTensor> run_local_map(Runtime& rt, const OpDecl& op, const std::vec
 namespace {
 
 // A binary op's scalar `value` as an operand: a 0-d tensor replicated on every axis (no gradient).
-DTensor scalar_operand(Runtime& rt, double value, const at::Tensor& like, const std::string& name) {
+// A comparison's fractional value against int64 or bool data stays float64 (the comparison
+// promotes, as PyTorch's: eq(ids, 0.5) is all false), as kernels.cpp's compared().
+DTensor scalar_operand(Runtime& rt, double value, const at::Tensor& like, const std::string& name, bool comparison) {
   const Mesh& mesh = rt.mesh();
-  at::Tensor v = at::scalar_tensor(value, like.options().requires_grad(false));
+  const bool promoted = comparison && !at::isFloatingType(like.scalar_type()) && value != std::trunc(value);
+  at::Tensor v = at::scalar_tensor(value, like.options().dtype(promoted ? at::kDouble : like.scalar_type()).requires_grad(false));
   return DTensor{name, {}, Spec(static_cast<size_t>(mesh.ndim()), Placement::replicate()),
                  Locals(static_cast<size_t>(mesh.size()), v)};
 }
@@ -291,7 +296,8 @@ DTensor apply_program_op(Runtime& rt, const OpDecl& op, const std::vector<DTenso
   }
   if (attrs.scalar && args.size() == 1) {
     attrs.scalar = false;
-    return rt.apply_op(op.op, attrs, {args[0], scalar_operand(rt, attrs.value, args[0].locals.at(0), op.out + ".value")},
+    return rt.apply_op(op.op, attrs, {args[0], scalar_operand(rt, attrs.value, args[0].locals.at(0), op.out + ".value",
+                                                            std::string_view(op_schema(op.op).family) == "compare")},
                        op.out);
   }
   if (op.op == "linear") {

@@ -96,6 +96,15 @@ at::Tensor second(const OpAttrs& attrs, const Xs& xs) {
   return xs.at(1);
 }
 
+// A comparison's second operand: as second(), but a fractional scalar `value` against int64 or
+// bool data stays a float64 0-d tensor, so that the comparison promotes as PyTorch's does
+// (torch.eq(ids, 0.5) is all false; the value is not truncated to the data's type).
+at::Tensor compared(const OpAttrs& attrs, const Xs& xs) {
+  if (attrs.scalar && xs.size() == 1 && !at::isFloatingType(xs.at(0).scalar_type()) && attrs.value != std::trunc(attrs.value))
+    return at::scalar_tensor(attrs.value, xs.at(0).options().dtype(at::kDouble).requires_grad(false));
+  return second(attrs, xs);
+}
+
 // gelu whose backward takes its incoming gradient contiguous. libtorch's CPU gelu_backward with
 // approximate none writes nothing into its result when the gradient is laid out otherwise than the
 // input in float32 (pytorch/pytorch#112006; libtorch 1.13 to 2.1 at least): the gradient is then
@@ -258,15 +267,15 @@ const KernelRow kRows[] = {
      [](const OpAttrs& a, const Xs& xs) { return nll_loss(at::log_softmax(xs.at(0), 1), xs.at(1), a); }},
     {"div", [](const OpAttrs& a, const Xs& xs) { return at::div(xs.at(0), second(a, xs)); }},
     {"embedding", [](const OpAttrs& a, const Xs& xs) { return embedding(xs.at(0), xs.at(1), a); }},
-    {"eq", [](const OpAttrs& a, const Xs& xs) { return at::eq(xs.at(0), second(a, xs)); }},
+    {"eq", [](const OpAttrs& a, const Xs& xs) { return at::eq(xs.at(0), compared(a, xs)); }},
     {"exp", [](const OpAttrs&, const Xs& xs) { return at::exp(xs.at(0)); }},
     {"expand",
      [](const OpAttrs& a, const Xs& xs) { return xs.at(0).expand(view_shape("expand", a, xs.at(0))).contiguous(); }},
     {"flatten", [](const OpAttrs& a, const Xs& xs) { return reshaped("flatten", a, xs); }},
     {"gather", [](const OpAttrs& a, const Xs& xs) { return at::gather(xs.at(0), a.dim.value_or(0), xs.at(1)); }},
-    {"ge", [](const OpAttrs& a, const Xs& xs) { return at::ge(xs.at(0), second(a, xs)); }},
+    {"ge", [](const OpAttrs& a, const Xs& xs) { return at::ge(xs.at(0), compared(a, xs)); }},
     {"gelu", [](const OpAttrs& a, const Xs& xs) { return gelu(xs.at(0), a.tanh); }},
-    {"gt", [](const OpAttrs& a, const Xs& xs) { return at::gt(xs.at(0), second(a, xs)); }},
+    {"gt", [](const OpAttrs& a, const Xs& xs) { return at::gt(xs.at(0), compared(a, xs)); }},
     {"index_select",
      [](const OpAttrs& a, const Xs& xs) { return at::index_select(xs.at(0), a.dim.value_or(0), xs.at(1)); }},
     {"layer_norm",
@@ -274,7 +283,7 @@ const KernelRow kRows[] = {
        const at::Tensor w = xs.size() > 1 ? xs[1] : at::Tensor(), b = xs.size() > 2 ? xs[2] : at::Tensor();
        return at::layer_norm(xs.at(0), a.normalized_shape, w, b, a.eps.value_or(1e-5));
      }},
-    {"le", [](const OpAttrs& a, const Xs& xs) { return at::le(xs.at(0), second(a, xs)); }},
+    {"le", [](const OpAttrs& a, const Xs& xs) { return at::le(xs.at(0), compared(a, xs)); }},
     // linear runs as one op on a rank and in the oracle; the DTensor runtime runs its parts
     // (interpreter.cpp), as PyTorch's decomposition of aten.linear does.
     {"linear",
@@ -287,7 +296,7 @@ const KernelRow kRows[] = {
     {"logical_and", [](const OpAttrs&, const Xs& xs) { return at::logical_and(xs.at(0), xs.at(1)); }},
     {"logical_not", [](const OpAttrs&, const Xs& xs) { return at::logical_not(xs.at(0)); }},
     {"logical_or", [](const OpAttrs&, const Xs& xs) { return at::logical_or(xs.at(0), xs.at(1)); }},
-    {"lt", [](const OpAttrs& a, const Xs& xs) { return at::lt(xs.at(0), second(a, xs)); }},
+    {"lt", [](const OpAttrs& a, const Xs& xs) { return at::lt(xs.at(0), compared(a, xs)); }},
     {"masked_fill", [](const OpAttrs& a, const Xs& xs) { return xs.at(0).masked_fill(xs.at(1), a.fill); }},
     {"matmul", [](const OpAttrs&, const Xs& xs) { return at::matmul(xs.at(0), xs.at(1)).contiguous(); }},
     {"max", [](const OpAttrs& a, const Xs& xs) { return max_min(xs.at(0), a, true); }},
@@ -300,7 +309,7 @@ const KernelRow kRows[] = {
        const int64_t d = a.dim.value_or(0), n = xs.at(0).size(d);
        return xs.at(0).narrow(d, a.start < 0 ? a.start + n : a.start, a.length).contiguous();
      }},
-    {"ne", [](const OpAttrs& a, const Xs& xs) { return at::ne(xs.at(0), second(a, xs)); }},
+    {"ne", [](const OpAttrs& a, const Xs& xs) { return at::ne(xs.at(0), compared(a, xs)); }},
     {"neg", [](const OpAttrs&, const Xs& xs) { return at::neg(xs.at(0)); }},
     {"nll_loss", [](const OpAttrs& a, const Xs& xs) { return nll_loss(xs.at(0), xs.at(1), a); }},
     {"permute", [](const OpAttrs& a, const Xs& xs) { return xs.at(0).permute(a.dims).contiguous(); }},

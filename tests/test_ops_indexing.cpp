@@ -86,5 +86,26 @@ TEST(Indexing, ThePlantedBugGathersFromOtherRowsOfX) {
   EXPECT_NE(f.find("(rank 1)"), std::string::npos) << f;
 }
 
+// A comparison of int64 data with a fractional value promotes, as PyTorch's does: eq(ids, 0.5) is
+// all false and lt(ids, 0.5) is ids == 0, on the mesh and in the oracle (the value was truncated
+// to 0 before: eq(ids, 0.5) was ids == 0).
+TEST(Comparisons, AFractionalValueAgainstInt64DataIsNotTruncated) {
+  for (const char* op : {"eq", "lt"}) {
+    const json doc = {
+        {"format", "meshsim.scenario/1"}, {"name", op}, {"mesh", {{"axes", {"a"}}, {"shape", {2}}}},
+        {"inputs", {{{"name", "i"}, {"shape", {6}}, {"placements", {"S(0)"}}, {"dtype", "int64"}, {"init", "arange"}}}},
+        {"program", {{{"out", "m"}, {"op", op}, {"args", {"i"}}, {"value", 0.5}}}}};
+    const Scenario sc = parse_scenario(doc, "test.json");
+    const CheckedRun run = check_scenario(sc, sc.options, /*keep_values=*/true);
+    ASSERT_EQ(run.result["status"], "pass") << run.result.dump(1);
+    ASSERT_TRUE(run.tensors);
+    for (const auto& v : run.tensors->values)
+      if (v.name == "m") {  // ids 0..5: none equals 0.5, only 0 is below it
+        EXPECT_EQ(v.oracle.sum().item<int64_t>(), std::string(op) == "eq" ? 0 : 1) << op;
+        EXPECT_TRUE(v.global.equal(v.oracle)) << op;  // the mesh's, assembled
+      }
+  }
+}
+
 }  // namespace
 }  // namespace meshsim
