@@ -31,6 +31,15 @@
 
 namespace meshsim::cli {
 
+Scenario scenario_of_trace(const Trace& t, const std::string& file) {
+  try {
+    return parse_scenario(t.scenario, file);
+  } catch (const InputError& e) {
+    if (e.file() != file) throw;
+    throw InputError(file, "/scenario" + (e.json_path() == "/" ? std::string() : e.json_path()), e.detail(), e.kind());
+  }
+}
+
 namespace fs = std::filesystem;
 
 RunOptions options_with_overrides(const Scenario& sc, const std::vector<std::string>& overrides) {
@@ -292,16 +301,6 @@ void print_summary(const Scenario& sc, const RunOptions& options, const nlohmann
   }
   for (const auto& f : members(r, "failures"))
     std::cout << "  failure: " << (f.is_string() ? f.get<std::string>() : f.dump()) << "\n";
-}
-
-// A trace's scenario: its paths are the trace file's ("/scenario/program/0", not "/program/0").
-Scenario scenario_of_trace(const Trace& t, const std::string& file) {
-  try {
-    return parse_scenario(t.scenario, file);
-  } catch (const InputError& e) {
-    if (e.file() != file) throw;
-    throw InputError(file, "/scenario" + (e.json_path() == "/" ? std::string() : e.json_path()), e.detail(), e.kind());
-  }
 }
 
 Scenario scenario_from_trace(const Trace& t, const std::string& file, RunOptions& options) {

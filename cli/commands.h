@@ -13,6 +13,10 @@
 #include "core/resources.h"
 #include "core/scenario.h"
 
+namespace meshsim {
+struct Trace;
+}
+
 namespace meshsim::cli {
 
 // A command line that cannot run (exit 2, one plain line): a malformed --shard, -j 0, an unknown
@@ -25,6 +29,10 @@ class UsageError : public std::runtime_error {
 // The scenario's options with `--option key=value` overrides applied (InputError when malformed).
 RunOptions options_with_overrides(const Scenario& sc, const std::vector<std::string>& overrides);
 
+
+// A trace's scenario, parsed: its errors at the trace file's paths ("/scenario/program/0", not
+// "/program/0"). For replay, run of a trace and explore.
+Scenario scenario_of_trace(const Trace& t, const std::string& file);
 
 // The limits every scenario run by the command line is held to (--max-memory, --max-ranks).
 void set_resource_limits(const ResourceLimits& limits);

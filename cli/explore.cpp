@@ -24,16 +24,6 @@ bool ends_with(const std::string& s, const std::string& tail) {
   return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
 }
 
-// A trace's scenario, its errors at the trace's paths ("/scenario/program/0").
-Scenario scenario_in_trace(const Trace& t, const std::string& file) {
-  try {
-    return parse_scenario(t.scenario, file);
-  } catch (const InputError& e) {
-    if (e.file() != file) throw;
-    throw InputError(file, "/scenario" + (e.json_path() == "/" ? std::string() : e.json_path()), e.detail(), e.kind());
-  }
-}
-
 // A scenario is run here; a trace (a run's, or a check counterexample) is shown as recorded.
 std::pair<ExploreRun, int> load_run(const std::string& file) {
   ExploreRun run;
@@ -42,7 +32,7 @@ std::pair<ExploreRun, int> load_run(const std::string& file) {
   std::optional<Expectation> expect;
   if (is_trace_document(doc)) {
     run.trace = trace_from_json(doc, file);
-    expect = parse_expectation(scenario_in_trace(run.trace, file));
+    expect = parse_expectation(scenario_of_trace(run.trace, file));
   } else {
     Scenario sc = parse_scenario(std::move(doc), file);
     expect = parse_expectation(sc);

@@ -196,15 +196,21 @@ std::map<std::string, int64_t> collective_counts(const Trace& t) {
   return out;
 }
 
+// The keys of two maps, each once, in order.
+template <typename M>
+std::set<std::string> union_of_keys(const M& a, const M& b) {
+  std::set<std::string> keys;
+  for (const auto& [k, _] : a) keys.insert(k);
+  for (const auto& [k, _] : b) keys.insert(k);
+  return keys;
+}
+
 }  // namespace
 
 json explore_diff(const ExploreRun& a, const ExploreRun& b) {
   const auto va = value_facts(a.trace), vb = value_facts(b.trace);
   json values = json::array();
-  std::set<std::string> names;
-  for (const auto& [k, _] : va) names.insert(k);
-  for (const auto& [k, _] : vb) names.insert(k);
-  for (const auto& name : names) {
+  for (const auto& name : union_of_keys(va, vb)) {
     auto ia = va.find(name), ib = vb.find(name);
     std::vector<std::string> what;
     if (ia == va.end()) what.push_back("only in B");
@@ -221,10 +227,7 @@ json explore_diff(const ExploreRun& a, const ExploreRun& b) {
   }
   const auto ca = collective_counts(a.trace), cb = collective_counts(b.trace);
   json collectives = json::array();
-  std::set<std::string> keys;
-  for (const auto& [k, _] : ca) keys.insert(k);
-  for (const auto& [k, _] : cb) keys.insert(k);
-  for (const auto& k : keys) {
+  for (const auto& k : union_of_keys(ca, cb)) {
     const int64_t na = ca.count(k) ? ca.at(k) : 0, nb = cb.count(k) ? cb.at(k) : 0;
     if (na != nb) collectives.push_back({{"collective", k}, {"a", na}, {"b", nb}});
   }
