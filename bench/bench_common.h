@@ -42,6 +42,13 @@ struct Extra {
   std::function<void()> run;
 };
 
+// MESHSIM_BENCH_PLANT_SLOWDOWN=k (k >= 1): the subject runs k times within each of its timings, a
+// slowdown by k planted so that the CI ratio check's own test can show it fails (tests/perf_ratio.py).
+inline int planted_slowdown() {
+  const char* s = std::getenv("MESHSIM_BENCH_PLANT_SLOWDOWN");
+  return s ? std::max(1, std::atoi(s)) : 1;
+}
+
 // Runs `baseline` and `subject` (and any extra baselines) alternately once per benchmark
 // iteration (the benchmark's time is the subject's, by manual timing) and sets the counters
 // baseline_us, meshsim_us (medians) and ratio (meshsim median over baseline median). Register
@@ -51,12 +58,15 @@ inline void paired(benchmark::State& state, const std::function<void()>& baselin
   baseline();  // warm both: first-touch allocations, lazy initialisation
   subject();
   for (const auto& e : extras) e.run();
+  const int slowdown = planted_slowdown();
   std::vector<double> tb, ts;
   std::vector<std::vector<double>> te(extras.size());
   for (auto _ : state) {
     tb.push_back(time_once(baseline));
     for (size_t i = 0; i < extras.size(); ++i) te[i].push_back(time_once(extras[i].run));
-    const double s = time_once(subject);
+    const double s = time_once([&] {
+      for (int k = 0; k < slowdown; ++k) subject();
+    });
     ts.push_back(s);
     state.SetIterationTime(s);
   }

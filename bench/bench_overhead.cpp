@@ -274,8 +274,8 @@ void BM_TransformerLayerOverhead(benchmark::State& state) {
 }
 
 BENCHMARK(BM_TransformerLayerOverhead)->Arg(128)->Arg(256)->UseManualTime()->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_AttentionOverhead)->Arg(64)->Arg(256)->UseManualTime()->Unit(benchmark::kMillisecond);
-BENCHMARK_CAPTURE(BM_MlpOverhead, Rd, std::string("Rd"))->Arg(64)->Arg(512)->UseManualTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_AttentionOverhead)->Arg(16)->Arg(64)->Arg(256)->UseManualTime()->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_MlpOverhead, Rd, std::string("Rd"))->Arg(8)->Arg(64)->Arg(512)->UseManualTime()->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_MlpOverhead, R, std::string("R"))->Arg(64)->Arg(512)->UseManualTime()->Unit(benchmark::kMillisecond);
 
 }  // namespace

@@ -79,6 +79,9 @@ set(CPACK_DEBIAN_PACKAGE_SECTION science)
 # Built against a torch wheel's libtorch (cmake/torch.cmake), the package depends on no libtorch
 # package: the command finds the wheel's libraries by run path, on this machine only.
 set(CPACK_DEBIAN_PACKAGE_DEPENDS "libgvc6, libxxhash0, libstdc++6")
+if(MESHSIM_MALLOC STREQUAL "jemalloc")
+  string(APPEND CPACK_DEBIAN_PACKAGE_DEPENDS ", libjemalloc2")
+endif()
 if(MESHSIM_TORCH_DEB_DEPENDS)
   set(CPACK_DEBIAN_PACKAGE_DEPENDS "${MESHSIM_TORCH_DEB_DEPENDS}, ${CPACK_DEBIAN_PACKAGE_DEPENDS}")
 endif()

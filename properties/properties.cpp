@@ -77,6 +77,7 @@ std::vector<Event> run_events(const nlohmann::json& doc) {
   options.mutant = planted_mutant();
   MutantScope planted(parse_mutant(options.mutant));
   CoverageScope covered(case_coverage());
+  ScopedOverride<bool> hashed(local_hashes_enabled(), true);  // its callers compare the locals' hashes
   return run_distributed(sc, options).runtime->events();
 }
 

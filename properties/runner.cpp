@@ -12,6 +12,7 @@
 #include "core/error.h"
 #include "core/scoped.h"
 #include "oracles/check.h"
+#include "sim/runtime.h"
 
 namespace meshsim {
 
@@ -324,6 +325,9 @@ PropertyOutcome run_property(const Property& property, uint64_t seed, int cases,
   // The search does not localize its failing cases (shrinking runs thousands); the counterexample's
   // own run, written after it, does.
   ScopedOverride<bool> no_localization(localization_enabled(), false);
+  // Nor does it write traces: no local is hashed but where a property compares runs by their
+  // hashes (run_events); the counterexample's own run, written after it, hashes its locals.
+  ScopedOverride<bool> no_hashes(local_hashes_enabled(), false);
   std::string out_of_memory;
   ScopedOverride<std::string*> oom(out_of_memory_message(), &out_of_memory);
   // Once memory ran out, every case left is discarded at once (RapidCheck then gives up).

@@ -16,6 +16,7 @@ packages=(
   g++ cmake ninja-build pkg-config
   libtorch-dev librapidcheck-dev libgtest-dev libbenchmark-dev
   libgraphviz-dev nlohmann-json3-dev libcli11-dev libxxhash-dev libgloo-dev
+  libjemalloc-dev  # the executables' allocator (cmake/malloc.cmake)
   python3 python3-venv  # tools/crosscheck's environments (its packages come from PyPI, into the build dir)
 )
 . scripts/install_missing.sh
