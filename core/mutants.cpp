@@ -10,6 +10,12 @@ Mutant g_active = Mutant::None;
 
 const std::vector<MutantInfo>& mutant_catalog() {
   static const std::vector<MutantInfo> catalog = {
+      {Mutant::AccumulationDoubleReduce, "accumulation_double_reduce",
+       "training steps: the gradient of each microbatch, already reduced by the backward, is all_reduced again "
+       "over its replicated axes when an accumulation of several microbatches ends (a factor of their sizes)"},
+      {Mutant::AccumulationLostGradient, "accumulation_lost_gradient",
+       "training steps: the accumulated gradient is reset at every microbatch (zero_grad inside the "
+       "accumulation loop): only the last microbatch's gradient reaches the optimizer"},
       {Mutant::AllGatherVaryingDropsAxis, "all_gather_varying_drops_axis",
        "local_map: all_gather to varying drops the axis from the variant set"},
       {Mutant::AllReduceBackwardAllReduces, "all_reduce_backward_all_reduces",
@@ -74,10 +80,6 @@ const std::vector<MutantInfo>& mutant_catalog() {
       {Mutant::ReducedLabelDropped, "reduced_label_dropped",
        "the Reduced policy drops the Rd label of an op whose operands are all Rd (values right, an extra "
        "backward all_reduce)"},
-      {Mutant::ScatterAddShardedIndexReplicated, "scatter_add_sharded_index_replicated",
-       "scatter_add or index_add of a replicated x with the index and src sharded alike: each rank adds its own "
-       "part of src into x and the result is labelled R, not P(sum) (expert-parallel tokens added into a "
-       "replicated buffer without the all_reduce)"},
       {Mutant::StrategyRegistryIgnored, "strategy_registry_ignored",
        "variance-tracking strategies (registry and static) are ignored"},
       {Mutant::StridedGatheredPlain, "strided_gathered_plain",

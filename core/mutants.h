@@ -11,6 +11,8 @@ namespace meshsim {
 
 enum class Mutant {
   None,
+  AccumulationDoubleReduce,        // training: an accumulated gradient all_reduced again over its replicated axes
+  AccumulationLostGradient,        // training: the gradient reset at every microbatch (only the last one kept)
   AllGatherVaryingDropsAxis,       // local_map: all_gather to varying drops the axis from variant
   AllReduceBackwardAllReduces,     // local_map: all_reduce(sum)'s backward all_reduces again
   AllToAllBackwardUnswapped,       // local_map: all_to_all's backward does not swap the dims
@@ -42,7 +44,6 @@ enum class Mutant {
   PsumFromReplicateNoDivide,       // R -> P(sum) without the divide
   ReduceScatterBackwardWrongDim,   // local_map: reduce_scatter's backward gathers along another dim
   ReducedLabelDropped,             // the Reduced policy does not restore Rd when every operand is Rd
-  ScatterAddShardedIndexReplicated,  // scatter_add/index_add: R x, index and src sharded alike -> R, not P(sum)
   StrategyRegistryIgnored,         // variance-tracking strategies are ignored
   StridedGatheredPlain,            // a strided shard all_gathered in plain-shard order (no interleave)
   UncheckedInsertsMarkVarying,     // plain local code (unchecked) still marks invariant inputs varying

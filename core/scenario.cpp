@@ -139,7 +139,7 @@ class ScenarioParser {
   Scenario parse() {
     r_.object(doc_, "");
     r_.only_keys(doc_, "", {"format", "name", "mesh", "options", "inputs", "program", "backward", "expect", "requires",
-                               "imported"});
+                               "imported", "train"});
     parse_format();
     s_.name = doc_.contains("name") ? r_.string(doc_["name"], "/name")
                                     : std::filesystem::path(s_.file).stem().string();
@@ -154,6 +154,7 @@ class ScenarioParser {
     if (doc_.contains("expect")) s_.expect = r_.object(doc_["expect"], "/expect");
     if (doc_.contains("requires")) parse_requires(doc_["requires"]);
     if (doc_.contains("imported")) s_.imported = parse_imported(doc_["imported"], "/imported", s_.file);
+    if (doc_.contains("train")) s_.train = parse_train(doc_["train"], s_.file, s_.mesh, s_.inputs, !s_.backward.empty());
     return std::move(s_);
   }
 

@@ -16,6 +16,7 @@
 #include "core/placement.h"
 #include "core/redistribute.h"
 #include "core/semantics.h"
+#include "core/train.h"
 
 namespace meshsim {
 
@@ -164,6 +165,7 @@ struct Scenario {
   std::vector<std::string> required_functions;
   nlohmann::json source;  // the document as read
   ImportedFrom imported;  // `imported`: the program this scenario was imported from
+  TrainSpec train;        // `train`: whole training steps (core/train.h); absent: one forward and backward
 
   const InputDecl* find_input(const std::string& name) const;
 };

@@ -18,6 +18,7 @@
 #include "oracles/mismatch.h"
 #include "oracles/oracle.h"
 #include "oracles/recorded.h"
+#include "oracles/train.h"
 #include "sim/data.h"
 #include "sim/interpreter.h"
 #include "sim/mesh_node.h"
@@ -672,6 +673,7 @@ CheckedRun checked_run(const Scenario& sc, const RunOptions& options, bool keep_
   }
   if (failed.any && options.localize != Localize::Never && localization_enabled())
     localize(sc, options, run, oracle, failed, out);
+  if (sc.train.present) check_train(sc, options, run, oracle, out);  // the steps after the first backward
   return out;
 }
 

@@ -31,13 +31,19 @@ struct LocalCodeRefused : std::runtime_error {
 }  // namespace
 
 std::vector<DTensor> make_inputs(const Scenario& sc, const RunOptions& options,
-                                 std::map<std::string, at::Tensor>& globals) {
+                                 std::map<std::string, at::Tensor>& globals,
+                                 const std::map<std::string, Locals>* given) {
   std::vector<DTensor> out;
   for (size_t i = 0; i < sc.inputs.size(); ++i) {
     const InputDecl& in = sc.inputs[i];
     Rng rng(options.seed, i);
     DTensor t{in.name, in.shape, in.placements, {}};
-    if (in.from_local) {
+    auto g = given ? given->find(in.name) : std::map<std::string, Locals>::const_iterator();
+    if (given && g != given->end()) {
+      t.locals = g->second;
+      std::string disagree;  // replicas that disagree: the comparison of the locals names them
+      globals[in.name] = assemble(sc.mesh, in.placements, t.locals, &disagree);
+    } else if (in.from_local) {
       at::Tensor local = make_input(in, options.dtype, rng);
       t.locals.assign(static_cast<size_t>(sc.mesh.size()), local);
       at::Tensor global = assemble(sc.mesh, in.placements, t.locals);
@@ -282,9 +288,7 @@ DTensor apply_program_op(Runtime& rt, const OpDecl& op, const std::vector<DTenso
                                                         shape_str(args[1].shape));
     check_ids(op, 0, args[0], args[1].shape[0], std::nullopt);
   }
-  if ((op.op == "gather" || op.op == "index_select" || op.op == "scatter" || op.op == "scatter_add" ||
-       op.op == "index_add") &&
-      attrs.dim) {  // the index within dim's extent
+  if ((op.op == "gather" || op.op == "index_select") && attrs.dim) {  // the index within dim's extent
     const auto rank = static_cast<int64_t>(args.at(0).shape.size());
     const int64_t d = *attrs.dim < 0 ? *attrs.dim + rank : *attrs.dim;
     if (d >= 0 && d < rank) check_ids(op, 1, args.at(1), args[0].shape[static_cast<size_t>(d)], std::nullopt);
@@ -408,12 +412,13 @@ void report_progress(size_t done, size_t total, const std::string& what) {
 }
 
 SimRun run_distributed(const Scenario& sc, const RunOptions& options,
-                       std::function<void(const OpApplication&)> observer) {
+                       std::function<void(const OpApplication&)> observer,
+                       const std::map<std::string, Locals>* given) {
   SimRun run;
   run.runtime = std::make_unique<Runtime>(sc.mesh, options);
   Runtime& rt = *run.runtime;
   if (observer) rt.set_op_observer(std::move(observer));
-  std::vector<DTensor> inputs = make_inputs(sc, options, run.input_globals);
+  std::vector<DTensor> inputs = make_inputs(sc, options, run.input_globals, given);
   std::vector<DTensor> grad_leaves;
   for (const auto& t : inputs) {
     Event e = rt.make_event("input", "input", t.name, t.locals);

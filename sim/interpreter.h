@@ -46,9 +46,12 @@ std::vector<DTensor> run_local_map(Runtime& rt, const OpDecl& op, const std::vec
 DTensor apply_program_op(Runtime& rt, const OpDecl& op, const std::vector<DTensor>& args);
 
 // Makes the inputs of a scenario: global data from the seed (one stream per input), then the
-// locals; a from_local input gives every rank the same local data.
+// locals; a from_local input gives every rank the same local data. An input named in `given`
+// (training steps' parameters) takes those locals, laid out by its placements, and its global is
+// their assembly (the first holder of a replicated axis wins where replicas disagree).
 std::vector<DTensor> make_inputs(const Scenario& sc, const RunOptions& options,
-                                 std::map<std::string, at::Tensor>& globals);
+                                 std::map<std::string, at::Tensor>& globals,
+                                 const std::map<std::string, Locals>* given = nullptr);
 
 // One op of a program's local code (to_local, from_local, or any op on to_local's results, body
 // collectives included): runs it in `ctx` (unchecked) and returns true; false for a DTensor op.
@@ -66,7 +69,9 @@ void set_progress_hook(ProgressHook hook);
 void report_progress(size_t done, size_t total, const std::string& what);
 
 // `observer`, when given, sees every rule application of the forward (Runtime::set_op_observer).
+// `given`: inputs whose locals are given (make_inputs).
 SimRun run_distributed(const Scenario& sc, const RunOptions& options,
-                       std::function<void(const OpApplication&)> observer = {});
+                       std::function<void(const OpApplication&)> observer = {},
+                       const std::map<std::string, Locals>* given = nullptr);
 
 }  // namespace meshsim
