@@ -80,6 +80,10 @@ const std::vector<MutantInfo>& mutant_catalog() {
       {Mutant::ReducedLabelDropped, "reduced_label_dropped",
        "the Reduced policy drops the Rd label of an op whose operands are all Rd (values right, an extra "
        "backward all_reduce)"},
+      {Mutant::ScatterAddShardedIndexReplicated, "scatter_add_sharded_index_replicated",
+       "scatter_add or index_add of a replicated x with the index and src sharded alike: each rank adds its own "
+       "part of src into x and the result is labelled R, not P(sum) (expert-parallel tokens added into a "
+       "replicated buffer without the all_reduce)"},
       {Mutant::StrategyRegistryIgnored, "strategy_registry_ignored",
        "variance-tracking strategies (registry and static) are ignored"},
       {Mutant::StridedGatheredPlain, "strided_gathered_plain",

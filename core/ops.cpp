@@ -212,6 +212,9 @@ std::vector<OpSchema> build() {
               "x * Phi(x) (approximate tanh: the tanh form)"),
            GenClass::UnaryLayer, {g, false, false, same, {{"approximate", R"(["none", "tanh"])"}}}),
       comparison("gt", "x > y (or x > value), broadcast; bool"),
+      op("index_add", {{"x", kAny}, {"index", kInt}, {"source", kAny}}, {{"dim", T::Int, true}}, "scatter", true,
+         "torch.index_add(x, dim, index, source): x with source's slices added at the 1-D index along dim (source "
+         "is x's shape with the index's length at dim); the gradient: g to x, index_select(g) to source"),
       op("index_select", {{"x", kAny}, {"index", kInt}}, {{"dim", T::Int, true}}, "index", true,
          "torch.index_select(x, dim, index): the entries of x at the 1-D index along dim; the gradient "
          "index_added back to x"),
@@ -278,6 +281,12 @@ std::vector<OpSchema> build() {
       with(op("rsqrt", x(), {}, "nonlinear_unary", false, "1 / sqrt(x) of a positive x"), GenClass::UnaryLayer,
            {0, true, false, rsqrt_range}),
       op("scale", x(), {{"value", T::Number, true}}, "linear_unary", true, "x * value"),
+      op("scatter", {{"x", kAny}, {"index", kInt}, {"src", kAny}}, {{"dim", T::Int, true}}, "scatter", true,
+         "torch.scatter(x, dim, index, src): x with src written at index along dim (src of the index's shape, "
+         "the index no larger than x but on dim); the gradient: g zeroed where written to x, gather(g) to src"),
+      op("scatter_add", {{"x", kAny}, {"index", kInt}, {"src", kAny}}, {{"dim", T::Int, true}}, "scatter", true,
+         "torch.scatter_add(x, dim, index, src): x with src added at index along dim (src of the index's shape, "
+         "the index no larger than x but on dim); the gradient: g to x, gather(g) to src"),
       with(op("sigmoid", x(), {}, "nonlinear_unary", false, "1 / (1 + e^-x)"), GenClass::UnaryLayer,
            {g, false, false, sigmoid_range}),
       with(op("silu", x(), {}, "nonlinear_unary", false, "x * sigmoid(x)"), GenClass::UnaryLayer, {g, false, false, same}),

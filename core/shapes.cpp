@@ -125,6 +125,26 @@ Shape infer_shape(const std::string& op, const std::vector<Shape>& s, const OpAt
              " (only dim " + std::to_string(d) + " may be)");
     return s[1];
   }
+  if (family == "scatter") {  // scatter, scatter_add, index_add: dim of x (wrapped above); x's shape
+    const auto d = static_cast<size_t>(*a.dim);
+    if (op == "index_add") {
+      if (s[1].size() != 1) fail("the index must be 1-D, got " + shape_str(s[1]));
+      Shape want = s[0];
+      want[d] = s[1][0];
+      if (s[2] != want)
+        fail("the source " + shape_str(s[2]) + " must be x " + shape_str(s[0]) + " with the index's length " +
+             std::to_string(s[1][0]) + " on dim " + std::to_string(d) + ": " + shape_str(want));
+      return s[0];
+    }
+    if (s[1].size() != s[0].size())
+      fail("the index " + shape_str(s[1]) + " must have as many dims as x " + shape_str(s[0]));
+    if (s[2] != s[1]) fail("src " + shape_str(s[2]) + " must have the index's shape " + shape_str(s[1]));
+    for (size_t i = 0; i < s[0].size(); ++i)
+      if (i != d && s[1][i] > s[0][i])
+        fail("the index " + shape_str(s[1]) + " is larger than x " + shape_str(s[0]) + " on dim " + std::to_string(i) +
+             " (only dim " + std::to_string(d) + " may be)");
+    return s[0];
+  }
   if (family == "pick_target") {
     if (s[0].size() != 2 || s[1].size() != 1 || s[1][0] != s[0][0])
       fail("needs log_probs [N, C] and a target [N], got " + shape_str(s[0]) + " and " + shape_str(s[1]));

@@ -364,6 +364,27 @@ void draw_indexing(const std::string& op, Case& c) {
   c.types = {"float", "int64"};
 }
 
+// scatter, scatter_add: x of 1-3 dims along one of them, an index of x's rank no larger on the
+// other dims with 0-4 positions on the dim (repeats often: scatter_add's add up, scatter's last
+// write stays), src of the index's shape; index_add: a 1-D index of 0-4 positions, source x's
+// shape with its length at the dim.
+void draw_scatter(const std::string& op, Case& c) {
+  const int64_t r = draw_in(1, 3), d = draw_in(0, r - 1);
+  const auto u = static_cast<size_t>(d);
+  const Dims s = draw_shape(r);
+  c.attrs.dim = as_given(d, r);
+  Dims index{draw_in(0, 4)}, src = s;
+  if (op == "index_add") {
+    src[u] = index[0];
+  } else {
+    index = s;
+    for (int64_t i = 0; i < r; ++i) index[static_cast<size_t>(i)] = i == d ? draw_in(0, 4) : draw_in(1, s[static_cast<size_t>(i)]);
+    src = index;
+  }
+  c.xs = {draw_values(s, false), draw_ids(index, s[u]), draw_values(src, false)};
+  c.types = {"float", "int64", "float"};
+}
+
 void draw_triangle(const std::string&, Case& c) {
   c.attrs.diagonal = draw_in(-3, 3);
   add_operand(c, draw_shape(draw_in(2, 4)));
@@ -489,6 +510,7 @@ const Row kRows[] = {
     {"ge", draw_comparison, [](Attrs a, int64_t) { return comparison("ge", a.value); }},
     {"gelu", draw_nonlinear, [](Attrs a, int64_t) { return gelu(a.tanh); }},
     {"gt", draw_comparison, [](Attrs a, int64_t) { return comparison("gt", a.value); }},
+    {"index_add", draw_scatter, [](Attrs a, int64_t rank) { return scattered("index_add", wrap(*a.dim, rank)); }},
     {"index_select", draw_indexing, [](Attrs a, int64_t rank) { return indexed("index_select", wrap(*a.dim, rank)); }},
     {"layer_norm", draw_norm,
      [](Attrs a, int64_t) { return norm(true, a.normalized_shape.size(), a.eps.value_or(1e-5)); }},
@@ -547,6 +569,8 @@ const Row kRows[] = {
        const double c = a.value;
        return unary([c](double x) { return c * x; }, [c](double) { return c; });
      }},
+    {"scatter", draw_scatter, [](Attrs a, int64_t rank) { return scattered("scatter", wrap(*a.dim, rank)); }},
+    {"scatter_add", draw_scatter, [](Attrs a, int64_t rank) { return scattered("scatter_add", wrap(*a.dim, rank)); }},
     {"sigmoid", draw_nonlinear,
      [](Attrs, int64_t) { return unary(sigmoid, [](double x) { return sigmoid(x) * (1.0 - sigmoid(x)); }); }},
     {"silu", draw_nonlinear,

@@ -195,6 +195,10 @@ Definition selection(const std::string& op, const OpAttrs& a, int64_t dim);
 // gather and index_select along `dim` (the index operand's values as positions); the gradient
 // added back at them.
 Definition indexed(const std::string& op, int64_t dim);
+// scatter, scatter_add and index_add along `dim` (src's entries written or added into x at the
+// index's positions; scatter: the last write in row-major order stays); the gradients: g to x
+// (scatter: zeroed where written), g at the positions to src.
+Definition scattered(const std::string& op, int64_t dim);
 // Comparisons and logic (a bool result as 1 or 0), with the scalar `value` for one operand.
 Definition comparison(const std::string& op, double value);
 

@@ -494,6 +494,38 @@ Definition indexed(const std::string& op, int64_t dim) {
   return d;
 }
 
+Definition scattered(const std::string& op, int64_t dim) {
+  const auto u = static_cast<size_t>(dim);
+  const bool index_add = op == "index_add", overwrite = op == "scatter";
+  // The flat position in x that src entry k reaches.
+  auto target = [=](Xs xs, int64_t k) {
+    Dims o = multi_index(k, xs[2].shape);
+    o[u] = static_cast<int64_t>(index_add ? xs[1].at(o[u]) : xs[1].at(k));
+    return flat_index(o, xs[0].shape);
+  };
+  Definition d;
+  d.value = [=](Xs xs) {
+    Nd y = xs[0];
+    for (int64_t k = 0; k < count_of(xs[2].shape); ++k) {
+      if (overwrite) y.at(target(xs, k)) = xs[2].at(k);
+      else y.at(target(xs, k)) += xs[2].at(k);
+    }
+    return y;
+  };
+  d.vjp = [=](Xs xs, const Nd& g, size_t i) {
+    if (i == 0) {
+      Nd r = g;
+      if (overwrite)
+        for (int64_t k = 0; k < count_of(xs[2].shape); ++k) r.at(target(xs, k)) = 0;
+      return r;
+    }
+    Nd r = zeros(xs[2].shape);
+    for (int64_t k = 0; k < count_of(xs[2].shape); ++k) r.at(k) = g.at(target(xs, k));
+    return r;
+  };
+  return d;
+}
+
 Definition comparison(const std::string& op, double value) {
   std::function<bool(double, double)> f;
   if (op == "eq") f = [](double x, double y) { return x == y; };

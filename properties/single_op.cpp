@@ -97,6 +97,27 @@ std::vector<Shape> draw_case(const std::string& name, size_t arity, json& attrs)
     index[u] = positions;
     return {x, index};
   }
+  if (name == "scatter" || name == "scatter_add" || name == "index_add") {  // into x along a dim of 2 or 3
+    // Extents at full size from the first case, as gather's; x's dim of 1-8, 1-8 positions.
+    auto extent = [] { return *rc::gen::resize(100, rc::gen::inRange<int64_t>(1, 8)); };
+    Shape x = *rc::gen::arbitrary<bool>() ? Shape{extent(), extent()} : Shape{extent(), extent(), extent()};
+    const auto rank = static_cast<int64_t>(x.size());
+    const int64_t d = dim(rank);
+    const auto u = static_cast<size_t>(d < 0 ? d + rank : d);
+    attrs["dim"] = d;
+    x[u] = *rc::gen::resize(100, rc::gen::inRange<int64_t>(1, 9));
+    const int64_t positions = *rc::gen::resize(100, rc::gen::inRange<int64_t>(1, 9));
+    Shape index = x;
+    if (name == "index_add") {
+      index[u] = positions;
+      return {x, {positions}, index};
+    }
+    // As long as x on the other dims half of the time (the S(d), S(d), S(d) rows), else shorter.
+    for (size_t i = 0; i < index.size(); ++i)
+      if (i != u && x[i] >= 3 && *rc::gen::arbitrary<bool>()) index[i] = *rc::gen::resize(100, rc::gen::inRange<int64_t>(2, x[i]));
+    index[u] = positions;
+    return {x, index, index};
+  }
   if (gen == GenClass::Compare || name == "logical_and" || name == "logical_or") {
     // Two operands, the same shape or one broadcast, or (a comparison) the scalar value.
     const int form = *rc::gen::inRange(0, 6);
@@ -262,6 +283,9 @@ int copies_of(const RuleFamily& f, const std::string& o) {
   // gather_shard_extents_unchecked (x and a shorter index sharded alike)
   if (o == "gather") return 13;
   if (f.name == "index") return 3;
+  // x, the index and src sharded alike on a dim, or the index and src with x Partial (or, under
+  // the planted bug scatter_add_sharded_index_replicated, R); scatter has fewer rows.
+  if (f.name == "scatter") return o == "scatter" ? 4 : 8;
   if (f.name == "triangle") return 2;  // a batch dim's shard needs a third dim
   // amax, amin: their gradient's split among ties shows only where the extremum ties.
   if (op_schema(o).gen == GenClass::Extremum) return 4;
@@ -351,6 +375,12 @@ json single_op_program() {
         if (other != (d < 0 ? d + rank : d) && shapes[1][static_cast<size_t>(other)] < shapes[0][static_cast<size_t>(other)])
           for (int more = 0; more < 2; ++more) shard_rows.push_back({Placement::shard(other), Placement::shard(other)});
     }
+    // scatter_add and index_add of a replicated x with the index and src sharded alike: no row takes
+    // it (x goes to P(sum) first; the planted bug scatter_add_sharded_index_replicated keeps it R).
+    if (name == "scatter_add" || name == "index_add")
+      for (const auto& row : rows)
+        if (row.size() == 3 && row[0].is_partial() && row[1].is_shard())
+          shard_rows.push_back({Placement::replicate(), row[1], row[2]});
     for (int a = 0; a < mesh.ndim(); ++a) {
       const auto& row = !shard_rows.empty() && *rc::gen::inRange(0, 3) != 0 ? *rc::gen::elementOf(shard_rows) : *rc::gen::elementOf(rows);
       for (size_t i = 0; i < row.size() && first + i < specs.size(); ++i)
@@ -383,7 +413,8 @@ json single_op_program() {
     if (type != "float") {  // no gradient, no Partial; ids in the table's vocab, targets in the classes
       specs[i] = without_partial(specs[i]);
       int64_t high = name == "embedding" ? shapes[1][0] : loss ? shapes[0][1] : 0;
-      if (name == "gather" || name == "index_select") {  // positions along x's dim
+      if (name == "gather" || name == "index_select" || name == "scatter" || name == "scatter_add" ||
+          name == "index_add") {  // positions along x's dim
         const int64_t d = decl.attrs["dim"].get<int64_t>(), rank = static_cast<int64_t>(shapes[0].size());
         high = shapes[0][static_cast<size_t>(d < 0 ? d + rank : d)];
       }

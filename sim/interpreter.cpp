@@ -288,7 +288,9 @@ DTensor apply_program_op(Runtime& rt, const OpDecl& op, const std::vector<DTenso
                                                         shape_str(args[1].shape));
     check_ids(op, 0, args[0], args[1].shape[0], std::nullopt);
   }
-  if ((op.op == "gather" || op.op == "index_select") && attrs.dim) {  // the index within dim's extent
+  if ((op.op == "gather" || op.op == "index_select" || op.op == "scatter" || op.op == "scatter_add" ||
+       op.op == "index_add") &&
+      attrs.dim) {  // the index within dim's extent
     const auto rank = static_cast<int64_t>(args.at(0).shape.size());
     const int64_t d = *attrs.dim < 0 ? *attrs.dim + rank : *attrs.dim;
     if (d >= 0 && d < rank) check_ids(op, 1, args.at(1), args[0].shape[static_cast<size_t>(d)], std::nullopt);

@@ -1237,6 +1237,7 @@ TEST(Coverage, UniverseHoldsEveryRowOnce) {
       std::vector<Shape> shapes(n, s);
       if (f.name == "norm") shapes = {{2, 2}, {2}};
       if (f.name == "pick_target" || op == "index_select") shapes = {{2, 2}, {2}};  // index_select: a 1-D index
+      if (op == "index_add") shapes = {{2, 2}, {2}, {2, 2}};                      // a 1-D index, source alike
       expect_rows(op, shapes, a);
       ++ops;
     }

@@ -103,6 +103,10 @@ std::vector<Case> cases() {
   // gather and index_select along dim 1 (an index as long as x on dim 0: gather's S(0), S(0) row).
   out.push_back({"gather", {m, {4, 3}}, with_dim(1)});
   out.push_back({"index_select", {m, {5}}, with_dim(1)});
+  // scatter, scatter_add and index_add into x along dim 1 (an index as long as x on dim 0: their
+  // S(0) rows).
+  for (const char* op : {"scatter", "scatter_add"}) out.push_back({op, {m, {4, 3}, {4, 3}}, with_dim(1)});
+  out.push_back({"index_add", {m, {5}, {4, 5}}, with_dim(1)});
   out.push_back({"pick_target", {m, {4}}, {}});
   out.push_back({"count_targets", {{4}}, {}});
   // Selection and order along dim 1 (gathered first where sharded), comparisons and logic.

@@ -78,6 +78,7 @@ const Where kWhere[] = {
     {"mm_s1_s0_labelled_r", "forward", "/program/0", "mm", "", ""},
     {"partial_plus_replicate_undivided", "forward", "/program/0", "sub", "", ""},
     {"psum_from_replicate_no_divide", "forward", "/program/0", "sub", "", ""},
+    {"scatter_add_sharded_index_replicated", "forward", "/program/0", "scatter_add", "", ""},
     {"strided_gathered_plain", "forward", "/program/1", "redistribute", "", ""},
     {"vocab_lookup_unmasked", "forward", "/program/1", "embedding", "", ""},
     {"uneven_array_split", "forward", "/inputs/1", "input", "", ""},

@@ -70,14 +70,15 @@ int arity(const std::string& op) {
                                                "masked_fill", "embedding", "nll_loss", "cross_entropy",
                                                "eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or",
                                                "gather", "index_select"};
-  if (op == "where") return 3;
+  if (op == "where" || op == "scatter" || op == "scatter_add" || op == "index_add") return 3;
   return binary.count(op) ? 2 : 1;
 }
 
 // The element type of operand i: ids and targets are int64, conditions and masks bool.
 std::string operand_dtype(const std::string& op, size_t i) {
   if ((op == "embedding" && i == 0) || ((op == "nll_loss" || op == "cross_entropy") && i == 1)) return "int64";
-  if ((op == "gather" || op == "index_select") && i == 1) return "int64";  // the index
+  if ((op == "gather" || op == "index_select" || op == "scatter" || op == "scatter_add" || op == "index_add") && i == 1)
+    return "int64";  // the index
   if ((op == "where" && i == 0) || (op == "masked_fill" && i == 1)) return "bool";
   if (op == "logical_and" || op == "logical_or" || op == "logical_not") return "bool";
   return "float";
@@ -134,6 +135,16 @@ std::vector<OpConfig> configs(const std::string& op) {
     return {{op, {{"dim", 0}}, {tall, {7, 3}}}, {op, {{"dim", -1}}, {tall, {5, 2}}}, {op, {{"dim", 1}}, {cube, {2, 4, 2}}}};
   if (op == "index_select")
     return {{op, {{"dim", 0}}, {tall, {4}}}, {op, {{"dim", -1}}, {tall, {7}}}, {op, {{"dim", 1}}, {cube, {3}}}};
+  // scatter and scatter_add along each dim: an index (and src) as long as x on the other dims (the
+  // S(d), S(d), S(d) rows) or shorter, longer or shorter than x on the dim; index_add's 1-D index
+  // with source x's shape but at the dim.
+  if (op == "scatter" || op == "scatter_add")
+    return {{op, {{"dim", 0}}, {tall, {7, 3}, {7, 3}}},
+            {op, {{"dim", -1}}, {tall, {5, 2}, {5, 2}}},
+            {op, {{"dim", 1}}, {cube, {3, 4, 2}, {3, 4, 2}}},
+            {op, {{"dim", 0}}, {tall, {2, 2}, {2, 2}}}};
+  if (op == "index_add")
+    return {{op, {{"dim", 0}}, {tall, {4}, {4, 3}}}, {op, {{"dim", -1}}, {tall, {7}, {5, 7}}}, {op, {{"dim", 1}}, {cube, {3}, {3, 3, 2}}}};
   // max, min, argmax, argmin: along each dim, keepdim or not; sort, argsort, topk along each dim
   // (k from 0 to the whole extent). The dim gathered where sharded; [5, 3] is uneven on [3] and [4].
   if (op == "max" || op == "min" || op == "argmax" || op == "argmin") {
@@ -201,12 +212,13 @@ std::vector<OpConfig> configs(const std::string& op) {
   return {{op, attrs, {tall}}, {op, attrs, {wide}}, {op, attrs, {cube}}};
 }
 
-// gather's and index_select's index: positions along x's dim.
-int64_t indexed_extent(const OpConfig& cfg) {
+// gather's, index_select's, scatter's and index_add's index: positions along x's dim.
+int64_t indexed_extent_dim(const OpConfig& cfg) {
   const auto rank = static_cast<int64_t>(cfg.shapes[0].size());
   const int64_t dim = cfg.attrs.at("dim").get<int64_t>();
-  return cfg.shapes[0].at(static_cast<size_t>(dim < 0 ? dim + rank : dim));
+  return dim < 0 ? dim + rank : dim;
 }
+int64_t indexed_extent(const OpConfig& cfg) { return cfg.shapes[0].at(static_cast<size_t>(indexed_extent_dim(cfg))); }
 
 // Per config: every placement on meshes [3] and [4]; on [2, 2] every pair for one operand, and
 // for two each spec against itself and against one other. P(max) and P(min) (not differentiable:
@@ -233,6 +245,15 @@ std::vector<OpCase> cases(const std::string& op) {
           for (size_t i = 1; i < each.size(); ++i, ++k)
             specs.push_back({each[i][k % each[i].size()], each[i][(3 * k + 1) % each[i].size()]});
           out.push_back({c, {2, 2}, specs});
+        }
+      // The index and src sharded alike (index_add: S(0) and S(dim)) against x R (moved to P(sum)),
+      // P(sum) or sharded alike.
+      if (op == "scatter" || op == "scatter_add" || op == "index_add")
+        for (const auto& q : each[1]) {
+          Names src{q};
+          if (op == "index_add" && q == "S(0)") src = {"S(" + std::to_string(indexed_extent_dim(c)) + ")"};
+          for (const char* x : {"R", "P(sum)"}) out.push_back({c, {3}, {{x}, {q}, src}});
+          out.push_back({c, {4}, {{q}, {q}, src}});
         }
       if (op == "where")  // x and y alike against a replicated condition (the Partial rows)
         for (const auto& p : each[1])
@@ -321,7 +342,9 @@ json scenario_json(const OpCase& c) {
     if (dtype != "float") in["dtype"] = dtype;
     if (dtype == "int64")  // ids of the weight's vocab, targets of the classes
       in["init"] = {{"ids", cfg.op == "embedding"                                  ? cfg.shapes[1][0]
-                            : cfg.op == "gather" || cfg.op == "index_select" ? indexed_extent(cfg)
+                            : cfg.op == "gather" || cfg.op == "index_select" || cfg.op == "scatter" ||
+                                      cfg.op == "scatter_add" || cfg.op == "index_add"
+                                ? indexed_extent(cfg)
                                                                              : cfg.shapes[0][1]}};
     inputs.push_back(in);
     if (positive_operand(cfg.op, i)) {

@@ -9,7 +9,7 @@
 //   rules/reductions.cpp    reduction (sum, mean), amax, amin, softmax
 //   rules/norms_losses.cpp  norm (layer_norm, rms_norm), pick_target, count_targets
 //   rules/embedding.cpp     embedding
-//   rules/indexing.cpp      index (gather, index_select)
+//   rules/indexing.cpp      index (gather, index_select), scatter (scatter, scatter_add, index_add)
 //   rules/selection.cpp     select (max, min, sort, topk), select_index (argmax, argmin,
 //                           argsort), compare (eq, ne, lt, le, gt, ge, logical_and/not/or)
 //   rules/registry.cpp      the registry: one entry per family, in the order of rule_families()
@@ -259,6 +259,8 @@ Grad embedding_gradient(const AxisGrad& x);
 // indexing.cpp
 std::vector<RuleRow> index_rows(const RowCtx& c);
 Grad index_gradient(const AxisGrad& x);
+std::vector<RuleRow> scatter_rows(const RowCtx& c);
+Grad scatter_gradient(const AxisGrad& x);
 
 // selection.cpp
 std::vector<RuleRow> select_rows(const RowCtx& c);

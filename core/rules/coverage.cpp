@@ -130,6 +130,39 @@ std::vector<CoverageCase> coverage_cases(const std::string& family, const std::s
         shorter[static_cast<size_t>(d)] = 3;
         add({cube(r), shorter}, a);
       }
+  } else if (family == "scatter") {
+    // x of 1-3 dims along each dim; scatter's and scatter_add's index (and src) as long as x (their
+    // S(d), S(d), S(d) rows) or shorter on the other dims, index_add's 1-D with source alike.
+    for (int64_t r = 1; r <= 3; ++r)
+      for (int64_t d = 0; d < r; ++d) {
+        const OpAttrs a = with([&](OpAttrs& at) { at.dim = d; });
+        if (op == "index_add") {
+          Shape source = cube(r);
+          source[static_cast<size_t>(d)] = 3;
+          add({cube(r), {3}, source}, a);
+          continue;
+        }
+        add({cube(r), cube(r), cube(r)}, a);
+        Shape shorter(static_cast<size_t>(r), 1);
+        shorter[static_cast<size_t>(d)] = 3;
+        add({cube(r), shorter, shorter}, a);
+      }
+  } else if (family == "vector_norm") {
+    // As the reductions (one dim or none, keepdim or not, a list), for each kind of norm partial.
+    for (double ord : {2.0, double(INFINITY), -double(INFINITY), 0.0})
+      for (int64_t r = 1; r <= 3; ++r) {
+        for (auto a : attr_variants(r)) {
+          a.ord = ord;
+          add({cube(r)}, a);
+        }
+        for (bool keepdim : {false, true})
+          add({cube(r)}, with([&](OpAttrs& a) {
+                a.dims = {0, r - 1};
+                a.dims_given = r > 1;
+                a.keepdim = keepdim;
+                a.ord = ord;
+              }));
+      }
   } else if (family == "pick_target") {
     add({cube(2), cube(1)});
   } else if (family == "mm") {

@@ -261,6 +261,30 @@ def _gather(x, index, dim):
     return jnp.take_along_axis(x[cut], index, axis=dim)
 
 
+def _scattered(x, index, src, dim, add):
+    """torch.scatter / scatter_add: src's entry at position o goes to x at o with its dim replaced
+    by the index's entry (src of the index's shape). Repeated positions: scatter_add adds them up;
+    scatter keeps one of them (XLA's order; meshsim's kernel keeps the last). torch.scatter's
+    gradient gives every src entry g at its position, the overwritten repeats too, and x g where
+    nothing was written; .at[].set's gives the overwritten repeats 0, so scatter's value is taken
+    from .at[].set and its gradient from the two linear maps torch differentiates."""
+    dim = _wrap(dim, x.ndim)
+    where = list(jnp.indices(index.shape, sparse=True))
+    where[dim] = index
+    where = tuple(where)
+    if add:
+        return x.at[where].add(src)
+    kept = 1 - jnp.zeros_like(x).at[where].set(1)  # 0 where src is written
+    linear = x * kept + jnp.zeros_like(x).at[where].add(src)
+    return jax.lax.stop_gradient(x.at[where].set(src) - linear) + linear
+
+
+def _index_add(x, index, source, dim):
+    """torch.index_add: source's slices added into x at the 1-D index along dim."""
+    dim = _wrap(dim, x.ndim)
+    return x.at[(slice(None),) * dim + (index,)].add(source)
+
+
 def _sorted(x, op, descending, k):
     """sort's values along dim; topk's first k (its order, ties at the first positions)."""
     dim = _wrap(op.get("dim", -1), x.ndim)
@@ -328,6 +352,9 @@ OPS = {
     "topk": lambda xs, op: _sorted(xs[0], op, op.get("largest", True), op["k"]),
     "gather": lambda xs, op: _gather(xs[0], xs[1], op["dim"]),
     "index_select": lambda xs, op: jnp.take(xs[0], xs[1], axis=op["dim"]),
+    "scatter": lambda xs, op: _scattered(xs[0], xs[1], xs[2], op["dim"], False),
+    "scatter_add": lambda xs, op: _scattered(xs[0], xs[1], xs[2], op["dim"], True),
+    "index_add": lambda xs, op: _index_add(xs[0], xs[1], xs[2], op["dim"]),
     "eq": _binary(jnp.equal), "ne": _binary(jnp.not_equal), "lt": _binary(jnp.less),
     "le": _binary(jnp.less_equal), "gt": _binary(jnp.greater), "ge": _binary(jnp.greater_equal),
     "logical_and": lambda xs, op: jnp.logical_and(xs[0], xs[1]),

@@ -703,6 +703,10 @@ OPS = {
     # Indexing along dim by an int64 index operand.
     "gather": lambda p, op, x, index: torch.gather(x, op["dim"], index),
     "index_select": lambda p, op, x, index: torch.index_select(x, op["dim"], index),
+    # Into x along dim at an int64 index: src written or added (index_add: source's slices).
+    "scatter": lambda p, op, x, index, src: torch.scatter(x, op["dim"], index, src),
+    "scatter_add": lambda p, op, x, index, src: torch.scatter_add(x, op["dim"], index, src),
+    "index_add": lambda p, op, x, index, source: torch.index_add(x, op["dim"], index, source),
     # Comparisons and logic: bool results.
     "eq": binary(torch.eq), "ne": binary(torch.ne), "lt": binary(torch.lt), "le": binary(torch.le),
     "gt": binary(torch.gt), "ge": binary(torch.ge),
