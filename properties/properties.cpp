@@ -14,6 +14,7 @@
 #include "properties/partial_entry.h"
 #include "properties/programs.h"
 #include "properties/runner.h"
+#include "properties/train_programs.h"
 #include "traces/trace.h"
 
 #include <torch/csrc/autograd/autograd.h>
@@ -771,6 +772,10 @@ const std::vector<Property>& property_catalog() {
        redistribute_roundtrip},
       {"single_op_equivalence", "one op of every kind on operands of every placement: values, gradients, duality",
        single_op_equivalence},
+      {"train_equivalence",
+       "random training steps (1-3 steps, 1-3 microbatches, sgd or adamw, states laid out otherwise, clip_grad_norm): "
+       "every parameter, optimizer state and total norm equals the oracle's after every step",
+       train_equivalence},
   };
   return catalog;
 }
