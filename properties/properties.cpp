@@ -557,6 +557,7 @@ void reduced_never_costs_more() {
   const nlohmann::json plain = reduced_as_replicate(doc);
   const bool has_reduced = plain != doc;
   discard_unless(has_reduced, "no Rd drawn");
+  ScopedOverride<bool> hashed(local_hashes_enabled(), true);  // forward_data compares the locals' hashes
   const CheckedRun reduced = run_generated(doc);
   for (const char* check : {"forward_equivalence", "gradient_equivalence"}) assert_check(reduced, check);
   const std::vector<Event> replicated = run_events(plain);  // its values are the dtensor properties' concern
