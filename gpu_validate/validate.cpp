@@ -28,6 +28,7 @@
 #include "gpu_validate/nccl_engine.h"
 #include "sim/data.h"
 #include "sim/interpreter.h"
+#include "sim/train.h"
 
 namespace meshsim {
 
@@ -72,7 +73,8 @@ void simulate_checking_fault(const Scenario& sc, const RunOptions& options, cons
   CollectiveCounter counter(sc.mesh.size());
   {
     UseCommunicator use(counter);
-    run_distributed(sc, options);
+    const SimRun first = run_distributed(sc, options);
+    if (sc.train.present) run_train_steps(sc, options, first, nullptr, nullptr);  // the steps' collectives too
   }
   if (fault.kind == Fault::Kind::None) return;
   try {
@@ -144,15 +146,17 @@ std::string rank_line(const json& v) {
     s << ": " << v["error"].value("message", "");
     return s.str();
   }
-  int values = 0, grads = 0, equal = 0, within = 0;
+  int values = 0, grads = 0, trained = 0, equal = 0, within = 0;
   for (const auto& c : v["compared"]) {
-    (c["of"] == "grad" ? grads : values)++;
+    (c["of"] == "grad" ? grads : c["of"] == "train" ? trained : values)++;
     if (c["equal"].get<bool>()) ++equal;
     else if (c.value("within_tolerance", false)) ++within;
   }
   const auto& e = v["engine"];
   auto count = [](int n, const char* what) { return std::to_string(n) + " " + what + (n == 1 ? "" : "s"); };
-  s << ": " << count(values, "value") << " and " << count(grads, "gradient") << ", " << equal << " equal bit for bit";
+  s << ": " << count(values, "value") << " and " << count(grads, "gradient");
+  if (trained) s << ", " << trained << " parameters and optimizer states after the training steps";
+  s << ", " << equal << " equal bit for bit";
   if (within) s << ", " << within << " within tolerance";
   s << "; " << count(static_cast<int>(e["collectives"].get<int64_t>()), "collective") << " on " << v.value("backend", "") << " ("
     << (v["exact"].get<bool>() ? "every sum over integers: exact" : "sums over non-integers: tolerance") << ")";
@@ -194,9 +198,27 @@ int validate_worker(const Scenario& sc, const RunOptions& options, const Validat
       real = run_distributed(sc, options);
     }
     const double real_s = seconds_since(t0);
+    const auto r = static_cast<size_t>(config.rank);
+    // Training steps: the steps after the first backward, on the engine and on the simulation, this
+    // rank's parameters and optimizer states kept after every step.
+    using Kept = std::vector<std::pair<std::string, at::Tensor>>;
+    Kept sim_steps, real_steps;
+    if (sc.train.present) {
+      auto keep = [r](Kept& into) {
+        return [&into, r](int64_t step, const MeshTrainer& t, const std::vector<double>&) {
+          const std::string at = "step " + std::to_string(step) + " ";
+          for (const auto& [p, l] : t.params()) into.emplace_back(at + p, l.at(r));
+          for (const auto& [p, states] : t.states())
+            for (const auto& [s, l] : states) into.emplace_back(at + p + "." + s, l.at(r));
+          return true;
+        };
+      };
+      run_train_steps(sc, options, sim, nullptr, keep(sim_steps));
+      UseCommunicator use(*engine);
+      run_train_steps(sc, options, real, nullptr, keep(real_steps));
+    }
     engine->finish();
     const bool exact = engine->stats().inexact_reductions == 0;
-    const auto r = static_cast<size_t>(config.rank);
     json compared = json::array();
     bool pass = true;
     for (const auto& name : sim.named) {
@@ -205,6 +227,9 @@ int validate_worker(const Scenario& sc, const RunOptions& options, const Validat
     for (const auto& name : sim.grad_inputs)
       if (sim.grads.count(name))
         compared.push_back(compare_local(name, "grad", real.grads.at(name).at(r), sim.grads.at(name).at(r), exact));
+    if (real_steps.size() != sim_steps.size()) throw std::runtime_error("the training steps kept different values on the engine");
+    for (size_t i = 0; i < sim_steps.size(); ++i)
+      compared.push_back(compare_local(sim_steps[i].first, "train", real_steps[i].second, sim_steps[i].second, exact));
     for (const auto& c : compared) pass = pass && (c["equal"].get<bool>() || (!exact && c.value("within_tolerance", false)));
     v["status"] = pass ? "pass" : "fail";
     v["exact"] = exact;

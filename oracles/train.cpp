@@ -18,13 +18,6 @@ namespace meshsim {
 
 double train_tolerance(const RunOptions& options) { return options.dtype == DType::Float32 ? 1e-3 : 1e-9; }
 
-uint64_t train_data_seed(const TrainSpec& train, uint64_t seed, int64_t step, int64_t microbatch) {
-  if (train.data == TrainData::Fixed || (step == 0 && microbatch == 0)) return seed;
-  // One stream per (step, microbatch), split from the run's seed as every other component's.
-  Rng rng(seed, 0x747261696e000000ULL + static_cast<uint64_t>(step) * 1000003ULL + static_cast<uint64_t>(microbatch));
-  return rng.next();
-}
-
 namespace {
 
 // The oracle's side of the steps: global parameters and states, in the run's dtype.
@@ -165,113 +158,91 @@ void check_train(const Scenario& sc, const RunOptions& options, const SimRun& fi
   }
   train["parameters"] = layouts;
 
-  const Mutant planted = parse_mutant(options.mutant);
-  std::map<std::string, Locals> initial;
   OracleTrainer oracle;
-  for (const auto& p : t.params) {
-    initial[p] = detached(first.values.at(p).locals);
-    oracle.params[p] = first.input_globals.at(p).detach();
-  }
-  MeshTrainer mesh(sc, options, std::move(initial));
+  for (const auto& p : t.params) oracle.params[p] = first.input_globals.at(p).detach();
   nlohmann::json per_step = nlohmann::json::array(), failures = nlohmann::json::array(),
                  mismatches = nlohmann::json::array();
+  std::vector<TrainCollective> collectives;
   bool ok = true;
-  int64_t step = 1;
-  try {
-    for (; step <= t.steps; ++step) {
-      for (int64_t mb = 0; mb < t.microbatches; ++mb) {
-        SimRun later;
-        OracleRun later_oracle;
-        const SimRun* run = &first;
-        const OracleRun* orun = &first_oracle;
-        if (step > 1 || mb > 0) {
-          RunOptions o = options;
-          o.seed = train_data_seed(t, options.seed, step - 1, mb);
-          o.localize = Localize::Never;
-          {
-            MutantScope scope(planted);
-            later = run_distributed(sc, o, {}, &mesh.params());
-          }
-          std::map<std::string, at::Tensor> globals = later.input_globals;
-          for (const auto& p : t.params) globals[p] = oracle.params.at(p);
-          later_oracle = run_oracle(sc, globals, options.dtype);
-          run = &later;
-          orun = &later_oracle;
-        }
-        MutantScope scope(planted);
-        for (const auto& p : t.params) {
-          auto spec = run->grad_specs.find(p);
-          if (spec != run->grad_specs.end()) mesh.accumulate(p, spec->second, run->grads.at(p));
-          auto g = orun->grads.find(p);
-          if (g != orun->grads.end() && g->second.defined()) oracle.accumulate(p, g->second, mb == 0);
-        }
+  int64_t at_step = 1;
+  // The oracle runs each microbatch on its own parameters and the mesh's data (the same draws).
+  auto on_microbatch = [&](int64_t step, int64_t mb, const SimRun& run) {
+    at_step = step;
+    OracleRun later;
+    const OracleRun* orun = &first_oracle;
+    if (step > 1 || mb > 0) {
+      std::map<std::string, at::Tensor> globals = run.input_globals;
+      for (const auto& p : t.params) globals[p] = oracle.params.at(p);
+      later = run_oracle(sc, globals, options.dtype);
+      orun = &later;
+    }
+    for (const auto& p : t.params) {
+      auto g = orun->grads.find(p);
+      if (g != orun->grads.end() && g->second.defined()) oracle.accumulate(p, g->second, mb == 0);
+    }
+  };
+  auto on_step = [&](int64_t step, const MeshTrainer& mesh, const std::vector<double>& norms) {
+    oracle.finish_step(t, step);
+    collectives = mesh.collectives();
+    StepReport rep;
+    rep.entry = {{"step", step}};
+    if (t.clip.present) {
+      rep.entry["grad_norm"] = {{"oracle", finite_or_null(oracle.norm)}, {"ranks", nlohmann::json::array()}};
+      Locals ranks;
+      for (double n : norms) {
+        rep.entry["grad_norm"]["ranks"].push_back(finite_or_null(n));
+        ranks.push_back(at::full({}, n, at::kDouble));
       }
-      std::vector<double> norms;
-      {
-        MutantScope scope(planted);
-        norms = mesh.finish_step(step);
-      }
-      oracle.finish_step(t, step);
-
-      StepReport rep;
-      rep.entry = {{"step", step}};
-      if (t.clip.present) {
-        rep.entry["grad_norm"] = {{"oracle", finite_or_null(oracle.norm)}, {"ranks", nlohmann::json::array()}};
-        Locals ranks;
-        for (double n : norms) {
-          rep.entry["grad_norm"]["ranks"].push_back(finite_or_null(n));
-          ranks.push_back(at::full({}, n, at::kDouble));
+      Spec replicated(sc.mesh.axes().size(), Placement::replicate());
+      // Every rank's total norm must be the oracle's: a norm reduced over too many axes is off by
+      // n^(1/p) (sqrt(n) for L2), one reduced over too few differs between ranks.
+      const size_t before = failures.size();
+      rep.ok &= compare_one(sc.mesh, replicated, ranks, at::full({}, oracle.norm, at::kDouble), tol, step,
+                            "clip_grad_norm's total norm", "grad_norm", failures, mismatches, rep.max_error);
+      if (failures.size() > before && !norms.empty()) {
+        const std::string factor = norm_factor_text(sc.mesh, norms[0], oracle.norm, t.clip.norm_type);
+        if (!factor.empty()) {
+          failures.back() = failures.back().get<std::string>() + "; " + factor;
+          mismatches.back()["norm_factor"] = factor;
         }
-        Spec replicated(sc.mesh.axes().size(), Placement::replicate());
-        // Every rank's total norm must be the oracle's: a norm reduced over too many axes is off by
-        // the square root of their sizes (L2), one reduced over too few differs between ranks.
-        const size_t before = failures.size();
-        rep.ok &= compare_one(sc.mesh, replicated, ranks, at::full({}, oracle.norm, at::kDouble), tol, step,
-                              "clip_grad_norm's total norm", "grad_norm", failures, mismatches, rep.max_error);
-        if (failures.size() > before && !norms.empty()) {
-          const std::string factor = norm_factor_text(sc.mesh, norms[0], oracle.norm, t.clip.norm_type);
-          if (!factor.empty()) {
-            failures.back() = failures.back().get<std::string>() + "; " + factor;
-            mismatches.back()["norm_factor"] = factor;
-          }
-        }
-      }
-      for (const auto& p : t.params) {
-        rep.ok &= compare_one(sc.mesh, mesh.param_spec(p), mesh.params().at(p), oracle.params.at(p), tol, step,
-                              "parameter " + p, "parameter", failures, mismatches, rep.max_error);
-        auto ms = mesh.states().find(p);
-        for (const auto& s : optimizer_state_names(t.optimizer)) {
-          auto os = oracle.states[p].find(s);
-          if (os == oracle.states[p].end()) continue;  // no gradient reached it yet
-          const bool have = ms != mesh.states().end() && ms->second.count(s);
-          if (!have) {
-            failures.push_back("step " + std::to_string(step) + ", optimizer state " + p + "." + s +
-                               ": the mesh has none, the oracle has one (a gradient reached " + p + " in the oracle only)");
-            rep.ok = false;
-            continue;
-          }
-          rep.ok &= compare_one(sc.mesh, mesh.state_spec(p), ms->second.at(s), os->second, tol, step,
-                                "optimizer state " + p + "." + s, "optimizer_state", failures, mismatches, rep.max_error);
-        }
-      }
-      rep.entry["status"] = rep.ok ? "pass" : "fail";
-      rep.entry["max_abs_error"] = finite_or_null(rep.max_error);
-      per_step.push_back(rep.entry);
-      if (!rep.ok) {
-        ok = false;
-        train["first_failing_step"] = step;
-        break;  // the later steps start from values already wrong
       }
     }
+    for (const auto& p : t.params) {
+      rep.ok &= compare_one(sc.mesh, mesh.param_spec(p), mesh.params().at(p), oracle.params.at(p), tol, step,
+                            "parameter " + p, "parameter", failures, mismatches, rep.max_error);
+      auto ms = mesh.states().find(p);
+      for (const auto& s : optimizer_state_names(t.optimizer)) {
+        auto os = oracle.states[p].find(s);
+        if (os == oracle.states[p].end()) continue;  // no gradient reached it yet
+        if (ms == mesh.states().end() || !ms->second.count(s)) {
+          failures.push_back("step " + std::to_string(step) + ", optimizer state " + p + "." + s +
+                             ": the mesh has none, the oracle has one (a gradient reached " + p + " in the oracle only)");
+          rep.ok = false;
+          continue;
+        }
+        rep.ok &= compare_one(sc.mesh, mesh.state_spec(p), ms->second.at(s), os->second, tol, step,
+                              "optimizer state " + p + "." + s, "optimizer_state", failures, mismatches, rep.max_error);
+      }
+    }
+    rep.entry["status"] = rep.ok ? "pass" : "fail";
+    rep.entry["max_abs_error"] = finite_or_null(rep.max_error);
+    per_step.push_back(rep.entry);
+    if (rep.ok) return true;
+    ok = false;
+    train["first_failing_step"] = step;
+    return false;  // the later steps start from values already wrong
+  };
+  try {
+    run_train_steps(sc, options, first, on_microbatch, on_step);
   } catch (const std::exception& e) {
     ok = false;
-    failures.push_back("step " + std::to_string(step) + " raised: " + first_line(e.what()));
-    train["first_failing_step"] = step;
+    failures.push_back("step " + std::to_string(at_step) + " raised: " + first_line(e.what()));
+    train["first_failing_step"] = at_step;
   }
   train["per_step"] = per_step;
   // Communication of the steps beyond the forward and backward, by phase, collective and axis.
   std::map<std::tuple<std::string, std::string, std::string>, std::pair<int64_t, int64_t>> comm;
-  for (const auto& c : mesh.collectives()) {
+  for (const auto& c : collectives) {
     auto& row = comm[{c.phase, c.op, c.axis}];
     row.first += 1;
     row.second += c.bytes;

@@ -20,10 +20,6 @@ namespace meshsim {
 // no longer integers, so sums in another order round differently), 1e-3 in float32.
 double train_tolerance(const RunOptions& options);
 
-// The seed of the non-parameter inputs of microbatch `microbatch` of step `step` (both from 0):
-// the run's seed for the first, one of its own for every other under "data": "per_microbatch".
-uint64_t train_data_seed(const TrainSpec& train, uint64_t seed, int64_t step, int64_t microbatch);
-
 // `first` and `first_oracle` are the checked run's (step 1, microbatch 1). Never throws: what the
 // steps raise is a failed check.
 void check_train(const Scenario& sc, const RunOptions& options, const SimRun& first, const OracleRun& first_oracle,

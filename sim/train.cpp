@@ -217,4 +217,50 @@ std::vector<double> MeshTrainer::finish_step(int64_t step) {
   return norms;
 }
 
+uint64_t train_data_seed(const TrainSpec& train, uint64_t seed, int64_t step, int64_t microbatch) {
+  if (train.data == TrainData::Fixed || (step == 0 && microbatch == 0)) return seed;
+  // One stream per (step, microbatch), split from the run's seed as every other component's.
+  Rng rng(seed, 0x747261696e000000ULL + static_cast<uint64_t>(step) * 1000003ULL + static_cast<uint64_t>(microbatch));
+  return rng.next();
+}
+
+void run_train_steps(const Scenario& sc, const RunOptions& options, const SimRun& first, const OnMicrobatch& on_microbatch,
+                     const OnStep& on_step) {
+  const TrainSpec& t = sc.train;
+  const Mutant planted = parse_mutant(options.mutant);
+  std::map<std::string, Locals> initial;
+  for (const auto& p : t.params) {
+    Locals l;
+    for (const auto& x : first.values.at(p).locals) l.push_back(x.detach());
+    initial[p] = std::move(l);
+  }
+  MeshTrainer trainer(sc, options, std::move(initial));
+  for (int64_t step = 1; step <= t.steps; ++step) {
+    for (int64_t mb = 0; mb < t.microbatches; ++mb) {
+      SimRun later;
+      const SimRun* run = &first;
+      if (step > 1 || mb > 0) {
+        RunOptions o = options;
+        o.seed = train_data_seed(t, options.seed, step - 1, mb);
+        o.localize = Localize::Never;
+        MutantScope scope(planted);
+        later = run_distributed(sc, o, {}, &trainer.params());
+        run = &later;
+      }
+      if (on_microbatch) on_microbatch(step, mb, *run);
+      MutantScope scope(planted);
+      for (const auto& p : t.params) {
+        auto spec = run->grad_specs.find(p);
+        if (spec != run->grad_specs.end()) trainer.accumulate(p, spec->second, run->grads.at(p));
+      }
+    }
+    std::vector<double> norms;
+    {
+      MutantScope scope(planted);
+      norms = trainer.finish_step(step);
+    }
+    if (on_step && !on_step(step, trainer, norms)) return;
+  }
+}
+
 }  // namespace meshsim

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -16,6 +17,7 @@
 #include "core/scenario.h"
 #include "sim/collectives.h"
 #include "sim/dtensor.h"
+#include "sim/interpreter.h"
 
 namespace meshsim {
 
@@ -83,5 +85,21 @@ class MeshTrainer {
   int64_t step_ = 0;
   std::vector<TrainCollective> collectives_;
 };
+
+// The seed of the non-parameter inputs of microbatch `microbatch` of step `step` (both from 0):
+// the run's seed for the first, one of its own for every other under "data": "per_microbatch".
+uint64_t train_data_seed(const TrainSpec& train, uint64_t seed, int64_t step, int64_t microbatch);
+
+// The mesh's side of every step of sc.train, from the run `first` (step 1's first microbatch, on
+// the mesh's initial parameters): each later microbatch runs the program again on the current
+// parameters (the collectives through the current communicator, so on a real engine too), with
+// the run's planted bug on for the mesh's work only. `on_microbatch(step, microbatch, run)` sees
+// every microbatch's run (the first one's too) before its gradients are accumulated;
+// `on_step(step, trainer, norms)` sees the state after each step (step from 1) and returns false
+// to stop. Both are called outside the planted bug's scope.
+using OnMicrobatch = std::function<void(int64_t step, int64_t microbatch, const SimRun& run)>;
+using OnStep = std::function<bool(int64_t step, const MeshTrainer& trainer, const std::vector<double>& norms)>;
+void run_train_steps(const Scenario& sc, const RunOptions& options, const SimRun& first, const OnMicrobatch& on_microbatch,
+                     const OnStep& on_step);
 
 }  // namespace meshsim

@@ -177,6 +177,20 @@ TEST_F(Validate, ACorruptedEngineResultIsCaughtAndLocated) {
   EXPECT_TRUE(contains(o.out, "status: fail")) << o;
 }
 
+// Training steps (examples/hsdp_adamw_clip.json: 3 AdamW steps of 2 microbatches, clip_grad_norm):
+// the steps after the first backward run on the engine too, every parameter and optimizer state of
+// every step is compared, and a result corrupted in a later step's collective is caught.
+TEST_F(Validate, TrainingStepsRunOnTheEngineAndACorruptedStepIsCaught) {
+  const Outcome ok = meshsim("validate " + q(example("hsdp_adamw_clip.json")));
+  EXPECT_EQ(ok.code, 0) << ok;
+  EXPECT_TRUE(contains(ok.out, "18 parameters and optimizer states after the training steps")) << ok;
+  EXPECT_TRUE(contains(ok.out, "39 collectives on gloo")) << ok;  // 6 in the checked run's forward and backward
+  const Outcome bad = meshsim("validate " + q(example("hsdp_adamw_clip.json")) + " --fault corrupt:1:30");
+  EXPECT_EQ(bad.code, 1) << bad;
+  EXPECT_TRUE(contains(bad.out, "rank 1: fail")) << bad;
+  EXPECT_TRUE(contains(bad.out, "status: fail")) << bad;
+}
+
 TEST_F(Validate, ACustomFunctionsOwnCollectiveGoesThroughTheEngine) {
   // opaque_all_reduce sums inside a user kernel: on the engine, rank 1's sum is the engine's.
   const Outcome o = meshsim("validate " + q(example("lm_call_opaque_all_reduce.json")) + " --fault corrupt:1:1");
