@@ -478,6 +478,7 @@ std::vector<std::string> program_lines(const nlohmann::json& doc) {
   };
   ops(doc.value("program", nlohmann::json::array()), "");
   if (doc.contains("backward")) lines.push_back("backward " + doc["backward"].get<std::string>());
+  if (doc.contains("train")) lines.push_back("train " + doc["train"].dump());  // training steps
   return lines;
 }
 

@@ -138,7 +138,7 @@ TrainSpec parse_train(const json& t, const std::string& file, const Mesh& mesh, 
   Reader r(file);
   const std::string path = "/train";
   r.object(t, path);
-  r.only_keys(t, path, {"steps", "microbatches", "data", "lr", "optimizer", "clip_grad_norm"});
+  r.only_keys(t, path, {"steps", "microbatches", "data", "batch", "lr", "optimizer", "clip_grad_norm"});
   TrainSpec out;
   out.present = true;
   if (!has_backward) r.fail(path, "training steps need a \"backward\" (the loss whose gradients the optimizer takes)");
@@ -164,6 +164,21 @@ TrainSpec parse_train(const json& t, const std::string& file, const Mesh& mesh, 
     if (d == "per_microbatch") out.data = TrainData::PerMicrobatch;
     else if (d == "fixed") out.data = TrainData::Fixed;
     else r.fail(child(path, "data"), "expected \"per_microbatch\" or \"fixed\", got " + in_quotes(d));
+  }
+  if (t.contains("batch")) {
+    const std::string bp = child(path, "batch");
+    const json& list = r.array(t["batch"], bp);
+    for (size_t k = 0; k < list.size(); ++k) {
+      const std::string at = child(bp, k);
+      const std::string name = r.name(list[k], at);
+      auto in = std::find_if(inputs.begin(), inputs.end(), [&](const InputDecl& d) { return d.name == name; });
+      if (in == inputs.end()) r.fail(at, "no input named " + in_quotes(name));
+      if (in->requires_grad) r.fail(at, in_quotes(name) + " is a parameter: the batch is data");
+      if (in->from_local) r.fail(at, in_quotes(name) + " is from_local: a batch is cut from a global value");
+      if (in->shape.empty()) r.fail(at, in_quotes(name) + " is a scalar: a batch is cut along dim 0");
+      if (std::find(out.batch.begin(), out.batch.end(), name) != out.batch.end()) r.fail(at, in_quotes(name) + " named twice");
+      out.batch.push_back(name);
+    }
   }
   const std::string lp = child(path, "lr");
   const json& lr = r.field(t, path, "lr");

@@ -64,6 +64,11 @@ struct TrainSpec {
   int64_t steps = 1;
   int64_t microbatches = 1;
   TrainData data = TrainData::PerMicrobatch;
+  // Inputs cut from the step's batch (a data loader's batch split for accumulation): the input's
+  // declared shape is one microbatch's; the step's batch, `microbatches` times it along dim 0, is
+  // drawn once per step (from the seed `data` gives the step's first microbatch) and microbatch m
+  // takes rows [m b, (m + 1) b). The first microbatch of the first step is the checked run's draw.
+  std::vector<std::string> batch;
   std::vector<double> lr;  // one per step (a single number: every step)
   OptimizerSpec optimizer;
   ClipSpec clip;

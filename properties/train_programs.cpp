@@ -85,6 +85,7 @@ json train_program() {
   const int64_t steps = *rc::gen::inRange<int64_t>(1, 4);
   json train = {{"steps", steps}, {"microbatches", *rc::gen::inRange<int64_t>(1, 4)}};
   if (*rc::gen::inRange(0, 4) == 0) train["data"] = "fixed";
+  if (*rc::gen::inRange(0, 3) == 0) train["batch"] = {"x"};  // x cut from the step's batch
   if (*rc::gen::arbitrary<bool>()) {
     train["lr"] = json::array();
     for (int64_t s = 0; s < steps; ++s) train["lr"].push_back(*rc::gen::element(0.02, 0.01, 0.005));

@@ -236,6 +236,16 @@ void run_train_steps(const Scenario& sc, const RunOptions& options, const SimRun
   }
   MeshTrainer trainer(sc, options, std::move(initial));
   for (int64_t step = 1; step <= t.steps; ++step) {
+    // The batch inputs' whole batch of the step, drawn as make_inputs draws an input (its own
+    // stream of the step's first seed), so that its first rows are that draw's.
+    std::map<std::string, at::Tensor> batches;
+    for (const auto& name : t.batch) {
+      const auto index = static_cast<uint64_t>(sc.find_input(name) - sc.inputs.data());
+      InputDecl whole = *sc.find_input(name);
+      whole.shape[0] *= t.microbatches;
+      Rng rng(train_data_seed(t, options.seed, step - 1, 0), index);
+      batches[name] = make_input(whole, options.dtype, rng);
+    }
     for (int64_t mb = 0; mb < t.microbatches; ++mb) {
       SimRun later;
       const SimRun* run = &first;
@@ -243,8 +253,15 @@ void run_train_steps(const Scenario& sc, const RunOptions& options, const SimRun
         RunOptions o = options;
         o.seed = train_data_seed(t, options.seed, step - 1, mb);
         o.localize = Localize::Never;
+        std::map<std::string, Locals> given = trainer.params();
+        for (const auto& [name, whole] : batches) {
+          const InputDecl& in = *sc.find_input(name);
+          const at::Tensor slice = whole.narrow(0, mb * in.shape[0], in.shape[0]).contiguous();
+          Rng rng(o.seed, static_cast<uint64_t>(&in - sc.inputs.data()));
+          given[name] = distribute(sc.mesh, in.placements, slice, &rng);
+        }
         MutantScope scope(planted);
-        later = run_distributed(sc, o, {}, &trainer.params());
+        later = run_distributed(sc, o, {}, &given);
         run = &later;
       }
       if (on_microbatch) on_microbatch(step, mb, *run);

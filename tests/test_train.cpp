@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "core/scenario.h"
 #include "oracles/check.h"
+#include "sim/interpreter.h"
 #include "sim/train.h"
 
 namespace meshsim {
@@ -223,6 +224,35 @@ void expect_refused(const json& doc, const std::string& path, const std::string&
     EXPECT_EQ(e.json_path(), path) << e.what();
     EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
   }
+}
+
+TEST(Train, ABatchIsCutIntoMicrobatchSlicesWhoseFirstIsTheCheckedRunsDraw) {
+  json t = {{"steps", 2}, {"microbatches", 3}, {"batch", {"x"}}, {"lr", 0.1},
+            {"optimizer", {{"kind", "sgd"}, {"momentum", 0.5}}}};
+  EXPECT_EQ(run(dp(t))["status"], "pass");
+  EXPECT_EQ(run(dp(t), "accumulation_lost_gradient")["status"], "fail");
+  for (const char* data : {"per_microbatch", "fixed"}) {
+    SCOPED_TRACE(data);
+    t["data"] = data;
+    const Scenario sc = parse_scenario(dp(t), "train.json");
+    const SimRun first = run_distributed(sc, sc.options);
+    std::map<std::pair<int64_t, int64_t>, at::Tensor> xs;
+    auto x = [&](int64_t step, int64_t mb) { return xs[std::make_pair(step, mb)]; };
+    run_train_steps(sc, sc.options, first,
+                    [&](int64_t step, int64_t mb, const SimRun& r) { xs[std::make_pair(step, mb)] = r.input_globals.at("x"); },
+                    nullptr);
+    ASSERT_EQ(xs.size(), 6u);
+    // The step's batch [21, 5] drawn as x's stream: its first 7 rows are the checked run's x, and
+    // each microbatch has rows of its own.
+    EXPECT_TRUE(x(1, 0).equal(first.input_globals.at("x")));
+    EXPECT_FALSE(x(1, 1).equal(x(1, 0)));
+    EXPECT_FALSE(x(1, 2).equal(x(1, 1)));
+    // A new batch every step, or the same one with fixed data.
+    EXPECT_EQ(x(2, 1).equal(x(1, 1)), std::string(data) == "fixed");
+  }
+  json bad = dp(t);
+  bad["train"]["batch"] = {"w"};
+  expect_refused(bad, "/train/batch/0", "is a parameter");
 }
 
 TEST(TrainInput, MalformedTrainIsRefusedAtItsPath) {
