@@ -209,6 +209,27 @@ void print_communication(const nlohmann::json& r) {
   }
 }
 
+// Training steps (result "train"): one line per step, with each rank's total norm where it clips.
+void print_train(const nlohmann::json& r) {
+  const auto t = r.find("train");
+  if (t == r.end() || !t->is_object()) return;
+  std::cout << "  train: " << t->value("steps", 0) << " steps x " << t->value("microbatches", 0) << " microbatches, "
+            << t->value("optimizer", std::string("?"));
+  if (!t->value("ran", false)) {
+    std::cout << ": not run (" << t->value("reason", std::string()) << ")\n";
+    return;
+  }
+  std::cout << ", compared after every step within " << t->value("tolerance", 0.0) << "\n";
+  for (const auto& s : t->value("per_step", nlohmann::json::array())) {
+    std::cout << "    step " << s.value("step", 0) << ": " << s.value("status", std::string("?"));
+    if (s.contains("grad_norm") && s["grad_norm"]["oracle"].is_number())
+      std::cout << ", total norm " << s["grad_norm"]["oracle"].get<double>() << " (oracle)";
+    const auto e = s.find("max_abs_error");
+    if (e != s.end() && e->is_number()) std::cout << ", max_abs_error " << e->get<double>();
+    std::cout << "\n";
+  }
+}
+
 // What the system a program was imported from chose, against meshsim's choices (result "recorded").
 void print_recorded(const nlohmann::json& r) {
   const nlohmann::json& rec = members(r, "recorded");
@@ -287,6 +308,7 @@ void print_summary(const Scenario& sc, const RunOptions& options, const nlohmann
   }
   print_communication(r);
   print_recorded(r);
+  print_train(r);
   std::cout << "  checks:";
   for (const auto& [name, ok] : members(r, "checks").items())  // null: the check did not (fully) run
     std::cout << " " << name << "=" << (ok == true ? "ok" : ok.is_null() ? "unchecked" : "FAIL");
