@@ -20,14 +20,15 @@ Cotangent cotangent(const Placement& primal) {
       throw SemanticError(ErrorKind::NotDifferentiable,
                           primal.str() + " is not differentiable: a gradient reached a " + primal.str() +
                               " value; redistribute it to R before it is used on the backward path, or, for an "
-                              "amax/amin over a sharded dim, gather the reduced dim before the reduction");
+                              "amax/amin or a vector norm over a sharded dim, gather the reduced dim before the "
+                              "reduction");
   }
   return {primal, false};
 }
 
 bool has_cotangent(const Spec& primal) {
   for (const auto& p : primal)
-    if (p.is_partial() && (p.op == ReduceOp::Max || p.op == ReduceOp::Min)) return false;
+    if (p.is_partial() && !is_linear(p.op)) return false;
   return true;
 }
 

@@ -67,6 +67,9 @@ const std::vector<MutantInfo>& mutant_catalog() {
       {Mutant::MissingReducedInvariantCast, "missing_reduced_invariant_cast",
        "local_map: a reduced input whose output is invariant keeps its unreduced-gradient contract"},
       {Mutant::MmS1S0LabelledR, "mm_s1_s0_labelled_r", "S(1) @ S(0) labelled R instead of P(sum)"},
+      {Mutant::NormPartialAsSum, "norm_partial_as_sum",
+       "a vector norm over a sharded dim: the ranks' local norms are added up (P(sum)) instead of combined as "
+       "(sum of local^p)^(1/p) (P(normP)): a gradient norm summed over the shards of a sharded gradient"},
       {Mutant::NormWeightGradNotReduced, "norm_weight_grad_not_reduced",
        "layer_norm/rms_norm: the weight's gradient over a sharded batch or sequence dim is labelled R (never all_reduced)"},
       {Mutant::PartialPlusReplicateUndivided, "partial_plus_replicate_undivided",

@@ -37,6 +37,7 @@ enum class Mutant {
   MissingMarkVarying,              // local_map: an invariant input is not marked varying
   MissingReducedInvariantCast,     // local_map: a reduced input meeting an invariant one is not cast
   MmS1S0LabelledR,                 // S(1) @ S(0) labelled R instead of P(sum)
+  NormPartialAsSum,                // linalg_vector_norm over a sharded dim: the local norms labelled P(sum), not P(normP)
   NormWeightGradNotReduced,        // a norm weight's gradient over a sharded batch/sequence dim labelled R, not P(sum)
   PartialPlusReplicateUndivided,   // P + R without turning the R operand into P
   PartialSeedOnEveryRank,          // a Partial-cotangent loss seeded with ones on every rank

@@ -38,7 +38,7 @@ bool is_selection(const std::string& op) {
 
 bool is_reduction(const std::string& op) {
   const OpSchema* s = find_op(op);
-  return s && (s->gen == GenClass::Reduction || s->gen == GenClass::Extremum);
+  return s && (s->gen == GenClass::Reduction || s->gen == GenClass::Extremum || s->gen == GenClass::VectorNorm);
 }
 
 }  // namespace
@@ -139,7 +139,7 @@ std::string OpAttrs::str() const {
     << " normalized_shape=" << list_str(normalized_shape) << " eps=" << (eps ? std::to_string(*eps) : "-")
     << " sum_reduction=" << sum_reduction << " ignore_index=" << (ignore_index ? std::to_string(*ignore_index) : "-")
     << " fill=" << fill << " k=" << k << " largest=" << largest << " descending=" << descending
-    << " float32=" << float32
+    << " float32=" << float32 << " ord=" << ord
     << " range=" << (range ? std::to_string(range->offset) + "+" + std::to_string(range->size) : "-")
     << " divisor=" << (mean_divisor ? std::to_string(*mean_divisor) : "-") << " local_mean=" << local_mean
     << " local_shape=" << (local_shape ? list_str(*local_shape) : "-");
@@ -213,6 +213,8 @@ OpAttrs op_attrs(const OpDecl& decl) {
   if (integer("k")) a.k = j["k"].get<int64_t>();
   a.largest = j.value("largest", true);
   a.descending = j.value("descending", false);
+  if (j.contains("ord") && j["ord"].is_number()) a.ord = j["ord"].get<double>();
+  if (j.contains("ord") && j["ord"].is_string()) a.ord = j["ord"] == "-inf" ? -INFINITY : INFINITY;
   return a;
 }
 

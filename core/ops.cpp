@@ -222,6 +222,14 @@ std::vector<OpSchema> build() {
               norm_attrs("1e-5"), "norm", false, "normalize the trailing normalized_shape dims, then weight and bias"),
            GenClass::Norm),
       comparison("le", "x <= y (or x <= value), broadcast; bool"),
+      with(op("linalg_vector_norm", x(),
+              {{"ord", T::NumberOrInf, false, "2"}, {"dim", T::IntOrInts, false, "every dim"},
+               {"keepdim", T::Bool, false, "false"}},
+              "vector_norm", false,
+              "torch.linalg.vector_norm(x, ord, dim, keepdim): (sum |x|^ord)^(1/ord) over dims (ord inf: max |x|, "
+              "-inf: min |x|, 0: the count of nonzeros); over a sharded dim P(normP) (P(max), P(min), P(sum) for "
+              "inf, -inf, 0)"),
+           GenClass::VectorNorm),
       op("linear", {{"x"}, {"weight"}, {"bias", OperandType::Float, true}}, {}, "", true,
          "x @ weight^T + bias; decomposed into matmul and add on the mesh"),
       handled(op("local_map", many(),
@@ -427,11 +435,16 @@ std::vector<int> rows_by_op_id(const std::vector<const char*>& names, const char
 
 const std::vector<std::string>& ops_of_class(GenClass c) {
   static const std::vector<std::vector<std::string>> by_class = [] {
-    std::vector<std::vector<std::string>> out(static_cast<size_t>(GenClass::Reshape) + 1);
-    for (const auto& s : op_catalog()) out[static_cast<size_t>(s.gen)].push_back(s.name);
+    std::vector<std::vector<std::string>> out;
+    for (const auto& s : op_catalog()) {
+      const auto c = static_cast<size_t>(s.gen);
+      if (out.size() <= c) out.resize(c + 1);
+      out[c].push_back(s.name);
+    }
     return out;
   }();
-  return by_class.at(static_cast<size_t>(c));
+  static const std::vector<std::string> none;
+  return static_cast<size_t>(c) < by_class.size() ? by_class[static_cast<size_t>(c)] : none;
 }
 
 nlohmann::json op_catalog_json() {
@@ -557,6 +570,7 @@ const char* gen_class_name(GenClass c) {
     case GenClass::Select: return "select";
     case GenClass::SelectIndex: return "select_index";
     case GenClass::Reshape: return "reshape";
+    case GenClass::VectorNorm: return "vector_norm";
   }
   return "?";
 }

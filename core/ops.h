@@ -72,6 +72,7 @@ enum class GenClass {
   Select,        // max, min, sort, topk along a dim: values, the gradient to the picked positions
   SelectIndex,   // argmax, argmin, argsort along a dim: int64 indices, no gradient
   Reshape,       // view, reshape to a drawn shape
+  VectorNorm,    // linalg_vector_norm {ord, dim, keepdim}: a reduction, not linear
 };
 const char* gen_class_name(GenClass c);
 

@@ -3,6 +3,9 @@
 #include "core/error.h"
 
 #include <cctype>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <stdexcept>
 
 namespace meshsim {
@@ -13,8 +16,18 @@ const char* reduce_op_name(ReduceOp op) {
     case ReduceOp::Avg: return "avg";
     case ReduceOp::Max: return "max";
     case ReduceOp::Min: return "min";
+    case ReduceOp::Norm: return "norm";
   }
   return "sum";
+}
+
+std::string norm_p_str(double p) {
+  for (int digits = 1; digits <= 17; ++digits) {
+    char buf[40];
+    std::snprintf(buf, sizeof buf, "%.*g", digits, p);
+    if (std::strtod(buf, nullptr) == p) return buf;
+  }
+  return std::to_string(p);
 }
 
 ReduceOp parse_reduce_op(std::string_view text) {
@@ -32,7 +45,9 @@ std::string Placement::str() const {
       if (split > 1) return "SS(" + std::to_string(dim) + "," + std::to_string(split) + ")";
       return "S(" + std::to_string(dim) + ")";
     case Kind::Replicate: return "R";
-    case Kind::Partial: return std::string("P(") + reduce_op_name(op) + ")";
+    case Kind::Partial:
+      if (op == ReduceOp::Norm) return "P(norm" + norm_p_str(norm) + ")";
+      return std::string("P(") + reduce_op_name(op) + ")";
     case Kind::Reduced: return "Rd";
   }
   return "R";
@@ -45,7 +60,9 @@ std::string Placement::pytorch_str() const {
         return "_StridedShard(dim=" + std::to_string(dim) + ", split_factor=" + std::to_string(split) + ")";
       return "Shard(dim=" + std::to_string(dim) + ")";
     case Kind::Replicate: return "Replicate()";
-    case Kind::Partial: return std::string("Partial(") + reduce_op_name(op) + ")";
+    case Kind::Partial:
+      if (op == ReduceOp::Norm) return "_NormPartial(" + norm_p_str(norm) + ")";
+      return std::string("Partial(") + reduce_op_name(op) + ")";
     case Kind::Reduced: return "Reduced()";
   }
   return "Replicate()";
@@ -107,6 +124,18 @@ Placement parse_strided(std::string_view arg) {
   return split == 1 ? Placement::shard(dim) : Placement::strided_shard(dim, split);
 }
 
+// A norm's p: a finite decimal number, not 0.
+double parse_norm_p(std::string_view arg) {
+  const std::string text(arg);
+  char* end = nullptr;
+  const double p = text.empty() ? 0 : std::strtod(text.c_str(), &end);
+  if (text.empty() || end != text.c_str() + text.size() || !std::isfinite(p) || p == 0 ||
+      !(std::isdigit(static_cast<unsigned char>(text.back())) || text.back() == '.'))
+    throw std::invalid_argument("a norm's p must be a finite number other than 0 (an inf norm's partial is P(max), "
+                                "a 0 norm's P(sum))");
+  return p;
+}
+
 }  // namespace
 
 Placement parse_placement(std::string_view raw) {
@@ -132,6 +161,11 @@ Placement parse_placement(std::string_view raw) {
       if (name == "Reduced" && !parens) throw std::invalid_argument("write Reduced()");
       return Placement::reduced();
     }
+    if (name == "_NormPartial" || name == "NormPartial") {
+      if (!parens) throw std::invalid_argument("missing norm type");
+      return Placement::partial_norm(parse_norm_p(strip_keyword(arg, "norm_type")));
+    }
+    if (name == "P" && arg.substr(0, 4) == "norm") return Placement::partial_norm(parse_norm_p(trim(arg.substr(4))));
     if (name == "P" || name == "Partial") {
       if (!parens) throw std::invalid_argument("missing reduce op");
       std::string_view op = strip_keyword(arg, "reduce_op");
@@ -145,8 +179,9 @@ Placement parse_placement(std::string_view raw) {
     throw std::invalid_argument("unknown placement");
   } catch (const std::invalid_argument& e) {
     throw std::invalid_argument("bad placement \"" + shown(std::string(raw)) + "\": " + e.what() +
-                                " (expected S(d), SS(d,k), R, P(sum|avg|max|min), Rd or the PyTorch "
-                                "spellings Shard(d), _StridedShard(d, k), Replicate(), Partial(), Reduced())");
+                                " (expected S(d), SS(d,k), R, P(sum|avg|max|min), P(normP), Rd or the PyTorch "
+                                "spellings Shard(d), _StridedShard(d, k), Replicate(), Partial(), _NormPartial(p), "
+                                "Reduced())");
   }
 }
 

@@ -60,6 +60,7 @@ struct OpAttrs {
   bool largest = true;               // topk {largest}
   bool descending = false;           // sort, argsort {descending}
   bool float32 = false;              // count_targets: the run's float dtype is float32
+  double ord = 2.0;                  // linalg_vector_norm: the norm's order (+-inf allowed)
   // embedding (operand 1, dim 0: vocab rows) and pick_target (operand 0, dim 1: classes) on a
   // rank whose table is sharded there: the part of that dim the rank holds. Ids and targets
   // outside it give zeros (PyTorch's _MaskPartial). Set by the runtime (or a local_map body's

@@ -50,6 +50,8 @@ namespace {
 
 std::string axis_illegal(const Placement& f, const Placement& t, bool gradient) {
   if (f == t || !t.is_partial()) return {};
+  if (t.is_norm_partial())
+    return f.str() + " -> " + t.str() + " is illegal: a norm's partial comes only from a vector norm over a sharded dim";
   if (f.is_shard()) {
     if (gradient && t.op == ReduceOp::Sum) return {};
     return f.str() + " -> " + t.str() + " is illegal: a shard cannot become a partial";
@@ -316,7 +318,10 @@ std::vector<RedistStep> plan_redistribute(const Mesh& mesh, const Spec& from, co
 }
 
 std::string coverage_key(const RedistStep& s, bool gradient) {
-  auto kind = [](const Placement& p) { return p.is_shard() ? std::string("S") : p.str(); };
+  // A norm's partial is one key whatever its p: P(norm).
+  auto kind = [](const Placement& p) {
+    return p.is_shard() ? std::string("S") : p.is_norm_partial() ? std::string("P(norm)") : p.str();
+  };
   std::string key = "redistribute: " + std::string(step_kind_name(s.kind)) + " " + kind(s.from) + " -> " + kind(s.to);
   if (s.kind == StepKind::PartialFromReplicate && s.op == ReduceOp::Sum)
     key += std::string(" ") + partial_from_replicate_name(s.convention);
@@ -330,7 +335,7 @@ namespace {
 std::string unreachable_step(StepKind kind, const Placement& from, const Placement& to, bool gradient) {
   if (!gradient) return {};
   if (from.is_partial() && !is_linear(from.op))
-    return "no gradient is P(max) or P(min): they have no cotangent";
+    return "no gradient is P(max), P(min) or P(normP): they have no cotangent";
   if (to.is_partial() && to.op != ReduceOp::Sum)
     return "a gradient is moved only to a cotangent (S(d), R, P(sum), Rd) or to the gradient slot of a backward "
            "row, and no reachable backward row has P(avg), P(max) or P(min) there";
@@ -350,7 +355,8 @@ std::string unreachable_step(StepKind kind, const Placement& from, const Placeme
 std::vector<CoverageRow> redistribution_coverage() {
   std::vector<CoverageRow> rows;
   std::set<std::string> seen;
-  const std::vector<Placement> placements = all_placements(2);
+  std::vector<Placement> placements = all_placements(2);
+  placements.push_back(Placement::partial_norm(2));  // a vector norm's result, reduced to R or S(d)
   for (int64_t n : {2, 1})
     for (bool gradient : {false, true})
       for (auto convention : {PartialFromReplicate::Divide, PartialFromReplicate::Rank0})

@@ -143,6 +143,11 @@ class Reader {
       } catch (const std::invalid_argument& e) {
         fail(child(path, k), e.what());
       }
+      // A norm's partial is a vector norm's result over a sharded dim; its parts cannot be
+      // written or made from other placements (PyTorch makes _NormPartial only in the norm ops).
+      if (out.back().is_norm_partial())
+        fail(child(path, k), "\"" + text + "\" is the partial a vector norm over a sharded dim gives; a scenario "
+                             "does not write it (redistribute the norm's result to R or S(d) instead)");
     }
     return out;
   }

@@ -187,7 +187,7 @@ Shape infer_shape(const std::string& op, const std::vector<Shape>& s, const OpAt
     for (int64_t d : a.dims) out.push_back(s[0][d]);
     return out;
   }
-  if (family == "reduction" || family == "amax" || family == "amin") {
+  if (family == "reduction" || family == "amax" || family == "amin" || family == "vector_norm") {
     Shape out;
     for (int64_t d = 0; d < rank; ++d) {
       if (!reduces(a, d)) out.push_back(s[0][d]);

@@ -282,6 +282,17 @@ void draw_reduction(const std::string& op, Case& c) {
   else add_operand(c, s);
 }
 
+// linalg_vector_norm: the reduced dims as for sum, an ord of 0, 1, 2, 3, 1.5, inf or -inf, on values
+// with ties half of the time (the inf norms' gradient split among them).
+void draw_vector_norm(const std::string&, Case& c) {
+  OpAttrs& a = c.attrs;
+  const Dims s = draw_shape(draw_in(0, 3));
+  draw_reduced_dims(a, static_cast<int64_t>(s.size()));
+  a.ord = std::vector<double>{0.0, 1.0, 2.0, 3.0, 1.5, INFINITY, -INFINITY}[static_cast<size_t>(draw_in(0, 6))];
+  if (std::isinf(a.ord)) c.xs.push_back(draw_extremum_values(s));
+  else add_operand(c, s);
+}
+
 // softmax, log_softmax: along one dim.
 void draw_along_dim(const std::string&, Case& c) {
   const int64_t r = draw_in(1, 3);
@@ -515,6 +526,7 @@ const Row kRows[] = {
     {"layer_norm", draw_norm,
      [](Attrs a, int64_t) { return norm(true, a.normalized_shape.size(), a.eps.value_or(1e-5)); }},
     {"le", draw_comparison, [](Attrs a, int64_t) { return comparison("le", a.value); }},
+    {"linalg_vector_norm", draw_vector_norm, [](Attrs a, int64_t) { return vector_norm(a); }},
     {"linear", draw_linear, [](Attrs, int64_t) { return linear(); }},
     {"log", draw_nonlinear,
      [](Attrs, int64_t) { return unary([](double x) { return std::log(x); }, [](double x) { return 1.0 / x; }); }},

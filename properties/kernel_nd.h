@@ -187,6 +187,8 @@ Definition narrow(int64_t dim, int64_t start, int64_t length);
 Definition sum_or_mean(const OpAttrs& a, bool mean);
 // amax / amin over the dims `a` names; the gradient split evenly among ties.
 Definition extremum(const OpAttrs& a, bool max);
+// linalg_vector_norm {ord, dim, keepdim}, written out element by element.
+Definition vector_norm(const OpAttrs& a);
 // softmax along `dim`.
 Definition softmax(int64_t dim);
 // The selection and order ops along `dim` (max, min, sort, topk: the values, the gradient to the

@@ -349,6 +349,57 @@ Definition extremum(const OpAttrs& a, bool max) {
   return d;
 }
 
+// linalg_vector_norm {ord, dim, keepdim}: (sum |x|^p)^(1/p) over the reduced dims; ord inf (-inf):
+// max (min) |x| (0 (inf) over no element); ord 0: the count of nonzeros. The gradient: g * sgn(x) *
+// |x|^(p-1) / y^(p-1) (0 where y is 0; for p < 1, 0 where x is 0); for +-inf g * sgn(x) split evenly
+// among the positions where |x| is y; for 0, none (torch's linalg_vector_norm_backward).
+Definition vector_norm(const OpAttrs& a) {
+  auto red_of = [a](const Dims& in) { return reduced_set(a, static_cast<int64_t>(in.size())); };
+  const bool keepdim = a.keepdim;
+  const double p = a.ord;
+  auto value = [=](Xs xs) {
+    const auto red = red_of(xs[0].shape);
+    const Dims out = reduced_shape(xs[0].shape, red, keepdim);
+    const double start = std::isinf(p) && p < 0 ? INFINITY : 0.0;
+    Nd y{out, std::vector<double>(static_cast<size_t>(count_of(out)), start)};
+    for (int64_t k = 0; k < count_of(xs[0].shape); ++k) {
+      double& e = y.at(reduced_index(multi_index(k, xs[0].shape), red, keepdim, out));
+      const double v = std::abs(xs[0].at(k));
+      if (std::isinf(p)) e = p > 0 ? std::max(e, v) : std::min(e, v);
+      else if (p == 0) e += v != 0 ? 1.0 : 0.0;
+      else e += std::pow(v, p);
+    }
+    if (!std::isinf(p) && p != 0)
+      for (auto& e : y.v) e = std::pow(e, 1.0 / p);
+    return y;
+  };
+  Definition d;
+  d.value = value;
+  d.vjp = [=](Xs xs, const Nd& g, size_t) {
+    const auto red = red_of(xs[0].shape);
+    const Nd y = value(xs);
+    Nd ties = zeros(y.shape), r = zeros(xs[0].shape);
+    auto out_of = [&](int64_t k) { return reduced_index(multi_index(k, xs[0].shape), red, keepdim, y.shape); };
+    auto sgn = [](double v) { return v > 0 ? 1.0 : v < 0 ? -1.0 : 0.0; };
+    if (p == 0) return r;
+    for (int64_t k = 0; k < count_of(xs[0].shape); ++k)
+      if (std::isinf(p) && std::abs(xs[0].at(k)) == y.at(out_of(k))) ties.at(out_of(k)) += 1;
+    for (int64_t k = 0; k < count_of(xs[0].shape); ++k) {
+      const int64_t o = out_of(k);
+      const double x = xs[0].at(k), v = std::abs(x);
+      if (std::isinf(p)) {
+        if (v == y.at(o)) r.at(k) = sgn(x) * g.at(o) / ties.at(o);
+      } else if (p < 1) {
+        if (x != 0) r.at(k) = sgn(x) * std::pow(v, p - 1) * g.at(o) * std::pow(y.at(o), 1 - p);
+      } else if (y.at(o) != 0) {
+        r.at(k) = sgn(x) * std::pow(v, p - 1) * g.at(o) / std::pow(y.at(o), p - 1);
+      }
+    }
+    return r;
+  };
+  return d;
+}
+
 // softmax along `dim`: y = exp(x - max) / sum exp(x - max) on each line; dx = y * (g - sum(g * y)).
 Definition softmax(int64_t dim) {
   // Applies f to every line along dim of x (with the same line of `other`, when given).

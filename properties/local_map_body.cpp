@@ -157,6 +157,11 @@ bool LocalMapBuilder::try_layer_kind(const BodyValue& x) {
     if (keepdim) y.shape[static_cast<size_t>(d)] = 1;
     else y.shape.erase(y.shape.begin() + d);
     if (!keepdim) move_shards([&](int64_t e) { return e > d ? e - 1 : e; });
+    if (*rc::gen::inRange(0, 3) == 0) {  // a vector norm of a local's whole dim: at most bound * extent
+      const json ord = *rc::gen::elementOf(std::vector<json>{1, 2, 3, "inf"});
+      return local_unary(y, "linalg_vector_norm", x, {{"dim", d}, {"keepdim", keepdim}, {"ord", ord}},
+                         x.bound * static_cast<double>(std::max<int64_t>(1, x.shape[static_cast<size_t>(d)])));
+    }
     return local_unary(y, op_of(GenClass::Extremum), x, {{"dim", d}, {"keepdim", keepdim}}, x.bound);
   }
   return false;

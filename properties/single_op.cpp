@@ -48,12 +48,20 @@ std::vector<Shape> draw_case(const std::string& name, size_t arity, json& attrs)
   if (name == "scale") attrs["value"] = *rc::gen::element(-2.0, -1.0, -0.5, 0.0, 0.5, 1.5, 3.0);
   if (name == "transpose") attrs.update({{"dim0", dim(2)}, {"dim1", dim(2)}});
   if (name == "softmax") attrs["dim"] = dim(2);
-  if (gen == GenClass::Reduction || gen == GenClass::Extremum) {
+  if (gen == GenClass::VectorNorm)  // each kind of norm partial: P(normP), P(max), P(min), P(sum)
+    attrs["ord"] = *rc::gen::elementOf(std::vector<json>{2, 3, 1.5, 1, 0, "inf", "-inf"});
+  if (gen == GenClass::Reduction || gen == GenClass::Extremum || gen == GenClass::VectorNorm) {
     attrs["keepdim"] = *rc::gen::arbitrary<bool>();
     const int form = *rc::gen::inRange(0, 4);
     if (form == 1) attrs["dim"] = dim(3);
     if (form == 2) attrs["dim"] = json::array({0, -1});
     if (form == 3) attrs["dim"] = json::array({dim(3)});
+    // A norm's extents at full size from the first case: over one element per row the ranks' local
+    // norms are the norm, and a wrong norm partial shows nothing.
+    if (gen == GenClass::VectorNorm) {
+      auto extent = [] { return *rc::gen::resize(100, rc::gen::inRange<int64_t>(1, 7)); };
+      return {{extent(), extent(), extent()}};
+    }
     return {{m, k, n}};
   }
   if (gen == GenClass::Select || gen == GenClass::SelectIndex) {  // along a dim of 2 or 3
@@ -289,6 +297,7 @@ int copies_of(const RuleFamily& f, const std::string& o) {
   if (f.name == "triangle") return 2;  // a batch dim's shard needs a third dim
   // amax, amin: their gradient's split among ties shows only where the extremum ties.
   if (op_schema(o).gen == GenClass::Extremum) return 4;
+  if (f.name == "vector_norm") return 24;  // seven ords, each over a shard of a reduced dim or a kept one
   if (f.name == "view") return 4;  // six ops, each merging or splitting dims a shard may sit in
   if (o == "div" || f.name == "expand" || f.name == "cat" || f.name == "stack") return 2;
   return 1;
@@ -346,6 +355,15 @@ json single_op_program() {
       for (const auto& row : rows)
         if (row.size() == 2 && row[1].is_shard() && row[1].dim == 0)
           for (size_t more = shard_rows.size(); more > 0; --more) shard_rows.push_back(row);
+    // A norm over a shard of a reduced dim (its norm partial: the rule a wrong partial breaks) as
+    // often as the other rows together.
+    if (op_schema(name).gen == GenClass::VectorNorm) {
+      std::vector<std::vector<Placement>> partial_rows;
+      for (const auto& row : rule_rows_for(name, row_shapes, row_attrs))
+        if (row.out.is_partial()) partial_rows.push_back(row.ins);
+      for (const auto& row : partial_rows)
+        for (size_t more = shard_rows.size(); more > 0; --more) shard_rows.push_back(row);
+    }
     // expand moves elements: its Partial rows (P(max) and P(min) pass through) drawn as its shards are.
     if (name == "expand")
       for (const auto& row : rows)
@@ -395,10 +413,10 @@ json single_op_program() {
   // A bool or int64 result (comparisons, indices): no gradient, the result compared alone.
   const bool integral = op_schema(name).result != OperandType::Any;
   bool result_differentiable = !integral;
-  if (op_schema(name).gen == GenClass::Extremum) {
+  if (op_schema(name).gen == GenClass::Extremum || op_schema(name).gen == GenClass::VectorNorm) {
     try {
       for (const auto& p : propagate(name, mesh, specs, shapes, op_attrs(decl)).out_spec)
-        result_differentiable &= !p.is_partial();
+        result_differentiable &= !p.is_partial() || is_linear(p.op);  // a 0 norm's P(sum) has a gradient
     } catch (const SemanticError&) {
       result_differentiable = false;
     }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <random>
+#include <stdexcept>
 #include <cstring>
 #include <type_traits>
 #include <typeinfo>
@@ -138,6 +139,8 @@ at::Tensor reduce(const Locals& in_rank_order, ReduceOp op) {
       case ReduceOp::Avg: acc.add_(group[k]); break;
       case ReduceOp::Max: acc = at::maximum(acc, group[k]); break;
       case ReduceOp::Min: acc = at::minimum(acc, group[k]); break;
+      case ReduceOp::Norm:  // group_step reduces a norm's partial as a sum of powers
+        throw std::logic_error("reduce: a norm's partial reaches an engine only as a sum of its powers");
     }
   }
   if (op == ReduceOp::Avg) acc.div_(static_cast<double>(group.size()));
@@ -202,6 +205,13 @@ Locals all_gather(const Locals& group, int64_t dim) {
 }
 
 Locals all_reduce(const Locals& group, ReduceOp op) { return shared(reduce(group, op), group.size()); }
+
+at::Tensor reduce_partial(const Locals& group, const Placement& p) {
+  if (!p.is_norm_partial()) return reduce(group, p.op);
+  Locals powers;
+  for (const auto& t : group) powers.push_back(at::pow(t, p.norm));
+  return at::pow(reduce(powers, ReduceOp::Sum), 1.0 / p.norm);
+}
 
 Locals reduce_scatter(const Locals& group, ReduceOp op, int64_t dim) {
   at::Tensor full = reduce(group, op);
@@ -456,6 +466,22 @@ Locals member_major(const RedistStep& step, const Locals& group) {
   return out;
 }
 
+// A norm's partial P(norm p) is reduced as PyTorch's _NormPartial does: every member's local to the
+// power p, summed by the engine, and the sum to the power 1/p. The locals are norms (never
+// negative), so local^p is |local|^p.
+Locals norm_powers(const RedistStep& step, const Locals& group) {
+  Locals out;
+  out.reserve(group.size());
+  for (const auto& t : group) out.push_back(at::pow(t, step.from.norm));
+  return out;
+}
+Locals norm_root(const RedistStep& step, const Locals& sums) {
+  Locals out;
+  out.reserve(sums.size());
+  for (const auto& t : sums) out.push_back(at::pow(t, 1.0 / step.from.norm));
+  return out;
+}
+
 // Communicating steps go through the current engine (communicator.h); the rest are local. A
 // strided step (split_factor > 1) reorders locally around the engine's plain collective, so every
 // engine runs it unchanged.
@@ -467,8 +493,13 @@ Locals group_step(const RedistStep& step, const Ranks& ranks, const Locals& grou
       // Planted bug: the gathered pieces are left member-major (a plain shard's order).
       return strided && !mutant_on(Mutant::StridedGatheredPlain) ? piece_major(step, c.all_gather(ranks, group, step.dim))
                                                                  : c.all_gather(ranks, group, step.dim);
-    case StepKind::AllReduce: return c.all_reduce(ranks, group, step.op);
+    case StepKind::AllReduce:
+      if (step.op == ReduceOp::Norm) return norm_root(step, c.all_reduce(ranks, norm_powers(step, group), ReduceOp::Sum));
+      return c.all_reduce(ranks, group, step.op);
     case StepKind::ReduceScatter:
+      if (step.op == ReduceOp::Norm)
+        return norm_root(step, c.reduce_scatter(ranks, norm_powers(step, strided ? member_major(step, group) : group),
+                                                ReduceOp::Sum, step.dim));
       return c.reduce_scatter(ranks, strided ? member_major(step, group) : group, step.op, step.dim);
     case StepKind::AllToAll: return c.all_to_all(ranks, group, step.split_dim, step.concat_dim);
     case StepKind::Relabel: return group;

@@ -17,6 +17,9 @@ using Locals = std::vector<at::Tensor>;
 
 Locals all_gather(const Locals& group, int64_t dim);
 Locals all_reduce(const Locals& group, ReduceOp op);
+// The value of a Partial's group: all_reduce by its op; a norm's partial P(normP) as the p-th root
+// of the sum of the locals' p-th powers.
+at::Tensor reduce_partial(const Locals& group, const Placement& p);
 Locals reduce_scatter(const Locals& group, ReduceOp op, int64_t dim);
 Locals all_to_all(const Locals& group, int64_t split_dim, int64_t concat_dim);
 

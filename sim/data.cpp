@@ -79,6 +79,10 @@ at::Tensor random_ints_like(const at::Tensor& t, Rng& rng, int64_t lo, int64_t h
 // The parts of `value` for the members of one Partial group.
 std::vector<at::Tensor> partial_parts(const Placement& p, const at::Tensor& value, int64_t n, Rng* rng) {
   std::vector<at::Tensor> parts(static_cast<size_t>(n));
+  if (p.is_norm_partial()) {  // PyTorch's _NormPartial: value / n^(1/p) on each (a norm: never negative)
+    for (auto& part : parts) part = value / std::pow(static_cast<double>(n), 1.0 / p.norm);
+    return parts;
+  }
   if (!rng) {
     // The coordinate-0 rank holds the value; the others hold what leaves the reduction unchanged
     // (zeros for sum and avg, the value itself for max and min).
@@ -209,7 +213,7 @@ at::Tensor assemble(const Mesh& mesh, const Spec& spec, const Locals& locals, st
         return spec[a].is_strided() ? strided_join(g, spec[a].dim, spec[a].split) : at::cat(g, spec[a].dim);
       });
   for (int a = 0; a < mesh.ndim(); ++a)
-    if (spec[a].is_partial()) combine(a, [&](const Locals& g) { return all_reduce(g, spec[a].op)[0]; });
+    if (spec[a].is_partial()) combine(a, [&](const Locals& g) { return reduce_partial(g, spec[a]); });
   return cur[0];
 }
 

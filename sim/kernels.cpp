@@ -41,6 +41,28 @@ at::Tensor reduce_mean(const at::Tensor& x, const OpAttrs& attrs) {
   return at::mean(x, reduced_dims(x, attrs), attrs.keepdim);
 }
 
+// linalg_vector_norm {ord, dim, keepdim}. An inf (-inf) norm of an empty local is 0 (+inf), the
+// identity of its P(max) (P(min)) among norms, which are never negative (at::linalg_vector_norm
+// refuses an empty max or min); a finite one is at::linalg_vector_norm's (0 for ord > 0).
+at::Tensor vector_norm(const at::Tensor& x, const OpAttrs& attrs) {
+  const std::vector<int64_t> dims = x.dim() == 0 ? std::vector<int64_t>{} : reduced_dims(x, attrs);
+  bool empty = false;
+  for (int64_t d : dims) empty |= x.size(d) == 0;
+  if (empty && std::isinf(attrs.ord)) {
+    auto shape = x.sizes().vec();
+    std::vector<int64_t> kept;
+    for (int64_t d = 0; d < x.dim(); ++d) {
+      const bool reduced = std::find(dims.begin(), dims.end(), d) != dims.end();
+      if (reduced) shape[static_cast<size_t>(d)] = 1;
+      if (!reduced) kept.push_back(x.size(d));
+    }
+    at::Tensor filled = at::full(shape, attrs.ord > 0 ? 0.0 : INFINITY, x.options());
+    return attrs.keepdim ? filled : filled.reshape(kept);
+  }
+  if (dims.empty()) return at::linalg_vector_norm(x, attrs.ord, c10::nullopt, attrs.keepdim);
+  return at::linalg_vector_norm(x, attrs.ord, dims, attrs.keepdim);
+}
+
 // amax / amin of an empty local: the identity of the reduction (-inf / +inf), so that the ranks'
 // P(max) / P(min) parts reduce to the global value (at::amax refuses an empty reduction).
 at::Tensor reduce_extremum(const at::Tensor& x, const OpAttrs& attrs, bool max) {
@@ -288,6 +310,7 @@ const KernelRow kRows[] = {
     {"le", [](const OpAttrs& a, const Xs& xs) { return at::le(xs.at(0), compared(a, xs)); }},
     // linear runs as one op on a rank and in the oracle; the DTensor runtime runs its parts
     // (interpreter.cpp), as PyTorch's decomposition of aten.linear does.
+    {"linalg_vector_norm", [](const OpAttrs& a, const Xs& xs) { return vector_norm(xs.at(0), a); }},
     {"linear",
      [](const OpAttrs&, const Xs& xs) {
        at::Tensor y = at::matmul(xs.at(0), xs.at(1).t());

@@ -240,6 +240,7 @@ std::vector<Dense> split_partial(const Dense& t, ReduceOp op, int64_t n, int64_t
         case ReduceOp::Avg: x = t.v[i] + e; rest += e; break;
         case ReduceOp::Max: x = t.v[i] - e; break;
         case ReduceOp::Min: x = t.v[i] + e; break;
+        case ReduceOp::Norm: throw std::logic_error("split_partial: a norm's partial is not split here");
       }
     }
     out[static_cast<size_t>(owner)].v[i] = t.v[i] - rest;

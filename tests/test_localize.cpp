@@ -76,6 +76,7 @@ const Where kWhere[] = {
     {"local_topk_sharded_dim", "forward", "/program/0", "topk", "", ""},
     {"loss_parallel_local_max", "forward", "/program/0", "log_softmax", "", ""},
     {"mm_s1_s0_labelled_r", "forward", "/program/0", "mm", "", ""},
+    {"norm_partial_as_sum", "forward", "/program/0", "linalg_vector_norm", "", ""},
     {"partial_plus_replicate_undivided", "forward", "/program/0", "sub", "", ""},
     {"psum_from_replicate_no_divide", "forward", "/program/0", "sub", "", ""},
     {"scatter_add_sharded_index_replicated", "forward", "/program/0", "scatter_add", "", ""},

@@ -202,6 +202,15 @@ std::vector<OpConfig> configs(const std::string& op) {
     out.push_back({op, {{"dim", json::array()}}, {tall}});
     return out;
   }
+  if (op == "linalg_vector_norm") {  // each kind of norm partial, over one dim, a list or every dim
+    for (const json& ord : {json(2), json(3), json(1.5), json(1), json(0), json("inf"), json("-inf")}) {
+      out.push_back({op, {{"ord", ord}, {"dim", 0}}, {tall}});
+      out.push_back({op, {{"ord", ord}, {"dim", -1}, {"keepdim", true}}, {tall}});
+    }
+    out.push_back({op, none, {tall}});
+    out.push_back({op, {{"dim", {0, 2}}, {"ord", 3}}, {cube}});
+    return out;
+  }
   if (op == "softmax") {
     for (int dim : {0, 1, -1}) out.push_back({op, {{"dim", dim}}, {tall}});
     out.push_back({op, {{"dim", 1}}, {cube}});
@@ -356,7 +365,8 @@ json scenario_json(const OpCase& c) {
   }
   const bool loss_op = std::find(kDecomposed.begin(), kDecomposed.end(), cfg.op) != kDecomposed.end();
   const Shape out_shape = loss_op ? Shape{} : infer_shape(cfg.op, cfg.shapes, attrs_of(cfg.op, cfg.attrs));
-  if (grad && (cfg.op == "amax" || cfg.op == "amin")) {  // a P(max) / P(min) result has no gradient
+  // A P(max), P(min) or P(normP) result has no gradient.
+  if (grad && (cfg.op == "amax" || cfg.op == "amin" || cfg.op == "linalg_vector_norm")) {
     std::vector<Spec> given;
     for (const auto& sp : c.specs) {
       Spec spec;
@@ -829,10 +839,11 @@ TEST(OpAttrsText, EveryFieldIsInTheKey) {
   EXPECT_EQ(attrs_of("sum", {{"dim", 1}, {"keepdim", true}}).str(),
             "dim=1 dims=[] dims_given=0 keepdim=1 value=1 scalar=0 dim0=0 dim1=0 shape=[] sizes=[] start_dim=0 end_dim=-1 "
             "start=0 length=0 split_size=0 chunks=0 tanh=0 exponent=1 diagonal=0 normalized_shape=[] eps=- sum_reduction=0 "
-            "ignore_index=- fill=0 k=1 largest=1 descending=0 float32=0 range=- divisor=- local_mean=0 local_shape=-");
+            "ignore_index=- fill=0 k=1 largest=1 descending=0 float32=0 ord=2 range=- divisor=- local_mean=0 local_shape=-");
   EXPECT_NE(attrs_of("topk", {{"k", 2}}).str(), attrs_of("topk", {{"k", 3}}).str());
   EXPECT_NE(attrs_of("topk", {{"k", 2}, {"largest", false}}).str(), attrs_of("topk", {{"k", 2}}).str());
   EXPECT_NE(attrs_of("sort", {{"descending", true}}).str(), attrs_of("sort", json::object()).str());
+  EXPECT_NE(attrs_of("linalg_vector_norm", {{"ord", 3}}).str(), attrs_of("linalg_vector_norm", json::object()).str());
   OpAttrs pytorch_mean = attrs_of("mean", {{"dim", 0}});
   pytorch_mean.local_mean = true;  // semantics pytorch: P(avg) of local means, another decision
   EXPECT_NE(pytorch_mean.str(), attrs_of("mean", {{"dim", 0}}).str());

@@ -7,7 +7,8 @@
 //   rules/views.cpp         transpose, permute, view, expand, narrow
 //   rules/joins.cpp         cat, stack (and split_pieces, split and chunk as narrows)
 //   rules/reductions.cpp    reduction (sum, mean), amax, amin, softmax
-//   rules/norms_losses.cpp  norm (layer_norm, rms_norm), pick_target, count_targets
+//   rules/norms_losses.cpp  norm (layer_norm, rms_norm), vector_norm (linalg_vector_norm),
+//                           pick_target, count_targets
 //   rules/embedding.cpp     embedding
 //   rules/indexing.cpp      index (gather, index_select), scatter (scatter, scatter_add, index_add)
 //   rules/selection.cpp     select (max, min, sort, topk), select_index (argmax, argmin,
@@ -246,6 +247,8 @@ Grad reduction_gradient(const AxisGrad& x);
 
 // norms_losses.cpp
 std::vector<RuleRow> norm_rows(const RowCtx& c);
+std::vector<RuleRow> vector_norm_rows(const RowCtx& c);
+Grad vector_norm_gradient(const AxisGrad& x);
 std::vector<RuleRow> pick_target_rows(const RowCtx&);
 std::vector<RuleRow> count_targets_rows(const RowCtx& c);
 Grad norm_gradient(const AxisGrad& x);

@@ -1,5 +1,6 @@
 // propagation_coverage(): the rule coverage keys of the tables (core/coverage.h).
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <optional>
 #include <set>

@@ -48,6 +48,7 @@ const Entry kEntries[] = {
     {"masked_fill", 2, masked_fill_rows, masked_fill_gradient},
     {"triangle", 1, triangle_rows, triangle_gradient},
     {"norm", 0, norm_rows, norm_gradient},
+    {"vector_norm", 1, vector_norm_rows, vector_norm_gradient},
     {"embedding", 2, embedding_rows, embedding_gradient},
     {"index", 2, index_rows, index_gradient},
     {"scatter", 3, scatter_rows, scatter_gradient},

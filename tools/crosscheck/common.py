@@ -63,6 +63,9 @@ _SPELLINGS = [
     (re.compile(r"^(?:Rd|Reduced\(\))$"), lambda m: Placement("Rd")),
     (re.compile(r"^Partial\(\)$"), lambda m: Placement("P", reduce="sum")),
     (re.compile(r"^(?:P|Partial)\((?:reduce_op=)?(sum|avg|max|min)\)$"), lambda m: Placement("P", reduce=m[1])),
+    # A vector norm's partial, P(norm2) (PyTorch's _NormPartial(2)): reduce "norm2".
+    (re.compile(r"^(?:P\(norm|_NormPartial\((?:norm_type=)?)(-?[0-9.eE+-]+)\)$"),
+     lambda m: Placement("P", reduce="norm" + m[1])),
 ]
 
 

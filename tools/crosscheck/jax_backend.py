@@ -303,6 +303,22 @@ def _picked(x, op, largest):
     return y if op.get("keepdim", False) else jnp.squeeze(y, axis=dim)
 
 
+def _vector_norm(x, op):
+    """torch.linalg.vector_norm: (sum |x|^ord)^(1/ord) over the dims; inf/-inf max/min |x|; 0 the
+    count of nonzeros (jnp.linalg.norm takes a matrix norm over two axes)."""
+    ord_ = op.get("ord", 2)
+    ord_ = {"inf": float("inf"), "-inf": float("-inf")}.get(ord_, ord_) if isinstance(ord_, str) else float(ord_)
+    axis, keep = _dims(op, x.ndim), bool(op.get("keepdim", False))
+    a = jnp.abs(x)
+    if ord_ == float("inf"):
+        return jnp.max(a, axis=axis, keepdims=keep)
+    if ord_ == float("-inf"):
+        return jnp.min(a, axis=axis, keepdims=keep)
+    if ord_ == 0:
+        return jnp.sum((x != 0).astype(x.dtype), axis=axis, keepdims=keep)
+    return jnp.sum(a ** ord_, axis=axis, keepdims=keep) ** (1.0 / ord_)
+
+
 def _reduction(fn):
     return lambda xs, op: fn(xs[0], axis=_dims(op, xs[0].ndim), keepdims=bool(op.get("keepdim", False)))
 
@@ -344,6 +360,7 @@ OPS = {
     "split": lambda xs, op: _pieces(xs[0], op), "chunk": lambda xs, op: _pieces(xs[0], op),
     "sum": _reduction(jnp.sum), "mean": _reduction(jnp.mean),
     "amax": _reduction(jnp.max), "amin": _reduction(jnp.min),
+    "linalg_vector_norm": lambda xs, op: _vector_norm(xs[0], op),
     "max": lambda xs, op: _picked(xs[0], op, True), "min": lambda xs, op: _picked(xs[0], op, False),
     "argmax": lambda xs, op: jnp.argmax(xs[0], axis=op["dim"], keepdims=bool(op.get("keepdim", False))),
     "argmin": lambda xs, op: jnp.argmin(xs[0], axis=op["dim"], keepdims=bool(op.get("keepdim", False))),

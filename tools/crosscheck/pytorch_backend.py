@@ -52,6 +52,7 @@ from torch.distributed.tensor import DeviceMesh, DTensor, Partial, Replicate, Sh
 from torch.distributed.tensor.experimental import local_map  # noqa: E402
 from torch.distributed.tensor._ops._mask_buffer import MaskBuffer  # noqa: E402
 from torch.distributed.tensor.placement_types import _MaskPartial, _StridedShard  # noqa: E402
+from torch.distributed.tensor._ops._math_ops import _NormPartial  # noqa: E402
 from torch.testing._internal.distributed.fake_pg import FakeStore  # noqa: E402
 
 SYSTEM = "pytorch"
@@ -96,6 +97,8 @@ def placement_text(p) -> str:
         return f"SS({p.dim},{p.split_factor})"
     if isinstance(p, Shard):
         return f"S({p.dim})"
+    if isinstance(p, _NormPartial):  # a vector norm's partial: meshsim's P(norm2)
+        return f"P(norm{float(p.norm_type):g})"
     if isinstance(p, Partial):
         return f"P({p.reduce_op})"
     if isinstance(p, Replicate):
@@ -448,6 +451,12 @@ def contiguous_stride(shape: list[int]) -> tuple[int, ...]:
     return tuple(reversed(stride))
 
 
+def reduced_dims(op, x):
+    """A reduction's dims: every dim when `dim` is absent or [], else the one or the list."""
+    d = op.get("dim")
+    return list(range(x.ndim)) if d is None or d == [] else [d] if isinstance(d, int) else list(d)
+
+
 def reduction(fn):
     """sum/mean/amax/amin over `dim`: one dim, a list, or every dim (absent or []), `keepdim`."""
     def run(p, op, x):
@@ -689,6 +698,8 @@ OPS = {
     "mean": reduction(torch.mean),
     "amax": reduction(torch.amax),
     "amin": reduction(torch.amin),
+    "linalg_vector_norm": lambda p, op, x: torch.linalg.vector_norm(
+        x, ord=scalar(op.get("ord", 2)), dim=reduced_dims(op, x), keepdim=bool(op.get("keepdim", False))),
     # Selection and order (meshsim's catalog gives the values or the indices, one op each): sorts
     # stable, as meshsim's kernels (torch.topk's ties may pick other positions: the same values).
     "max": lambda p, op, x: torch.max(x, dim=op["dim"], keepdim=bool(op.get("keepdim", False))).values,
@@ -952,6 +963,11 @@ CAUSES = {
         "holding an empty shard of the reduced dim (uneven sharding) fails in DTensor's local amax, which gives "
         "such a rank no identity; meshsim reduces an empty local to -inf / +inf, so the P(max) parts combine "
         "to the right value.",
+    "vector_norm_inf_empty_shard":
+        "linalg.vector_norm with ord inf or -inf refuses an empty reduction ('cannot compute the inf norm on "
+        "the dimension ... because this dimension is empty'): a rank holding an empty shard of the reduced dim "
+        "(uneven sharding) fails in DTensor's local norm; meshsim's empty local norm is 0 (+inf for -inf), the "
+        "identity of its P(max) (P(min)) among norms, so the parts combine to the right value.",
     "uneven_view_refused":
         "PyTorch 2.15's view strategy refuses to unflatten (or view) an unevenly sharded dim "
         "(tensor/_ops/_view_ops.py, _analyze_split / _analyze_flatten: 'Cannot (un)flatten unevenly sharded tensor ... Please "
@@ -982,6 +998,8 @@ def explain_error(job: common.Job, d: dict, msg: str) -> dict:
             or "MaskBuffer has not been materialized" in msg
             or "_reduce_value" in msg and program_ops(job) & {"embedding"}):
         return with_cause(d, "mask_partial_buffer")
+    if "cannot compute the" in msg and "inf norm" in msg and "does not have an identity" in msg:
+        return with_cause(d, "vector_norm_inf_empty_shard")
     if "Expected reduction dim" in msg and "non-zero size" in msg:
         return with_cause(d, "extremum_empty_shard")
     if ("Cannot unflatten unevenly sharded tensor" in msg or "Cannot flatten unevenly sharded tensor" in msg):
