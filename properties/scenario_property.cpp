@@ -7,7 +7,8 @@
 //   except sizes that the program's attributes spell out (a view's shape); each input's placements
 //   redrawn from R, S(d), P(sum) and Rd, except for inputs whose locals the program reads as they
 //   are (they reach a local_map without in_placements, or to_local: its local code is written for
-//   its layout); the run options redistribute, reduced_propagation, partial_from_replicate and the
+//   its layout), and for training steps the parameters when the user's code reduces the norm or
+//   the optimizer states have placements of their own (written for the parameters' layout); the run options redistribute, reduced_propagation, partial_from_replicate and the
 //   data seed. `semantics` is the user's: under another the same program means something else.
 // - a variant over the limits of the run (--max-memory, --max-ranks: the estimate meshsim run
 //   refuses with) is a discard ("the variant is refused: resource_limit"); the scenario as written
@@ -80,6 +81,19 @@ std::set<std::string> layout_bound_inputs(const json& doc) {
     if (reads_locals || feeds_bound)
       for (const auto& a : op.value("args", json::array()))
         if (a.is_string()) bound.insert(a.get<std::string>());
+  }
+  // Training steps whose own code is written for the parameters' layout: the user's all_reduce of
+  // clip_grad_norm's total (right for these placements, wrong for others), and optimizer states
+  // with placements of their own.
+  const json train = doc.value("train", json::object());
+  if (train.is_object()) {
+    const json clip = train.value("clip_grad_norm", json::object());
+    const bool users_norm = clip.is_object() && clip.contains("reduce") && clip["reduce"].is_object();
+    const json states = train.value("optimizer", json::object()).value("states", json::object());
+    for (const auto& in : doc.value("inputs", json::array()))
+      if (in.is_object() && in.value("requires_grad", false) && in.contains("name") && in["name"].is_string())
+        if (users_norm || (states.is_object() && states.contains(in["name"].get<std::string>())))
+          bound.insert(in["name"].get<std::string>());
   }
   return bound;
 }
