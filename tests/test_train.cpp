@@ -167,6 +167,24 @@ TEST(Train, TheNormNotReducedOverTheShardAxisDiffersBetweenRanks) {
   EXPECT_EQ(m["replicas_disagree"], true) << m.dump();
 }
 
+// A parameter Rd has a P(sum) gradient: the DTensor norm all_reduces it first (the norm is not
+// linear), and its states default to R; code that takes the norm of each rank's unreduced part gets
+// a different total on every rank.
+TEST(Train, APartialGradientIsReducedBeforeItsNorm) {
+  json doc = dp({{"steps", 2}, {"microbatches", 2}, {"lr", 0.01}, {"optimizer", {{"kind", "adamw"}}},
+                 {"clip_grad_norm", {{"max_norm", 0.5}, {"norm_type", "inf"}}}});
+  doc["inputs"][1]["placements"] = {"Rd"};
+  const json r = run(doc);
+  ASSERT_EQ(r["status"], "pass") << failures(r);
+  EXPECT_EQ(r["grads"]["w"]["placements"], json({"P(sum)"}));
+  EXPECT_EQ(r["train"]["parameters"]["w"]["states"]["exp_avg"], json({"R"}));
+  doc["train"]["clip_grad_norm"]["reduce"] = {{"all_reduce", json::array()}};
+  const json bad = run(doc);
+  ASSERT_EQ(bad["status"], "fail");
+  EXPECT_EQ(bad["mismatches"][0]["kind"], "grad_norm");
+  EXPECT_EQ(bad["mismatches"][0]["replicas_disagree"], true);
+}
+
 TEST(Train, ZeroStatesShardedWhereParametersAreReplicatedMatch) {
   json t = {{"steps", 2}, {"microbatches", 3}, {"lr", {0.02, 0.01}},
             {"optimizer", {{"kind", "adamw"}, {"states", {{"w", {"S(0)"}}, {"b", {"S(0)"}}}}}}};
