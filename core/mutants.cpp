@@ -32,6 +32,9 @@ const std::vector<MutantInfo>& mutant_catalog() {
        "cat along a sharded dim concatenates each rank's chunks instead of gathering first"},
       {Mutant::CotangentPsumAsR, "cotangent_psum_as_r", "the cotangent of P(sum) taken as R"},
       {Mutant::CotangentRdAsR, "cotangent_rd_as_r", "the cotangent of Rd taken as R"},
+      {Mutant::CumsumShardedDimLocal, "cumsum_sharded_dim_local",
+       "cumsum over a sharded dim computed locally: each rank's running sums of its own block kept as S(dim), "
+       "missing the sums of the ranks before it (no all_gather of the dim, no offset)"},
       {Mutant::EmbeddingGradWrongRank, "embedding_grad_wrong_rank",
        "vocab-parallel embedding backward: each rank's gradient rows land in the next rank's vocab shard"},
       {Mutant::ExtremumGradFirstTie, "extremum_grad_first_tie",

@@ -22,6 +22,7 @@ enum class Mutant {
   CatShardedDimNotGathered,        // cat along a sharded dim concatenates the chunks without gathering
   CotangentPsumAsR,                // the cotangent of P(sum) taken as R
   CotangentRdAsR,                  // the cotangent of Rd taken as R
+  CumsumShardedDimLocal,           // cumsum over a sharded dim: each rank's own running sums kept as S(dim)
   EmbeddingGradWrongRank,          // a vocab-parallel embedding's gradient rows scattered to the next rank's shard
   ExtremumGradFirstTie,            // amax/amin: the gradient goes whole to the first tied element
   FlattenKeepsInnerShard,          // a view keeps a shard of a non-leading dim of a merged group

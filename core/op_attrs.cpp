@@ -72,7 +72,8 @@ OpAttrs resolved(const std::string& op, const OpAttrs& attrs, int64_t rank, cons
     r.dim.reset();
   }
   if (op == "softmax" || op == "log_softmax" || op == "cat" || op == "narrow" || op == "unflatten" || is_selection(op) ||
-      op == "gather" || op == "index_select" || op == "index_add" || op == "scatter" || op == "scatter_add") {
+      op == "gather" || op == "index_select" || op == "index_add" || op == "scatter" || op == "scatter_add" ||
+      op == "cumsum") {
     need_dim();
     r.dim = wrap(*attrs.dim, "dim");
   }

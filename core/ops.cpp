@@ -106,6 +106,11 @@ const std::vector<O>& many() {
   static const std::vector<O> o = {{"xs", kAny, false, true}};
   return o;
 }
+// The operands of arithmetic that takes float or int64 data (add, sub, mul), of one type.
+const std::vector<O>& numbers() {
+  static const std::vector<O> o = {{"x", OperandType::Number}, {"y", OperandType::Number}};
+  return o;
+}
 // The operand of an op that moves or selects data, whatever its element type.
 const std::vector<O>& data() {
   static const std::vector<O> o = {{"x", kAny}};
@@ -130,6 +135,14 @@ OpSchema op(const char* name, std::vector<O> operands, std::vector<A> attrs, con
 // An op whose result is bool or int64 whatever its operands' type (never differentiable).
 OpSchema giving(OpSchema s, OperandType result) {
   s.result = result;
+  return s;
+}
+
+// Integer division and remainder: int64 operands (or one and the whole scalar `value`), an int64
+// result, no gradient.
+OpSchema integer_binary(const char* name, const char* summary) {
+  OpSchema s = op(name, {{"x", kInt}, {"y", kInt}}, binary_attrs(), "integer_binary", true, summary);
+  s.result = kInt;
   return s;
 }
 
@@ -158,7 +171,8 @@ std::vector<OpSchema> build() {
   const double g = 64;  // the operand limit of the bounded transcendental ops
   std::vector<OpSchema> ops = {
       with(op("abs", x(), {}, "nonlinear_unary", false, "|x|"), GenClass::UnaryLayer, {0, false, true, same}),
-      with(op("add", xy(), binary_attrs(), "linear_binary", true, "x + y (or x + value), broadcast"), GenClass::Binary),
+      with(op("add", numbers(), binary_attrs(), "linear_binary", true, "x + y (or x + value), broadcast; float or int64"),
+           GenClass::Binary),
       with(op("amax", x(), reduction_attrs(), "amax", false,
               "the largest element over dims; the gradient split evenly among ties"),
            GenClass::Extremum),
@@ -190,6 +204,9 @@ std::vector<OpSchema> build() {
       with(op("cross_entropy", {{"input"}, {"target", kInt}}, loss_attrs(false), "", false,
               "log_softmax over classes (dim 1) and nll_loss; decomposed into its parts on the mesh"),
            GenClass::Loss, {g}),
+      op("cumsum", {{"x", OperandType::Number}}, {{"dim", T::Int, true}}, "scan", true,
+         "torch.cumsum(x, dim): the running sums along dim, of float or int64 data; the gradient the running sums "
+         "of g taken from the end"),
       op("div", xy(), binary_attrs(), "div", false, "x / y (or x / value), broadcast"),
       op("embedding", {{"ids", kInt}, {"weight"}},
          {{"axis", T::Axis, false}, {"vocab", T::Int, false}}, "embedding", false,
@@ -202,6 +219,8 @@ std::vector<OpSchema> build() {
       handled(op("from_local", x(), {{"placements", T::Spec, true}, {"run_check", T::Bool, false, "false"}}, "", true,
                  "local code's end: each rank's local tensor as a DTensor of placements"),
               kProgram),
+      integer_binary("floor_divide", "torch.floor_divide(x, y) (or x // value) of int64 data: the quotient rounded "
+                                     "down (towards -inf), broadcast; a zero divisor is refused; no gradient"),
       with(handled(op("full", {}, creation_attrs(true), "", false, "value everywhere, of a shape"), kProgram),
            GenClass::Creation),
       op("gather", {{"x", kAny}, {"index", kInt}}, {{"dim", T::Int, true}}, "index", true,
@@ -263,7 +282,8 @@ std::vector<OpSchema> build() {
               "(argmin gives the indices)"),
            GenClass::Select),
       op("mm", xy(), {}, "mm", true, "matrix product [n, k] @ [k, m]"),
-      with(op("mul", xy(), binary_attrs(), "mul", true, "x * y (or x * value), broadcast"), GenClass::Binary),
+      with(op("mul", numbers(), binary_attrs(), "mul", true, "x * y (or x * value), broadcast; float or int64"),
+           GenClass::Binary),
       comparison("ne", "x != y (or x != value), broadcast; bool"),
       op("narrow", data(), {{"dim", T::Int, true}, {"start", T::Int, true}, {"length", T::Int, true}}, "narrow", true,
          "length elements from start along dim"),
@@ -288,6 +308,8 @@ std::vector<OpSchema> build() {
            GenClass::Norm),
       with(op("rsqrt", x(), {}, "nonlinear_unary", false, "1 / sqrt(x) of a positive x"), GenClass::UnaryLayer,
            {0, true, false, rsqrt_range}),
+      integer_binary("remainder", "torch.remainder(x, y) (or x % value) of int64 data: x - floor_divide(x, y) * y, "
+                                  "the sign of the divisor, broadcast; a zero divisor is refused; no gradient"),
       op("scale", x(), {{"value", T::Number, true}}, "linear_unary", true, "x * value"),
       op("scatter", {{"x", kAny}, {"index", kInt}, {"src", kAny}}, {{"dim", T::Int, true}}, "scatter", true,
          "torch.scatter(x, dim, index, src): x with src written at index along dim (src of the index's shape, "
@@ -313,7 +335,8 @@ std::vector<OpSchema> build() {
            {0, true, false, sqrt_range}),
       op("squeeze", data(), {{"dim", T::Int, false, "every size-1 dim"}}, "view", true, "size-1 dims removed"),
       op("stack", many(), {{"dim", T::Int, true}}, "stack", true, "the operands stacked along a new dim"),
-      with(op("sub", xy(), binary_attrs(), "linear_binary", true, "x - y (or x - value), broadcast"), GenClass::Binary),
+      with(op("sub", numbers(), binary_attrs(), "linear_binary", true, "x - y (or x - value), broadcast; float or int64"),
+           GenClass::Binary),
       with(op("sum", x(), reduction_attrs(), "reduction", true, "sum over dims"), GenClass::Reduction),
       with(op("tanh", x(), {}, "nonlinear_unary", false, "hyperbolic tangent"), GenClass::Unary,
            {g, false, false, unit_or_less}),
@@ -549,6 +572,7 @@ const char* operand_type_name(OperandType t) {
     case OperandType::Int64: return "int64";
     case OperandType::Bool: return "bool";
     case OperandType::Any: return "any";
+    case OperandType::Number: return "number";
   }
   return "?";
 }

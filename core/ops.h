@@ -36,8 +36,9 @@ struct AttrSchema {
 };
 
 // An operand's element type. Float: the run's float dtype (it may require grad).
-enum class OperandType { Float, Int64, Bool, Any };
-const char* operand_type_name(OperandType t);  // "float", "int64", "bool", "any"
+// Number: float or int64 (integer arithmetic), never bool; the operands of a Number op are of one type.
+enum class OperandType { Float, Int64, Bool, Any, Number };
+const char* operand_type_name(OperandType t);  // "float", "int64", "bool", "any", "number"
 
 struct OperandSchema {
   const char* name;

@@ -331,6 +331,21 @@ void draw_selection(const std::string& op, Case& c) {
   c.xs.push_back(draw_extremum_values(s));
 }
 
+// cumsum along one dim of 1-3 (float data, or int64 now and then).
+void draw_scan(const std::string&, Case& c) {
+  const int64_t r = draw_in(1, 3), d = draw_in(0, r - 1);
+  c.attrs.dim = as_given(d, r);
+  const Dims s = draw_shape(r);
+  if (coin()) {
+    c.xs = {draw_values(s, false)};
+    return;
+  }
+  Nd x = zeros(s);
+  for (auto& e : x.v) e = static_cast<double>(draw_in(-4, 4));
+  c.xs = {x};
+  c.types = {"int64"};
+}
+
 // Comparisons of small integers (equal often), against the scalar `value` now and then or an
 // operand broadcasting; logic of bools.
 void draw_comparison(const std::string& op, Case& c) {
@@ -357,6 +372,32 @@ void draw_comparison(const std::string& op, Case& c) {
   else s1 = out;
   c.xs = logic ? std::vector<Nd>{draw_mask(s0), draw_mask(s1)} : std::vector<Nd>{ints(s0), ints(s1)};
   if (logic) c.types = {"bool", "bool"};
+}
+
+// floor_divide, remainder: int64 data in [-6, 6] (negatives: the rounding towards -inf and the
+// divisor's sign show), a divisor in [-3, 3] without 0, of the same shape, broadcast, or the whole
+// scalar value now and then.
+void draw_integer_binary(const std::string&, Case& c) {
+  const Dims out = draw_shape(draw_in(0, 3));
+  auto ints = [](const Dims& shape, bool divisor) {
+    Nd x = zeros(shape);
+    for (auto& e : x.v) {
+      int64_t v = draw_in(divisor ? -3 : -6, divisor ? 2 : 6);
+      if (divisor && v >= 0) ++v;  // [-3, -1] or [1, 3]
+      e = static_cast<double>(v);
+    }
+    return x;
+  };
+  if (draw_in(0, 3) == 0) {
+    c.attrs.scalar = true;
+    c.attrs.value = *rc::gen::element(-3.0, -2.0, 2.0, 3.0);
+    c.xs = {ints(out, false)};
+    c.types = {"int64"};
+    return;
+  }
+  const Dims s1 = coin() ? out : broadcast_operand(out, true);
+  c.xs = {ints(out, false), ints(s1, true)};
+  c.types = {"int64", "int64"};
 }
 
 // gather, index_select: x of 1-3 dims along one of them, positions in its extent (repeats
@@ -494,6 +535,7 @@ const Row kRows[] = {
      [](Attrs, int64_t) { return unary([](double x) { return std::cos(x); }, [](double x) { return -std::sin(x); }); }},
     {"count_targets", draw_loss, [](Attrs a, int64_t) { return count_targets(a.ignore_index); }},
     {"cross_entropy", draw_loss, [](Attrs a, int64_t) { return loss(a, true); }},
+    {"cumsum", draw_scan, [](Attrs a, int64_t rank) { return scan(wrap(*a.dim, rank)); }},
     {"div", draw_binary,
      [](Attrs a, int64_t) {
        return elementwise(a.value, [](double x, double y) { return x / y; },
@@ -517,6 +559,7 @@ const Row kRows[] = {
          return out;
        });
      }},
+    {"floor_divide", draw_integer_binary, [](Attrs a, int64_t) { return integer_binary("floor_divide", a.value); }},
     {"gather", draw_indexing, [](Attrs a, int64_t rank) { return indexed("gather", wrap(*a.dim, rank)); }},
     {"ge", draw_comparison, [](Attrs a, int64_t) { return comparison("ge", a.value); }},
     {"gelu", draw_nonlinear, [](Attrs a, int64_t) { return gelu(a.tanh); }},
@@ -567,6 +610,7 @@ const Row kRows[] = {
      [](Attrs, int64_t) {
        return unary([](double x) { return x > 0 ? x : 0.0; }, [](double x) { return x > 0 ? 1.0 : 0.0; });
      }},
+    {"remainder", draw_integer_binary, [](Attrs a, int64_t) { return integer_binary("remainder", a.value); }},
     {"reshape", draw_reshape, [](Attrs a, int64_t) { return reshape_to(a); }},
     {"rms_norm", draw_norm,
      [](Attrs a, int64_t) {

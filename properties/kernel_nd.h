@@ -201,6 +201,12 @@ Definition indexed(const std::string& op, int64_t dim);
 // index's positions; scatter: the last write in row-major order stays); the gradients: g to x
 // (scatter: zeroed where written), g at the positions to src.
 Definition scattered(const std::string& op, int64_t dim);
+// floor_divide and remainder of int64 data (the quotient rounded towards -inf; x - q * y), with
+// the scalar `value` for one operand; no gradient.
+Definition integer_binary(const std::string& op, double value);
+// cumsum along `dim`: each entry the sum of those before it and itself; the gradient the sums of
+// g from the end.
+Definition scan(int64_t dim);
 // Comparisons and logic (a bool result as 1 or 0), with the scalar `value` for one operand.
 Definition comparison(const std::string& op, double value);
 

@@ -577,6 +577,38 @@ Definition scattered(const std::string& op, int64_t dim) {
   return d;
 }
 
+Definition scan(int64_t dim) {
+  const auto u = static_cast<size_t>(dim);
+  // Sums along each line of `dim`, forwards (the value) or from the end (the gradient).
+  auto running = [u](const Nd& x, bool reversed) {
+    Nd y = zeros(x.shape);
+    for (int64_t k = 0; k < count_of(x.shape); ++k) {
+      Dims o = multi_index(k, x.shape);
+      const int64_t at = o[u];
+      double total = 0;
+      for (int64_t i = 0; i < x.shape[u]; ++i) {
+        if (reversed ? i < at : i > at) continue;
+        o[u] = i;
+        total += x.at(flat_index(o, x.shape));
+      }
+      y.at(k) = total;
+    }
+    return y;
+  };
+  Definition d;
+  d.value = [=](Xs xs) { return running(xs[0], false); };
+  d.vjp = [=](Xs, const Nd& g, size_t) { return running(g, true); };
+  return d;
+}
+
+Definition integer_binary(const std::string& op, double value) {
+  const bool quotient = op == "floor_divide";
+  return elementwise(value, [quotient](double x, double y) {
+    const double q = std::floor(x / y);
+    return quotient ? q : x - q * y;
+  }, [](double, double, size_t) { return 0.0; });
+}
+
 Definition comparison(const std::string& op, double value) {
   std::function<bool(double, double)> f;
   if (op == "eq") f = [](double x, double y) { return x == y; };

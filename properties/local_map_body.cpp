@@ -417,26 +417,73 @@ bool LocalMapBuilder::try_select_kind(const BodyValue& x) {
 }
 
 // gather(x, d, index) with an int64 index of x's shape read as x (each rank's block of the index
-// is its block of x's rows), or index_select(x, d, index [k]) with a replicated index: along a dim
-// no axis shards, so the local result is the global op's under x's reading.
+// is its block of x's rows), or index_select(x, d, index [k]) with a replicated index; scatter or
+// scatter_add(x, d, index, src) with the index and src of x's shape read as x, index_add(x, d,
+// index [n] replicated, source of x's shape read as x); cumsum(x, d): all along a dim no axis
+// shards, so the local result is the global op's under x's reading. The index is now and then
+// computed in the body from wider int64 ids, ids % n (remainder) or ids // 3 (floor_divide), as
+// routing code computes an expert from a token's id.
 bool LocalMapBuilder::indexed(const BodyValue& x, int64_t d, BodyValue& y) {
   const int64_t n = x.shape[static_cast<size_t>(d)];
   if (n == 0) return false;
-  const bool gather = *rc::gen::arbitrary<bool>();
-  BodyValue index;
-  if (gather) {
-    index = region_arg(x.shape, alike(x), "int64", n);
-  } else {
-    const int64_t k = *rc::gen::inRange<int64_t>(0, 6);
-    index = region_arg({k}, std::vector<std::pair<Reading, int64_t>>(x.reading.size(), {Reading::Replicated, -1}), "int64", n);
-    y.shape[static_cast<size_t>(d)] = k;
+  const std::vector<const char*> ops = {"gather", "index_select", "scatter", "scatter_add", "index_add", "cumsum"};
+  const std::string name = ops.at(static_cast<size_t>(*rc::gen::inRange<int>(0, static_cast<int>(ops.size()))));
+  const json dim = *rc::gen::arbitrary<bool>() ? d : d - static_cast<int64_t>(x.shape.size());
+  if (name == "cumsum") {  // running sums of up to n entries
+    const double bound = x.bound * static_cast<double>(n);
+    if (!within_bounds(name, {}, {{x.bound, x.rounded}}, bound, y.rounded)) return false;
+    y.label = local_label({&x});
+    y.bound = bound;
+    y.floor = 0;
+    add_local(y, name, {x}, {{"dim", dim}});
+    return true;
   }
-  const std::string name = gather ? "gather" : "index_select";
-  if (!within_bounds(name, {}, {{x.bound, x.rounded}}, x.bound, y.rounded)) return false;
-  y.label = local_label({&x, &index});
-  y.bound = x.bound;
-  y.floor = x.floor;
-  add_local(y, name, {x, index}, {{"dim", *rc::gen::arbitrary<bool>() ? d : d - static_cast<int64_t>(x.shape.size())}});
+  const auto replicated = std::vector<std::pair<Reading, int64_t>>(x.reading.size(), {Reading::Replicated, -1});
+  const bool one_d = name == "index_select" || name == "index_add";
+  const int64_t k = name == "index_select" ? *rc::gen::inRange<int64_t>(0, 6) : n;
+  const Shape index_shape = one_d ? Shape{k} : x.shape;
+  const auto reading = one_d ? replicated : alike(x);
+  BodyValue index;
+  const int computed = *rc::gen::inRange(0, 4);  // 1: ids % n, 2: ids // 3, else the ids themselves
+  if (computed == 1 || computed == 2) {
+    const BodyValue ids = region_arg(index_shape, reading, "int64", 3 * n);
+    const char* op_name = computed == 1 ? "remainder" : "floor_divide";
+    const json value = computed == 1 ? n : 3;
+    index = ids;
+    index.name = y.name + "_index";
+    body.push_back(op(index.name, op_name, {ids.name}, {{"value", value}}));
+    reference.push_back(op(index.name, op_name, {ids.ref}, {{"value", value}}));
+    twin_ops.push_back(op("d_" + index.name, op_name, {ids.twin}, {{"value", value}}));
+    index.ref = index.name;
+    index.twin = "d_" + index.name;
+  } else {
+    index = region_arg(index_shape, reading, "int64", n);
+  }
+  if (name == "gather" || name == "index_select") {
+    if (name == "index_select") y.shape[static_cast<size_t>(d)] = k;
+    if (!within_bounds(name, {}, {{x.bound, x.rounded}}, x.bound, y.rounded)) return false;
+    y.label = local_label({&x, &index});
+    y.bound = x.bound;
+    y.floor = x.floor;
+    add_local(y, name, {x, index}, {{"dim", dim}});
+    return true;
+  }
+  // src (index_add's source) a value of the pool of x's shape read as x (x itself, at least); the
+  // sums of scatter_add and index_add reach x plus n of its entries.
+  std::vector<const BodyValue*> partners;
+  for (const auto& v : pool) {
+    bool fits = v.shape == x.shape;
+    for (size_t b = 0; b < x.reading.size() && fits; ++b) fits = same_reading(x, v, b) && !v.has_partial();
+    if (fits) partners.push_back(&v);
+  }
+  if (partners.empty()) return false;
+  const BodyValue src = *partners.at(static_cast<size_t>(*rc::gen::inRange<int>(0, static_cast<int>(partners.size()))));
+  const double bound = name == "scatter" ? std::max(x.bound, src.bound) : x.bound + static_cast<double>(n) * src.bound;
+  if (!within_bounds(name, {}, {{x.bound, x.rounded}, {src.bound, src.rounded}}, bound, y.rounded)) return false;
+  y.label = local_label({&x, &index, &src});
+  y.bound = bound;
+  y.floor = 0;
+  add_local(y, name, {x, index, src}, {{"dim", dim}});
   return true;
 }
 

@@ -126,11 +126,22 @@ std::vector<Shape> draw_case(const std::string& name, size_t arity, json& attrs)
     index[u] = positions;
     return {x, index, index};
   }
-  if (gen == GenClass::Compare || name == "logical_and" || name == "logical_or") {
-    // Two operands, the same shape or one broadcast, or (a comparison) the scalar value.
+  if (name == "cumsum") {  // along a dim of 2 or 3, its extent at full size from the first case
+    // (over one row a rank's running sums are the global ones, and the planted bug would not show)
+    Shape x = *rc::gen::arbitrary<bool>() ? Shape{m, k} : Shape{m, k, n};
+    const auto rank = static_cast<int64_t>(x.size());
+    const int64_t d = dim(rank);
+    attrs["dim"] = d;
+    x[static_cast<size_t>(d < 0 ? d + rank : d)] = *rc::gen::resize(100, rc::gen::inRange<int64_t>(2, 9));
+    return {x};
+  }
+  const bool integer_binary = name == "floor_divide" || name == "remainder";
+  if (gen == GenClass::Compare || name == "logical_and" || name == "logical_or" || integer_binary) {
+    // Two operands, the same shape or one broadcast, or (a comparison, integer division) the
+    // scalar value (a divisor: never 0).
     const int form = *rc::gen::inRange(0, 6);
-    if (form == 5 && gen == GenClass::Compare) {
-      attrs["value"] = *rc::gen::element(-1.0, 0.0, 1.0, 2.0);
+    if (form == 5 && (gen == GenClass::Compare || integer_binary)) {
+      attrs["value"] = integer_binary ? *rc::gen::element(-3.0, 2.0, 3.0) : *rc::gen::element(-1.0, 0.0, 1.0, 2.0);
       return {{m, k}};
     }
     const Shape other = std::vector<Shape>{{m, k}, {k}, {1, k}, {m, 1}, {}, {m, k}}[static_cast<size_t>(form)];
@@ -259,7 +270,7 @@ namespace {
 std::string operand_type(const std::string& name, size_t i) {
   const auto& operands = op_schema(name).operands;
   const OperandType t = i < operands.size() ? operands[i].type : OperandType::Float;
-  return t == OperandType::Any ? "float" : operand_type_name(t);
+  return t == OperandType::Any || t == OperandType::Number ? "float" : operand_type_name(t);
 }
 
 // How many forms the drawn attributes of an op take: an optional one is absent or one of its values
@@ -285,15 +296,16 @@ int copies_of(const RuleFamily& f, const std::string& o) {
   // Comparisons of two operands: either one broadcast, or the scalar value.
   if (f.name == "compare" && o != "logical_not") return 3;
   // Along a dim: a shard after a dropped dim (max, min, argmax, argmin) moves down by one.
-  if (o == "topk") return 10;  // the planted bug local_topk_sharded_dim: a shard of its dim, k >= 1
+  if (o == "topk") return 15;  // the planted bug local_topk_sharded_dim: a shard of its dim, k >= 1
   if (f.name == "select" || f.name == "select_index") return 2;
   // x or the index sharded, on another dim or the dim; gather: the planted bug
   // gather_shard_extents_unchecked (x and a shorter index sharded alike)
   if (o == "gather") return 13;
   if (f.name == "index") return 3;
+  if (o == "cumsum") return 12;  // the planted bug cumsum_sharded_dim_local: a shard of its dim
   // x, the index and src sharded alike on a dim, or the index and src with x Partial (or, under
   // the planted bug scatter_add_sharded_index_replicated, R); scatter has fewer rows.
-  if (f.name == "scatter") return o == "scatter" ? 4 : 8;
+  if (f.name == "scatter") return o == "scatter" ? 4 : o == "scatter_add" ? 9 : 8;
   if (f.name == "triangle") return 2;  // a batch dim's shard needs a third dim
   // amax, amin: their gradient's split among ties shows only where the extremum ties.
   if (op_schema(o).gen == GenClass::Extremum) return 4;
@@ -379,6 +391,12 @@ json single_op_program() {
       const int64_t d = decl.attrs["dim"].get<int64_t>();
       for (int more = 0; more < 3; ++more) shard_rows.push_back({Placement::shard(d < 0 ? d + 2 : d)});
     }
+    // cumsum of a shard of its dim: no row takes it (the dim is gathered first, or, under the planted
+    // bug cumsum_sharded_dim_local, each rank's own running sums are kept): drawn as often as a row.
+    if (name == "cumsum") {
+      const int64_t d = decl.attrs["dim"].get<int64_t>(), rank = static_cast<int64_t>(shapes[0].size());
+      for (size_t more = rows.size(); more > 0; --more) shard_rows.push_back({Placement::shard(d < 0 ? d + rank : d)});
+    }
     // A selection of a shard of its dim: no row takes it (the dim is gathered first, or, under the
     // planted bug local_topk_sharded_dim, each rank's own top k is taken): drawn as often as a row.
     if (op_schema(name).gen == GenClass::Select || op_schema(name).gen == GenClass::SelectIndex) {
@@ -437,6 +455,11 @@ json single_op_program() {
         high = shapes[0][static_cast<size_t>(d < 0 ? d + rank : d)];
       }
       inputs.push_back(typed_input(arg, shapes[i], specs[i], type, high));
+      if ((name == "floor_divide" || name == "remainder") && i == 1) {  // a divisor in [1, 3], laid out as drawn
+        inputs.back()["init"] = {{"ids", 3}};
+        program.push_back(op(arg + "_nz", "add", {arg}, {{"value", 1}}));
+        args.back() = arg + "_nz";
+      }
       continue;
     }
     const Spec& spec = specs[i];

@@ -142,8 +142,14 @@ std::optional<ElementType> slot_type(const std::string& op, size_t i) {
   const OperandType t = operands.empty() ? OperandType::Float : operands[std::min(i, operands.size() - 1)].type;
   if (t == OperandType::Int64) return ElementType::Int64;
   if (t == OperandType::Bool) return ElementType::Bool;
-  if (t == OperandType::Any) return std::nullopt;
+  if (t == OperandType::Any || t == OperandType::Number) return std::nullopt;
   return ElementType::Float;
+}
+
+// A slot of integer arithmetic's (add, sub, mul): float or int64, not bool.
+bool number_slot(const std::string& op, size_t i) {
+  const auto& operands = op_schema(op).operands;
+  return !operands.empty() && operands[std::min(i, operands.size() - 1)].type == OperandType::Number;
 }
 
 // Every operand of the element type its slot needs; the data operands of a moving op (cat, where)
@@ -158,6 +164,8 @@ void check_operand_types(const OpDecl& op, const std::vector<DTensor>& args) {
     };
     if (const auto want = slot_type(op.op, i)) {
       if (got != *want) fail(std::string("expected ") + element_type_name(*want));
+    } else if (got == ElementType::Bool && number_slot(op.op, i)) {
+      fail("expected float or int64");
     } else if (data && got != *data) {
       fail(std::string("the other data operands are ") + element_type_name(*data));
     } else {
@@ -179,6 +187,26 @@ void check_ids(const OpDecl& op, size_t slot, const DTensor& ids, int64_t high, 
                         op.path + "/args/" + std::to_string(slot) + ": " + op.op + ": \"" + op.args[slot] + "\" holds " +
                             std::to_string(lo < 0 ? lo : hi) + " on rank " + std::to_string(r) + ", outside [0, " +
                             std::to_string(high) + ")" + (ignore ? " and not ignore_index " + std::to_string(*ignore) : ""));
+  }
+}
+
+// floor_divide's and remainder's divisor (the second operand, or the scalar value) without a zero:
+// libtorch's integer division by zero is an error; named with where it sits, on which rank.
+void check_divisor(const OpDecl& op, const OpAttrs& attrs, const std::vector<DTensor>& args) {
+  if (attrs.scalar && args.size() == 1) {
+    if (attrs.value == 0) throw SemanticError(ErrorKind::InvalidScenario, op.path + "/value: " + op.op + ": divides by zero");
+    return;
+  }
+  const DTensor& y = args.at(1);
+  for (size_t r = 0; r < y.locals.size(); ++r) {
+    const at::Tensor zeros = y.locals[r].eq(0).nonzero();
+    if (zeros.size(0) == 0) continue;
+    std::string at_index;
+    for (int64_t d = 0; d < zeros.size(1); ++d)
+      at_index += (d ? ", " : "") + std::to_string(zeros[0][d].item<int64_t>());
+    throw SemanticError(ErrorKind::InvalidScenario, op.path + "/args/1: " + op.op + ": \"" + op.args[1] +
+                                                        "\" holds 0 at local [" + at_index + "] on rank " +
+                                                        std::to_string(r) + ": integer division by zero");
   }
 }
 
@@ -295,6 +323,12 @@ DTensor apply_program_op(Runtime& rt, const OpDecl& op, const std::vector<DTenso
     const int64_t d = *attrs.dim < 0 ? *attrs.dim + rank : *attrs.dim;
     if (d >= 0 && d < rank) check_ids(op, 1, args.at(1), args[0].shape[static_cast<size_t>(d)], std::nullopt);
   }
+  if (attrs.scalar && args.size() == 1 && args[0].locals.at(0).scalar_type() == at::kLong &&
+      attrs.value != std::trunc(attrs.value) && std::string_view(op_schema(op.op).family) != "compare")
+    throw SemanticError(ErrorKind::InvalidScenario,
+                        op.path + "/value: " + op.op + ": " + nlohmann::json(attrs.value).dump() + " against the int64 \"" +
+                            op.args[0] + "\": integer arithmetic takes a whole value (PyTorch would promote to float)");
+  if (op.op == "floor_divide" || op.op == "remainder") check_divisor(op, attrs, args);
   if (op.op == "log_softmax") return log_softmax(rt, args.at(0), attrs.dim.value_or(-1), op.out);
   if (op.op == "nll_loss") return nll_loss(rt, op, attrs, args.at(0), args.at(1), op.out);
   if (op.op == "cross_entropy") {

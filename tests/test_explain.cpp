@@ -107,6 +107,9 @@ std::vector<Case> cases() {
   // S(0) rows).
   for (const char* op : {"scatter", "scatter_add"}) out.push_back({op, {m, {4, 3}, {4, 3}}, with_dim(1)});
   out.push_back({"index_add", {m, {5}, {4, 5}}, with_dim(1)});
+  out.push_back({"cumsum", {m}, with_dim(1)});  // its dim gathered where sharded, the other kept
+  out.push_back({"floor_divide", {m, m}, {}});
+  out.push_back({"remainder", {m, {6}}, {}});
   out.push_back({"pick_target", {m, {4}}, {}});
   out.push_back({"count_targets", {{4}}, {}});
   // Selection and order along dim 1 (gathered first where sharded), comparisons and logic.

@@ -72,6 +72,7 @@ const Where kWhere[] = {
     {"cat_sharded_dim_not_gathered", "backward", "/program/0", "cat", "", ""},
     {"flatten_keeps_inner_shard", "backward", "/program/0", "reshape", "", ""},
     // Forward bugs: the first op whose result differs.
+    {"cumsum_sharded_dim_local", "forward", "/program/0", "cumsum", "", ""},
     {"gather_shard_extents_unchecked", "forward", "/program/0", "gather", "", ""},
     {"local_topk_sharded_dim", "forward", "/program/0", "topk", "", ""},
     {"loss_parallel_local_max", "forward", "/program/0", "log_softmax", "", ""},

@@ -69,7 +69,7 @@ int arity(const std::string& op) {
   static const std::set<std::string> binary = {"add", "bmm", "cat", "div", "matmul", "mm", "mul", "stack", "sub",
                                                "masked_fill", "embedding", "nll_loss", "cross_entropy",
                                                "eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or",
-                                               "gather", "index_select"};
+                                               "floor_divide", "remainder", "gather", "index_select"};
   if (op == "where" || op == "scatter" || op == "scatter_add" || op == "index_add") return 3;
   return binary.count(op) ? 2 : 1;
 }
@@ -81,6 +81,7 @@ std::string operand_dtype(const std::string& op, size_t i) {
     return "int64";  // the index
   if ((op == "where" && i == 0) || (op == "masked_fill" && i == 1)) return "bool";
   if (op == "logical_and" || op == "logical_or" || op == "logical_not") return "bool";
+  if (op == "floor_divide" || op == "remainder") return "int64";
   return "float";
 }
 
@@ -135,6 +136,12 @@ std::vector<OpConfig> configs(const std::string& op) {
     return {{op, {{"dim", 0}}, {tall, {7, 3}}}, {op, {{"dim", -1}}, {tall, {5, 2}}}, {op, {{"dim", 1}}, {cube, {2, 4, 2}}}};
   if (op == "index_select")
     return {{op, {{"dim", 0}}, {tall, {4}}}, {op, {{"dim", -1}}, {tall, {7}}}, {op, {{"dim", 1}}, {cube, {3}}}};
+  // cumsum along each dim (the dim gathered where sharded; [5, 3] uneven on [3] and [4]).
+  if (op == "cumsum") return {{op, {{"dim", 0}}, {tall}}, {op, {{"dim", -1}}, {tall}}, {op, {{"dim", 1}}, {cube}}};
+  // floor_divide, remainder of int64 data: alike or broadcast either way (the scalar value:
+  // test_ops_int.cpp).
+  if (op == "floor_divide" || op == "remainder")
+    return {{op, none, {tall, tall}}, {op, none, {tall, {3}}}, {op, none, {{5, 1}, {3}}}, {op, none, {cube, {5, 1}}}};
   // scatter and scatter_add along each dim: an index (and src) as long as x on the other dims (the
   // S(d), S(d), S(d) rows) or shorter, longer or shorter than x on the dim; index_add's 1-D index
   // with source x's shape but at the dim.
@@ -350,13 +357,18 @@ json scenario_json(const OpCase& c) {
                {"requires_grad", grad && dtype == "float"}};
     if (dtype != "float") in["dtype"] = dtype;
     if (dtype == "int64")  // ids of the weight's vocab, targets of the classes
-      in["init"] = {{"ids", cfg.op == "embedding"                                  ? cfg.shapes[1][0]
+      in["init"] = {{"ids", cfg.op == "embedding" ? cfg.shapes[1][0]
                             : cfg.op == "gather" || cfg.op == "index_select" || cfg.op == "scatter" ||
-                                      cfg.op == "scatter_add" || cfg.op == "index_add"
+                                    cfg.op == "scatter_add" || cfg.op == "index_add"
                                 ? indexed_extent(cfg)
-                                                                             : cfg.shapes[0][1]}};
+                                : cfg.shapes[0][1]}};
+    if ((cfg.op == "floor_divide" || cfg.op == "remainder") && i == 0) in.erase("init");  // in [-4, 4]
     inputs.push_back(in);
-    if (positive_operand(cfg.op, i)) {
+    if ((cfg.op == "floor_divide" || cfg.op == "remainder") && i == 1) {  // a divisor in [1, 3]
+      inputs.back()["init"] = {{"ids", 3}};
+      program.push_back({{"out", "d"}, {"op", "add"}, {"args", {name}}, {"value", 1}});
+      args.push_back("d");
+    } else if (positive_operand(cfg.op, i)) {
       program.push_back({{"out", "d"}, {"op", "exp"}, {"args", {name}}});
       args.push_back("d");
     } else {

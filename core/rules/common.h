@@ -1,12 +1,12 @@
 // The sharding rules' insides, shared by their files (not a public header; core/propagation.h is).
 // Each op family's table and backward function lives in the file of its group:
 //   rules/common.cpp        the row text (parse_rows, S()), the row cost, the backward helpers
-//   rules/pointwise.cpp     linear_binary, linear_unary, nonlinear_unary, mul, div, where,
-//                           masked_fill, triangle
+//   rules/pointwise.cpp     linear_binary, linear_unary, nonlinear_unary, mul, div,
+//                           integer_binary, where, masked_fill, triangle
 //   rules/matmul.cpp        mm, matmul (bmm, matmul as einsums)
 //   rules/views.cpp         transpose, permute, view, expand, narrow
 //   rules/joins.cpp         cat, stack (and split_pieces, split and chunk as narrows)
-//   rules/reductions.cpp    reduction (sum, mean), amax, amin, softmax
+//   rules/reductions.cpp    reduction (sum, mean), amax, amin, softmax, scan (cumsum)
 //   rules/norms_losses.cpp  norm (layer_norm, rms_norm), vector_norm (linalg_vector_norm),
 //                           pick_target, count_targets
 //   rules/embedding.cpp     embedding
@@ -193,6 +193,7 @@ std::vector<RuleRow> linear_unary_rows(const RowCtx& c);
 std::vector<RuleRow> nonlinear_unary_rows(const RowCtx& c);
 std::vector<RuleRow> mul_rows(const RowCtx& c);
 std::vector<RuleRow> div_rows(const RowCtx& c);
+std::vector<RuleRow> integer_binary_rows(const RowCtx& c);
 std::vector<RuleRow> where_rows(const RowCtx& c);
 std::vector<RuleRow> masked_fill_rows(const RowCtx& c);
 std::vector<RuleRow> triangle_rows(const RowCtx& c);
@@ -201,6 +202,7 @@ Grad linear_unary_gradient(const AxisGrad& x);
 Grad times_operand(const AxisGrad& x);  // non-linear unary, softmax: g times the operand
 Grad mul_gradient(const AxisGrad& x);
 Grad div_gradient(const AxisGrad& x);
+Grad integer_gradient(const AxisGrad& x);
 Grad where_gradient(const AxisGrad& x);
 Grad masked_fill_gradient(const AxisGrad& x);
 Grad triangle_gradient(const AxisGrad& x);
@@ -243,7 +245,9 @@ std::vector<RuleRow> reduction_rows(const RowCtx& c);
 std::vector<RuleRow> amax_rows(const RowCtx& c);
 std::vector<RuleRow> amin_rows(const RowCtx& c);
 std::vector<RuleRow> softmax_rows(const RowCtx& c);
+std::vector<RuleRow> scan_rows(const RowCtx& c);
 Grad reduction_gradient(const AxisGrad& x);
+Grad scan_gradient(const AxisGrad& x);
 
 // norms_losses.cpp
 std::vector<RuleRow> norm_rows(const RowCtx& c);

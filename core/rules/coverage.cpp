@@ -80,7 +80,7 @@ std::vector<CoverageCase> coverage_cases(const std::string& family, const std::s
     f(a);
     return a;
   };
-  if (family == "linear_binary" || family == "mul" || family == "div") {
+  if (family == "linear_binary" || family == "mul" || family == "div" || family == "integer_binary") {
     for (int64_t r = 1; r <= 3; ++r) add({cube(r), cube(r)});
     for (const auto& p : std::vector<std::pair<Shape, Shape>>{
              {{2, 2}, {2}}, {{2}, {2, 2}}, {{2, 2}, {1, 2}}, {{1, 2}, {2, 2}}, {{2, 2}, {}}, {{}, {2, 2}}})
@@ -226,7 +226,9 @@ std::vector<CoverageCase> coverage_cases(const std::string& family, const std::s
     // over lists of dims too.
     for (int64_t r = 1; r <= 3; ++r) {
       for (const auto& a : attr_variants(r)) {
-        if ((op == "softmax" || op == "log_softmax" || family == "select" || family == "select_index") && !a.dim) continue;
+        if ((op == "softmax" || op == "log_softmax" || family == "select" || family == "select_index" || family == "scan") &&
+            !a.dim)
+          continue;
         if (family == "triangle" && r < 2) continue;
         add({cube(r)}, a);
       }

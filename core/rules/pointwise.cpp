@@ -1,5 +1,5 @@
-// The pointwise families: linear_binary, linear_unary, nonlinear_unary, mul, div, where,
-// masked_fill, triangle.
+// The pointwise families: linear_binary, linear_unary, nonlinear_unary, mul, div, integer_binary,
+// where, masked_fill, triangle.
 #include <string>
 #include <vector>
 
@@ -52,6 +52,12 @@ std::vector<RuleRow> mul_rows(const RowCtx& c) {
 
 // Pointwise divide x / y: linear in the numerator only, so Partial only there.
 std::vector<RuleRow> div_rows(const RowCtx& c) { return pointwise_rows(c, {"P(sum), R -> P(sum)", "P(avg), R -> P(avg)"}); }
+
+// floor_divide and remainder of int64 data: pointwise, linear in neither operand (the ranks'
+// quotients of a sum are not the quotient of the sum), so shards and replicas only (int64 data is
+// never Partial). PyTorch lists both among its pointwise ops (_pointwise_ops.py), whose strategy
+// keeps a Partial only for the linear ones.
+std::vector<RuleRow> integer_binary_rows(const RowCtx& c) { return pointwise_rows(c, {}); }
 
 // where(cond, x, y): pointwise over three operands (broadcast); linear in x and y together, so
 // Partial x and y of one kind stay Partial against a replicated condition.
@@ -127,6 +133,8 @@ Grad div_gradient(const AxisGrad& x) {
 
 // where: the incoming gradient where the condition picks the operand, zeros elsewhere (linear in
 // g, laid out as g), then summed over the operand's broadcast dims.
+Grad integer_gradient(const AxisGrad& x) { no_gradient(x, "an int64 result"); }
+
 Grad where_gradient(const AxisGrad& x) {
   if (x.input == 0) no_gradient(x, "the condition");
   return summed_to_operand({x.g, x.g, nullptr, "g where picked, laid out as g"}, x);

@@ -1,7 +1,8 @@
-// The reducing families: reduction (sum, mean), amax, amin, softmax.
+// The reducing families: reduction (sum, mean), amax, amin, softmax, scan (cumsum).
 #include <string>
 #include <vector>
 
+#include "core/mutants.h"
 #include "core/rules/common.h"
 
 namespace meshsim::rules {
@@ -65,8 +66,31 @@ std::vector<RuleRow> softmax_rows(const RowCtx& c) {
   return parse_rows(t);
 }
 
+// cumsum {dim} (the scan family): each entry sums the entries before it along `dim`, so the dim is
+// whole on every rank (a shard of it is gathered first: a rank's running sums would miss the
+// ranks before it); another dim's shard is kept; linear, so P(sum) and P(avg) pass through.
+// PyTorch 2.15.0 places it alike (tools/crosscheck: an S(1) x along dim 0 stays S(1)); the
+// Partial rows are meshsim's.
+// Planted bug (cumsum_sharded_dim_local): S(dim) -> S(dim) kept, each rank's running sums of its
+// own block taken for the global ones.
+std::vector<RuleRow> scan_rows(const RowCtx& c) {
+  std::vector<RowText> t;
+  for (int64_t d = 0; d < c.rank(); ++d)
+    if (d != *c.a.dim) t.emplace_back(S(d) + " -> " + S(d), "S(d) -> S(d), d not the dim");
+  if (mutant_on(Mutant::CumsumShardedDimLocal) && c.rank() > 0)
+    t.emplace_back(S(*c.a.dim) + " -> " + S(*c.a.dim), "S(dim) -> S(dim) (planted bug)");
+  t.emplace_back("R -> R");
+  t.emplace_back("P(sum) -> P(sum)");
+  t.emplace_back("P(avg) -> P(avg)");
+  return parse_rows(t);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Backward
+
+// cumsum's gradient is the running sums of g from the end along `dim`: linear with cumsum's own
+// sharding, so its table read with g in the operand's slot.
+Grad scan_gradient(const AxisGrad& x) { return own_table("scan", scan_rows(x.ctx()), x); }
 
 Grad reduction_gradient(const AxisGrad& x) {
   const Placement& in = x.ins.at(0);

@@ -245,8 +245,16 @@ def _fill(op):
 
 
 def _binary(fn):
-    """add / sub / mul / div: two operands, or one and the number `value`."""
-    return lambda xs, op: fn(xs[0], xs[1] if len(xs) > 1 else op["value"])
+    """add / sub / mul / div: two operands, or one and the number `value` (a whole value against
+    integer data as an int, so that integer arithmetic stays integer as meshsim's does)."""
+    def run(xs, op):
+        if len(xs) > 1:
+            return fn(xs[0], xs[1])
+        v = op["value"]
+        if jnp.issubdtype(xs[0].dtype, jnp.integer) and float(v).is_integer():
+            v = int(v)
+        return fn(xs[0], v)
+    return run
 
 
 def _order(x, dim, descending):
@@ -325,6 +333,8 @@ def _reduction(fn):
 
 OPS = {
     "add": _binary(jnp.add), "sub": _binary(jnp.subtract), "mul": _binary(jnp.multiply),
+    "floor_divide": _binary(jnp.floor_divide), "remainder": _binary(jnp.remainder),
+    "cumsum": lambda xs, op: jnp.cumsum(xs[0], axis=op["dim"]),
     "div": _binary(jnp.divide),
     "neg": lambda xs, op: -xs[0], "exp": lambda xs, op: jnp.exp(xs[0]), "tanh": lambda xs, op: jnp.tanh(xs[0]),
     "relu": lambda xs, op: jax.nn.relu(xs[0]), "sin": lambda xs, op: jnp.sin(xs[0]),

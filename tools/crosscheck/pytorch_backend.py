@@ -467,12 +467,16 @@ def reduction(fn):
 
 
 def binary(fn):
-    """add/sub/mul/div of two operands, or of one and the scalar `value`."""
+    """add/sub/mul/div of two operands, or of one and the scalar `value` (a whole value against
+    int64 data as a Python int, so that integer arithmetic stays int64 as meshsim's does)."""
     def run(p, op, a, b=None):
         if "value" in op:
             if b is not None:
                 raise ValueError(f"{op['op']} takes 1 argument (with a scalar \"value\"), got 2")
-            return fn(a, scalar(op["value"]))
+            v = scalar(op["value"])
+            if not a.is_floating_point() and a.dtype != torch.bool and v.is_integer():
+                v = int(v)
+            return fn(a, v)
         return fn(a, b)
     return run
 
@@ -642,6 +646,8 @@ def split(p: Program, op: dict, x):
 OPS = {
     "redistribute": redistribute,
     "add": binary(torch.add), "sub": binary(torch.sub), "mul": binary(torch.mul), "div": binary(torch.div),
+    "floor_divide": binary(torch.floor_divide), "remainder": binary(torch.remainder),
+    "cumsum": lambda p, op, x: torch.cumsum(x, op["dim"]),
     "neg": lambda p, op, x: torch.neg(x),
     "exp": lambda p, op, x: torch.exp(x),
     "tanh": lambda p, op, x: torch.tanh(x),
