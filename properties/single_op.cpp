@@ -48,8 +48,8 @@ std::vector<Shape> draw_case(const std::string& name, size_t arity, json& attrs)
   if (name == "scale") attrs["value"] = *rc::gen::element(-2.0, -1.0, -0.5, 0.0, 0.5, 1.5, 3.0);
   if (name == "transpose") attrs.update({{"dim0", dim(2)}, {"dim1", dim(2)}});
   if (name == "softmax") attrs["dim"] = dim(2);
-  if (gen == GenClass::VectorNorm)  // each kind of norm partial: P(normP), P(max), P(min), P(sum)
-    attrs["ord"] = *rc::gen::elementOf(std::vector<json>{2, 3, 1.5, 1, 0, "inf", "-inf"});
+  if (gen == GenClass::VectorNorm)  // each kind of norm partial: P(normP) (twice as often), P(max), P(min), P(sum)
+    attrs["ord"] = *rc::gen::elementOf(std::vector<json>{2, 3, 1.5, 1, 2, 3, 1.5, 1, 0, "inf", "-inf"});
   if (gen == GenClass::Reduction || gen == GenClass::Extremum || gen == GenClass::VectorNorm) {
     attrs["keepdim"] = *rc::gen::arbitrary<bool>();
     const int form = *rc::gen::inRange(0, 4);
@@ -512,7 +512,16 @@ json single_op_program() {
   // the loss's tolerance (the deep check, seed 9): a weight of ones there (each value keeps its
   // own comparison).
   if (needs_positive(name)) inputs.back()["init"] = "ones";
-  program.push_back(op("weighted", "mul", {"y", "c"}));
+  // A norm's result without a gradient (a norm partial, P(max), P(min)) laid out R or Rd on every
+  // axis half of the time: its reductions to R and to Rd.
+  std::string result = "y";
+  if (op_schema(name).gen == GenClass::VectorNorm && !result_differentiable && *rc::gen::arbitrary<bool>()) {
+    json to = json::array();
+    for (int a = 0; a < mesh.ndim(); ++a) to.push_back(*rc::gen::element<std::string>("R", "Rd"));
+    program.push_back(op("y_laid", "redistribute", {"y"}, {{"placements", to}}));
+    result = "y_laid";
+  }
+  program.push_back(op("weighted", "mul", {result, "c"}));
   program.push_back(op("loss", "sum", {"weighted"}));
   return {{"format", "meshsim.scenario/1"}, {"name", "single_op"}, {"mesh", mesh_json(mesh)},
           {"options", options}, {"inputs", inputs}, {"program", program}, {"backward", "loss"}};
