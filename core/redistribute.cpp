@@ -344,9 +344,6 @@ std::string unreachable_step(StepKind kind, const Placement& from, const Placeme
            "fits the shard rows, which come before the rows that give a P(avg) contribution (R, P(avg) of mul "
            "and mm), so no P(avg) gradient has a sharded source there (a strided shard over an axis of size 1, "
            "which fits no row, could: the generators draw none there, as it holds the whole dim)";
-  if (from.is_reduced() && to.is_shard())
-    return "a gradient laid out Rd is the cotangent of a Partial output; the rows that give one take Partial or "
-           "replicated operands, so neither a backward row nor a hook asks it for a shard";
   return {};
 }
 
