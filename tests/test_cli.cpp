@@ -945,12 +945,14 @@ TEST_F(Cli, CheckFindsEveryMutantAndItsTraceReplays) {
     EXPECT_TRUE(contains(o.out, "planted bug " + m + " found")) << o;
     EXPECT_GE(tally(o.out).second, 1) << o;
     // Every failing property wrote its counterexample; the smallest after shrinking has at most 3
-    // ops that take part (drawn_ops).
+    // ops that take part (drawn_ops). The bugs of gradient accumulation act across training steps,
+    // found by train_equivalence alone, whose program is a fixed two-layer MLP of 6 ops (its steps,
+    // microbatches, optimizer and clipping shrink; the program does not).
     const std::vector<std::string> paths = reproduce_paths(o.out);
     ASSERT_FALSE(paths.empty()) << o;
     int smallest = 1000;
     for (const auto& t : paths) smallest = std::min(smallest, drawn_ops(json::parse(read_text(dir / t))));
-    EXPECT_LE(smallest, 3) << o;
+    EXPECT_LE(smallest, m.rfind("accumulation_", 0) == 0 ? 6 : 3) << o;
     const std::string trace = paths.front();
     ++traces;
     ASSERT_TRUE(fs::exists(dir / trace)) << trace;

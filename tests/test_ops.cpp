@@ -451,7 +451,15 @@ std::vector<std::string> chosen_rows(const Scenario& sc) {
       given.push_back(specs.at(a));
       in_shapes.push_back(shapes.at(a));
     }
-    ShardingDecision d = propagate(op.op, sc.mesh, given, in_shapes, op_attrs(op));
+    OpAttrs attrs = op_attrs(op);
+    // An arithmetic op's `value` (the divisor of floor_divide's cases: add(d0, 1)): a 0-d operand, R on
+    // every axis, as the run gives it; the comparisons' tables have rows of their one-operand form.
+    if (attrs.scalar && given.size() == 1 && std::string_view(op_schema(op.op).family) != "compare") {
+      given.push_back(Spec(static_cast<size_t>(sc.mesh.ndim()), Placement::replicate()));
+      in_shapes.push_back({});
+      attrs.scalar = false;
+    }
+    ShardingDecision d = propagate(op.op, sc.mesh, given, in_shapes, attrs);
     rows.insert(rows.end(), d.rows.begin(), d.rows.end());
     specs[op.out] = restore_reduced(op.op, sc.mesh, given, d.out_spec, sc.options.reduced_propagation);
     shapes[op.out] = d.out_shape;
