@@ -354,22 +354,43 @@ Definition extremum(const OpAttrs& a, bool max) {
 // |x|^(p-1) / y^(p-1) (0 where y is 0; for p < 1, 0 where x is 0); for +-inf g * sgn(x) split evenly
 // among the positions where |x| is y; for 0, none (torch's linalg_vector_norm_backward).
 Definition vector_norm(const OpAttrs& a) {
+  const double p = a.ord;
+  if (std::isinf(p)) {  // amax (amin) of |x|, its gradient split among the ties alike, times sgn(x)
+    const Definition ext = extremum(a, p > 0);
+    auto abs_of = [](Xs xs) {
+      std::vector<Nd> out = xs;
+      for (double& e : out[0].v) e = std::abs(e);
+      return out;
+    };
+    Definition d;
+    d.value = [=](Xs xs) {
+      Nd y = ext.value(abs_of(xs));
+      if (p > 0)
+        for (double& e : y.v) e = std::max(e, 0.0);  // over no element: 0, not amax's -inf
+      return y;
+    };
+    d.vjp = [=](Xs xs, const Nd& g, size_t i) {
+      Nd r = ext.vjp(abs_of(xs), g, i);
+      for (int64_t k = 0; k < count_of(xs[0].shape); ++k) {
+        const double x = xs[0].at(k);
+        r.at(k) *= x > 0 ? 1.0 : x < 0 ? -1.0 : 0.0;
+      }
+      return r;
+    };
+    return d;
+  }
   auto red_of = [a](const Dims& in) { return reduced_set(a, static_cast<int64_t>(in.size())); };
   const bool keepdim = a.keepdim;
-  const double p = a.ord;
   auto value = [=](Xs xs) {
     const auto red = red_of(xs[0].shape);
     const Dims out = reduced_shape(xs[0].shape, red, keepdim);
-    const double start = std::isinf(p) && p < 0 ? INFINITY : 0.0;
-    Nd y{out, std::vector<double>(static_cast<size_t>(count_of(out)), start)};
+    Nd y{out, std::vector<double>(static_cast<size_t>(count_of(out)), 0.0)};
     for (int64_t k = 0; k < count_of(xs[0].shape); ++k) {
       double& e = y.at(reduced_index(multi_index(k, xs[0].shape), red, keepdim, out));
       const double v = std::abs(xs[0].at(k));
-      if (std::isinf(p)) e = p > 0 ? std::max(e, v) : std::min(e, v);
-      else if (p == 0) e += v != 0 ? 1.0 : 0.0;
-      else e += std::pow(v, p);
+      e += p == 0 ? (v != 0 ? 1.0 : 0.0) : std::pow(v, p);
     }
-    if (!std::isinf(p) && p != 0)
+    if (p != 0)
       for (auto& e : y.v) e = std::pow(e, 1.0 / p);
     return y;
   };
@@ -378,21 +399,15 @@ Definition vector_norm(const OpAttrs& a) {
   d.vjp = [=](Xs xs, const Nd& g, size_t) {
     const auto red = red_of(xs[0].shape);
     const Nd y = value(xs);
-    Nd ties = zeros(y.shape), r = zeros(xs[0].shape);
-    auto out_of = [&](int64_t k) { return reduced_index(multi_index(k, xs[0].shape), red, keepdim, y.shape); };
-    auto sgn = [](double v) { return v > 0 ? 1.0 : v < 0 ? -1.0 : 0.0; };
+    Nd r = zeros(xs[0].shape);
     if (p == 0) return r;
-    for (int64_t k = 0; k < count_of(xs[0].shape); ++k)
-      if (std::isinf(p) && std::abs(xs[0].at(k)) == y.at(out_of(k))) ties.at(out_of(k)) += 1;
     for (int64_t k = 0; k < count_of(xs[0].shape); ++k) {
-      const int64_t o = out_of(k);
-      const double x = xs[0].at(k), v = std::abs(x);
-      if (std::isinf(p)) {
-        if (v == y.at(o)) r.at(k) = sgn(x) * g.at(o) / ties.at(o);
-      } else if (p < 1) {
-        if (x != 0) r.at(k) = sgn(x) * std::pow(v, p - 1) * g.at(o) * std::pow(y.at(o), 1 - p);
+      const int64_t o = reduced_index(multi_index(k, xs[0].shape), red, keepdim, y.shape);
+      const double x = xs[0].at(k), v = std::abs(x), sgn = x > 0 ? 1.0 : x < 0 ? -1.0 : 0.0;
+      if (p < 1) {
+        if (x != 0) r.at(k) = sgn * std::pow(v, p - 1) * g.at(o) * std::pow(y.at(o), 1 - p);
       } else if (y.at(o) != 0) {
-        r.at(k) = sgn(x) * std::pow(v, p - 1) * g.at(o) / std::pow(y.at(o), p - 1);
+        r.at(k) = sgn * std::pow(v, p - 1) * g.at(o) / std::pow(y.at(o), p - 1);
       }
     }
     return r;

@@ -84,9 +84,11 @@ std::vector<Shape> draw_case(const std::string& name, size_t arity, json& attrs)
     }
     return {x};
   }
-  if (name == "gather" || name == "index_select") {  // along a dim of 2 or 3
-    // Every extent drawn at full size from the first case: over one row every position is 0, and
-    // a shard of one row shows no offset.
+  // gather, index_select, scatter, scatter_add, index_add: along a dim of x (2 or 3 dims), its
+  // extents at full size from the first case (over one row every position is 0, and a shard of one
+  // row shows no offset); x's dim of 1-8, 1-8 positions.
+  const bool scatter = name == "scatter" || name == "scatter_add" || name == "index_add";
+  if (name == "gather" || name == "index_select" || scatter) {
     auto extent = [] { return *rc::gen::resize(100, rc::gen::inRange<int64_t>(1, 8)); };
     Shape x = *rc::gen::arbitrary<bool>() ? Shape{extent(), extent()} : Shape{extent(), extent(), extent()};
     const auto rank = static_cast<int64_t>(x.size());
@@ -96,34 +98,15 @@ std::vector<Shape> draw_case(const std::string& name, size_t arity, json& attrs)
     x[u] = *rc::gen::resize(100, rc::gen::inRange<int64_t>(1, 9));
     const int64_t positions = *rc::gen::resize(100, rc::gen::inRange<int64_t>(1, 9));
     if (name == "index_select") return {x, {positions}};
-    // gather's index: as long as x on the other dims half of the time (its S(d), S(d) rows), else
-    // shorter, by at least one and at least 2 (a shard of one row is rank 0's block alike); as
-    // many positions as drawn on the dim.
     Shape index = x;
+    index[u] = positions;
+    if (name == "index_add") return {x, {positions}, index};
+    // gather's and scatter's index (and src): as long as x on the other dims half of the time (the
+    // rows sharding them alike), else shorter, by at least one and at least 2 (a shard of one row
+    // is rank 0's block alike).
     for (size_t i = 0; i < index.size(); ++i)
       if (i != u && x[i] >= 3 && *rc::gen::arbitrary<bool>()) index[i] = *rc::gen::resize(100, rc::gen::inRange<int64_t>(2, x[i]));
-    index[u] = positions;
-    return {x, index};
-  }
-  if (name == "scatter" || name == "scatter_add" || name == "index_add") {  // into x along a dim of 2 or 3
-    // Extents at full size from the first case, as gather's; x's dim of 1-8, 1-8 positions.
-    auto extent = [] { return *rc::gen::resize(100, rc::gen::inRange<int64_t>(1, 8)); };
-    Shape x = *rc::gen::arbitrary<bool>() ? Shape{extent(), extent()} : Shape{extent(), extent(), extent()};
-    const auto rank = static_cast<int64_t>(x.size());
-    const int64_t d = dim(rank);
-    const auto u = static_cast<size_t>(d < 0 ? d + rank : d);
-    attrs["dim"] = d;
-    x[u] = *rc::gen::resize(100, rc::gen::inRange<int64_t>(1, 9));
-    const int64_t positions = *rc::gen::resize(100, rc::gen::inRange<int64_t>(1, 9));
-    Shape index = x;
-    if (name == "index_add") {
-      index[u] = positions;
-      return {x, {positions}, index};
-    }
-    // As long as x on the other dims half of the time (the S(d), S(d), S(d) rows), else shorter.
-    for (size_t i = 0; i < index.size(); ++i)
-      if (i != u && x[i] >= 3 && *rc::gen::arbitrary<bool>()) index[i] = *rc::gen::resize(100, rc::gen::inRange<int64_t>(2, x[i]));
-    index[u] = positions;
+    if (name == "gather") return {x, index};
     return {x, index, index};
   }
   if (name == "cumsum") {  // along a dim of 2 or 3, its extent at full size from the first case
