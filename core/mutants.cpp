@@ -35,6 +35,13 @@ const std::vector<MutantInfo>& mutant_catalog() {
       {Mutant::CumsumShardedDimLocal, "cumsum_sharded_dim_local",
        "cumsum over a sharded dim computed locally: each rank's running sums of its own block kept as S(dim), "
        "missing the sums of the ranks before it (no all_gather of the dim, no offset)"},
+      {Mutant::DropoutReplicasRankSeeded, "dropout_replicas_rank_seeded",
+       "a random op on a DTensor (dropout, rand, randn) draws with a generator seeded by the run's seed plus the "
+       "rank: the replicas of a Replicate axis get different masks (replicated activations diverge across "
+       "tensor-parallel ranks)"},
+      {Mutant::DropoutShardOffsetIgnored, "dropout_shard_offset_ignored",
+       "a random op on a DTensor (dropout, rand, randn) draws each rank's local from the stream's start, not at its "
+       "global offsets: every shard gets the same mask (the global mask repeats along a sequence shard)"},
       {Mutant::EmbeddingGradWrongRank, "embedding_grad_wrong_rank",
        "vocab-parallel embedding backward: each rank's gradient rows land in the next rank's vocab shard"},
       {Mutant::ExtremumGradFirstTie, "extremum_grad_first_tie",

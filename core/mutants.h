@@ -23,6 +23,8 @@ enum class Mutant {
   CotangentPsumAsR,                // the cotangent of P(sum) taken as R
   CotangentRdAsR,                  // the cotangent of Rd taken as R
   CumsumShardedDimLocal,           // cumsum over a sharded dim: each rank's own running sums kept as S(dim)
+  DropoutReplicasRankSeeded,       // dropout/rand/randn on a DTensor: each rank's draw seeded by the run's seed plus its rank
+  DropoutShardOffsetIgnored,       // dropout/rand/randn on a DTensor: each shard draws from index 0, not its global offsets
   EmbeddingGradWrongRank,          // a vocab-parallel embedding's gradient rows scattered to the next rank's shard
   ExtremumGradFirstTie,            // amax/amin: the gradient goes whole to the first tied element
   FlattenKeepsInnerShard,          // a view keeps a shard of a non-leading dim of a merged group

@@ -143,7 +143,10 @@ std::string OpAttrs::str() const {
     << " float32=" << float32 << " ord=" << ord
     << " range=" << (range ? std::to_string(range->offset) + "+" + std::to_string(range->size) : "-")
     << " divisor=" << (mean_divisor ? std::to_string(*mean_divisor) : "-") << " local_mean=" << local_mean
-    << " local_shape=" << (local_shape ? list_str(*local_shape) : "-");
+    << " local_shape=" << (local_shape ? list_str(*local_shape) : "-") << " p=" << p << " training=" << training
+    << " stream=" << draw.stream << " seed=" << draw.seed << " step=" << draw.step << " microbatch=" << draw.microbatch
+    << " global=" << list_str(draw.global);
+  for (const auto& idx : draw.indices) o << " indices=" << list_str(idx);
   return o.str();
 }
 
@@ -216,6 +219,9 @@ OpAttrs op_attrs(const OpDecl& decl) {
   a.descending = j.value("descending", false);
   if (j.contains("ord") && j["ord"].is_number()) a.ord = j["ord"].get<double>();
   if (j.contains("ord") && j["ord"].is_string()) a.ord = j["ord"] == "-inf" ? -INFINITY : INFINITY;
+  if (j.contains("p") && j["p"].is_number()) a.p = j["p"].get<double>();
+  if (j.contains("training") && j["training"].is_boolean()) a.training = j["training"].get<bool>();
+  a.draw.stream = j.contains("stream") && j["stream"].is_string() ? j["stream"].get<std::string>() : decl.out;
   return a;
 }
 

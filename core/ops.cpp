@@ -83,6 +83,11 @@ std::vector<A> creation_attrs(bool value, bool bools = true) {
   if (value) a.push_back({"value", T::NumberOrInf, true});
   return a;
 }
+// rand and randn: a shape and placements (S, R or Rd on each axis) as the creation ops; their
+// values the run's float dtype, drawn from their stream (core/random.h).
+std::vector<A> random_creation_attrs() {
+  return {{"shape", T::Ints, true}, {"placements", T::Spec, true}, {"stream", T::String, false, "its result's name"}};
+}
 std::vector<A> loss_attrs(bool class_parallel) {
   std::vector<A> a = {{"reduction", T::String, false, "mean", {"mean", "sum"}},
                       {"ignore_index", T::Int, false}};
@@ -208,6 +213,15 @@ std::vector<OpSchema> build() {
          "torch.cumsum(x, dim): the running sums along dim, of float or int64 data; the gradient the running sums "
          "of g taken from the end"),
       op("div", xy(), binary_attrs(), "div", false, "x / y (or x / value), broadcast"),
+      op("dropout", x(),
+         {{"p", T::Number, false, "0.5"},
+          {"training", T::Bool, false, "true"},
+          {"stream", T::String, false, "its result's name"},
+          {"generator", T::String, false, "same_seed", {"same_seed", "rank_seed"}}},
+         "random", false,
+         "x * mask / (1 - p), the mask's zeros drawn with probability p (training false: x); on a DTensor the "
+         "global tensor's draw whatever its layout; on a local tensor each rank's own generator (same_seed: seeded "
+         "alike on every rank, rank_seed: by rank)"),
       op("embedding", {{"ids", kInt}, {"weight"}},
          {{"axis", T::Axis, false}, {"vocab", T::Int, false}}, "embedding", false,
          "rows of weight at ids; in a local_map body, axis and vocab name a vocab-parallel table"),
@@ -300,6 +314,14 @@ std::vector<OpSchema> build() {
       handled(op("redistribute", x(), {{"placements", T::Spec, true}}, "", true,
                  "the value laid out by placements (the planner's collectives)"),
               kProgram | kReference),
+      with(handled(op("rand", {}, random_creation_attrs(), "", false,
+                      "uniform values in [0, 1) of a shape, the global tensor's draw whatever its layout"),
+                   kProgram),
+           GenClass::RandomCreation),
+      with(handled(op("randn", {}, random_creation_attrs(), "", false,
+                      "standard normal values of a shape, the global tensor's draw whatever its layout"),
+                   kProgram),
+           GenClass::RandomCreation),
       with(op("relu", x(), {}, "nonlinear_unary", true, "max(x, 0)"), GenClass::Unary, {0, false, true, same}),
       with(op("reshape", data(), {{"shape", T::Ints, true}}, "view", true, "the elements in another shape (-1 inferred)"),
            GenClass::Reshape),
@@ -595,6 +617,7 @@ const char* gen_class_name(GenClass c) {
     case GenClass::SelectIndex: return "select_index";
     case GenClass::Reshape: return "reshape";
     case GenClass::VectorNorm: return "vector_norm";
+    case GenClass::RandomCreation: return "random_creation";
   }
   return "?";
 }

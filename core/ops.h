@@ -74,6 +74,8 @@ enum class GenClass {
   SelectIndex,   // argmax, argmin, argsort along a dim: int64 indices, no gradient
   Reshape,       // view, reshape to a drawn shape
   VectorNorm,    // linalg_vector_norm {ord, dim, keepdim}: a reduction, not linear
+  RandomCreation,  // rand, randn: creation ops whose values are drawn (the programs' creation case draws
+                   // Creation alone: their values are not small integers)
 };
 const char* gen_class_name(GenClass c);
 

@@ -61,6 +61,21 @@ struct OpAttrs {
   bool descending = false;           // sort, argsort {descending}
   bool float32 = false;              // count_targets: the run's float dtype is float32
   double ord = 2.0;                  // linalg_vector_norm: the norm's order (+-inf allowed)
+  double p = 0.5;                    // dropout: the probability of a zero
+  bool training = true;              // dropout {training: false}: the identity
+  // dropout, rand, randn: what their values are drawn from (core/random.h). The stream's name (the
+  // op's `stream`, else its result's name) from the op; the run's seed (plus the rank, for local
+  // code whose generator is seeded by rank) and a training step's step and microbatch set by the
+  // runtime and the oracle. On a rank, `indices` holds per dim the global indices its local holds
+  // and `global` the global shape (set by the runtime from the result's layout); empty: the operand
+  // is the whole tensor (the oracle; local code, whose generator knows no layout).
+  struct Draw {
+    std::string stream;
+    uint64_t seed = 0;
+    int64_t step = -1, microbatch = -1;
+    std::vector<std::vector<int64_t>> indices;
+    std::vector<int64_t> global;
+  } draw;
   // embedding (operand 1, dim 0: vocab rows) and pick_target (operand 0, dim 1: classes) on a
   // rank whose table is sharded there: the part of that dim the rank holds. Ids and targets
   // outside it give zeros (PyTorch's _MaskPartial). Set by the runtime (or a local_map body's

@@ -114,7 +114,7 @@ std::string mutant_option(const json& value) {
 
 bool is_creation_op(const std::string& op) {
   const OpSchema* s = find_op(op);
-  return s && s->gen == GenClass::Creation;
+  return s && (s->gen == GenClass::Creation || s->gen == GenClass::RandomCreation);
 }
 
 namespace {
@@ -505,6 +505,9 @@ class ScenarioParser {
     if (is_creation_op(name)) {
       r_.shape(op["shape"], child(path, "shape"), 0);
     }
+    if (name == "dropout" && op.contains("p") && op["p"].is_number() &&
+        !(op["p"].get<double>() >= 0.0 && op["p"].get<double>() <= 1.0))
+      r_.fail(child(path, "p"), "dropout: p is a probability in [0, 1], got " + op["p"].dump());
     if ((name == "layer_norm" || name == "rms_norm") && op.contains("normalized_shape"))
       r_.shape(op["normalized_shape"], child(path, "normalized_shape"), 1);
   }

@@ -176,7 +176,7 @@ const std::vector<std::string>& known_ops();
 // using any other known op is rejected with ErrorKind::UnsupportedOp.
 const std::vector<std::string>& implemented_ops();
 
-// zeros, ones, full, arange: ops without operands that make a value of a shape and placements.
+// zeros, ones, full, arange, rand, randn: ops without operands that make a value of a shape and placements.
 bool is_creation_op(const std::string& op);
 
 // Checks the document and builds the scenario; throws InputError naming `file` and the JSON path.

@@ -556,7 +556,7 @@ void localize(const Scenario& sc, const RunOptions& options, SimRun& run, const 
         }
         // The same oracle as the first run's, ties included (oracle.h), with every gradient kept.
         const OracleRun second_oracle = run_oracle(sc, second.input_globals, options.dtype,
-                                                   mesh_values_of(sc, second), tol, /*keep_graph=*/true);
+                                                   mesh_values_of(sc, second), tol, /*keep_graph=*/true, options.seed);
         d = backward_divergence(sc, second, second_oracle, tol, options.mutant, options.dtype);
       }
     }
@@ -646,7 +646,7 @@ CheckedRun checked_run(const Scenario& sc, const RunOptions& options, bool keep_
   try {
     Stopwatch timed(out.seconds.oracle);
     oracle = run_oracle(sc, run.input_globals, options.dtype, mesh_values_of(sc, run), comparison_tolerance(sc, options),
-                        /*keep_graph=*/options.localize == Localize::Always);
+                        /*keep_graph=*/options.localize == Localize::Always, options.seed);
   } catch (const SemanticError& e) {  // a local_map reference libtorch refuses
     semantic_error(out, e);
     keep(nullptr);

@@ -61,7 +61,20 @@ std::vector<ReplicaPair> disagreeing_replicas(const Mesh& mesh, const Spec& spec
     if (!spec[a].is_replicate()) continue;
     for (const auto& g : mesh.groups(a))
       for (size_t k = 1; k < g.size(); ++k)
-        if (!same_local(locals[g[k]], locals[g[0]])) out.push_back({g[0], g[k], mesh.axes()[a]});
+        if (!same_local(locals[g[k]], locals[g[0]])) {
+          ReplicaPair p{g[0], g[k], mesh.axes()[a], {}, 0, 0};
+          const at::Tensor& x = locals[g[0]];
+          const at::Tensor& y = locals[g[k]];
+          if (x.sizes() == y.sizes() && x.numel() > 0) {
+            const at::Tensor xd = x.detach().to(at::kDouble).reshape({-1}), yd = y.detach().to(at::kDouble).reshape({-1});
+            const at::Tensor differ = xd.ne(yd).logical_and(at::isnan(xd).logical_and(at::isnan(yd)).logical_not());
+            const int64_t at_k = differ.to(at::kByte).argmax().item<int64_t>();
+            p.index = unravel(at_k, x.sizes());
+            p.first_value = xd[at_k].item<double>();
+            p.other_value = yd[at_k].item<double>();
+          }
+          out.push_back(p);
+        }
   }
   return out;
 }
@@ -263,6 +276,9 @@ std::string replicas_text(const std::vector<ReplicaPair>& pairs, const Spec& spe
   std::string out = "ranks " + std::to_string(p.first) + " and " + std::to_string(p.other) +
                     " hold different locals across mesh axis \"" + p.axis + "\" where " +
                     spec[mesh.axis_index(p.axis)].str() + " says they are equal";
+  if (!p.index.empty() || (p.first_value != p.other_value))
+    out += " (first at local " + shape_str(p.index) + ": " + num(p.first_value) + " on rank " + std::to_string(p.first) +
+           ", " + num(p.other_value) + " on rank " + std::to_string(p.other) + ")";
   if (pairs.size() > 1) out += " (and " + std::to_string(pairs.size() - 1) + " more pairs)";
   return out;
 }
@@ -340,7 +356,12 @@ nlohmann::json point_json(const MismatchPoint& p) {
 
 nlohmann::json Mismatch::to_json() const {
   nlohmann::json pairs = nlohmann::json::array();
-  for (const auto& p : replicas) pairs.push_back({{"ranks", {p.first, p.other}}, {"axis", p.axis}});
+  for (const auto& p : replicas) {
+    nlohmann::json pair = {{"ranks", {p.first, p.other}}, {"axis", p.axis}};
+    if (!p.index.empty() || p.first_value != p.other_value)
+      pair["first_difference"] = {{"index", p.index}, {"values", {number_json(p.first_value), number_json(p.other_value)}}};
+    pairs.push_back(pair);
+  }
   nlohmann::json f = nullptr;
   if (factor) {
     f = {{"ratio", number_json(factor->ratio)},

@@ -43,6 +43,10 @@ struct MismatchFactor {
 struct ReplicaPair {
   int64_t first = 0, other = 0;
   std::string axis;
+  // The first local index where they differ (row-major), with the two ranks' values there; empty
+  // where their locals' shapes differ.
+  std::vector<int64_t> index;
+  double first_value = 0, other_value = 0;
 };
 
 struct Mismatch {

@@ -64,14 +64,16 @@ bool several_outputs(const OpDecl& op, const std::vector<at::Tensor>& xs, bool d
   return true;
 }
 
-at::Tensor global_op(const OpDecl& op, const std::vector<at::Tensor>& xs, bool in_reference) {
+at::Tensor global_op(const OpDecl& op, const std::vector<at::Tensor>& xs, bool in_reference, uint64_t seed) {
   if (op.op == "redistribute") return same_value(xs.at(0));
   // Local code in a DTensor program (between to_local and from_local) read as the global
   // computation it stands for: a collective moves the value between layouts and leaves it as it is.
   if (is_layout_only_op(op.op)) return same_value(xs.at(0));
   try {
     if (op.op == "call") return call_reference(op, xs).at(0);
-    return local_op(op.op, op_attrs(op), xs);
+    OpAttrs attrs = op_attrs(op);
+    attrs.draw.seed = seed;  // a random op draws the global tensor whole (core/random.h)
+    return local_op(op.op, attrs, xs);
   } catch (const SemanticError&) {
     throw;
   } catch (const std::exception& e) {
@@ -117,7 +119,7 @@ std::string join_names(const std::vector<std::string>& names) {
 
 // A local_map's `reference`: the same computation on global tensors. Without one, its results
 // are unknown (undefined tensors), and so is everything computed from them.
-std::vector<at::Tensor> reference(const OpDecl& op, const std::vector<at::Tensor>& args) {
+std::vector<at::Tensor> reference(const OpDecl& op, const std::vector<at::Tensor>& args, uint64_t seed) {
   std::map<std::string, at::Tensor> env;
   bool known = !op.reference.empty() || !op.returns.empty();
   for (size_t i = 0; i < args.size(); ++i) {
@@ -150,7 +152,7 @@ std::vector<at::Tensor> reference(const OpDecl& op, const std::vector<at::Tensor
       continue;
     }
     if (several_outputs(r, xs, defined, env)) continue;
-    env[r.out] = !defined ? at::Tensor() : global_op(r, xs, true);
+    env[r.out] = !defined ? at::Tensor() : global_op(r, xs, true, seed);
   }
   std::vector<at::Tensor> out;
   for (size_t k = 0; k < op.returns.size(); ++k) {
@@ -167,7 +169,7 @@ std::vector<at::Tensor> reference(const OpDecl& op, const std::vector<at::Tensor
 }  // namespace
 
 OracleRun run_oracle(const Scenario& sc, const std::map<std::string, at::Tensor>& input_globals, DType dtype,
-                     const MeshValues& mesh, double tolerance, bool keep_graph) {
+                     const MeshValues& mesh, double tolerance, bool keep_graph, uint64_t seed) {
   OracleRun run;
   ScopedOverride<bool> own_nodes(g_own_nodes, keep_graph);
   std::vector<at::Tensor> leaves;
@@ -192,11 +194,12 @@ OracleRun run_oracle(const Scenario& sc, const std::map<std::string, at::Tensor>
           run.operand_uses[{k, static_cast<int>(i)}] = xs[i];
         }
     if (is_creation_op(op.op)) {
-      run.values[op.out] = created_value(op, dtype);
+      run.values[op.out] = op_schema(op.op).gen == GenClass::RandomCreation ? drawn_value(op, seed, dtype)
+                                                                             : created_value(op, dtype);
       continue;
     }
     if (op.op == "local_map") {
-      std::vector<at::Tensor> outs = reference(op, xs);
+      std::vector<at::Tensor> outs = reference(op, xs, seed);
       for (size_t j = 0; j < outs.size(); ++j) run.values[op.outs[j]] = same_value(outs[j]);
       continue;
     }
@@ -209,7 +212,7 @@ OracleRun run_oracle(const Scenario& sc, const std::map<std::string, at::Tensor>
       continue;
     }
     if (several_outputs(op, xs, known, run.values)) continue;
-    run.values[op.out] = !known ? at::Tensor() : same_value(global_op(op, xs, false));
+    run.values[op.out] = !known ? at::Tensor() : same_value(global_op(op, xs, false, seed));
     if (known && mesh && tolerance > 0 && (op.op == "amax" || op.op == "amin"))
       run.values[op.out] = with_mesh_ties(op, xs.at(0), run.values[op.out], mesh(op.args.at(0)), tolerance);
   }

@@ -32,7 +32,8 @@ using MeshValues = std::function<at::Tensor(const std::string& name)>;
 
 // A local_map reference that libtorch refuses throws SemanticError(InvalidScenario) naming its JSON
 // path; a program op the oracle cannot run (the mesh could) throws std::runtime_error.
-// Creation ops make float values of `dtype` (the run's).
+// Creation ops make float values of `dtype` (the run's). Random ops (dropout, rand, randn) draw the
+// global tensor whole from the run's `seed` (core/random.h): pass the mesh run's, or they differ.
 //
 // Ties broken by rounding: the gradient of amax / amin is split among the elements equal to the
 // extremum, and is not continuous where elements tie. Where the mesh's operand and the oracle's
@@ -46,7 +47,7 @@ using MeshValues = std::function<at::Tensor(const std::string& name)>;
 // fails. Exact programs (tolerance 0) never take it.
 OracleRun run_oracle(const Scenario& sc, const std::map<std::string, at::Tensor>& input_globals,
                      DType dtype = DType::Float64, const MeshValues& mesh = nullptr, double tolerance = 0.0,
-                     bool keep_graph = false);
+                     bool keep_graph = false, uint64_t seed = 0);
 
 // After run_oracle(keep_graph): the gradient that flows into `use` (an operand_uses entry) from the
 // values `outs` when their gradients are `grads` (one op's contribution); undefined where none flows.

@@ -173,7 +173,7 @@ void check_train(const Scenario& sc, const RunOptions& options, const SimRun& fi
     if (step > 1 || mb > 0) {
       std::map<std::string, at::Tensor> globals = run.input_globals;
       for (const auto& p : t.params) globals[p] = oracle.params.at(p);
-      later = run_oracle(sc, globals, options.dtype);
+      later = run_oracle(sc, globals, options.dtype, nullptr, 0.0, false, options.seed);
       orun = &later;
     }
     for (const auto& p : t.params) {

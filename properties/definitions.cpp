@@ -11,6 +11,7 @@
 
 #include <rapidcheck.h>
 
+#include "core/random.h"
 #include "properties/kernel_nd.h"
 #include "properties/kernels.h"
 #include "sim/local_ops.h"
@@ -496,6 +497,26 @@ void draw_loss(const std::string& op, Case& c) {
   c.types = {"float", "int64"};
 }
 
+// dropout: p (none, a fraction, all), training three times in four, a stream and a seed, and half
+// of the time the operand a block of a larger global tensor (a rank's local: its global indices
+// per dim), so the kernel's indexing of the stream is compared with the definition's.
+void draw_dropout(const std::string&, Case& c) {
+  OpAttrs& a = c.attrs;
+  a.p = std::vector<double>{0.0, 0.25, 0.5, 0.9, 1.0}[static_cast<size_t>(draw_in(0, 4))];
+  a.training = draw_in(0, 3) != 0;
+  a.draw.stream = "s" + std::to_string(draw_in(0, 9));
+  a.draw.seed = static_cast<uint64_t>(draw_in(0, 5));
+  const Dims shape = draw_shape(draw_in(0, 3));
+  if (coin() && !shape.empty())
+    for (int64_t e : shape) {
+      const int64_t global = e + draw_in(0, 3), offset = draw_in(0, global - e);
+      a.draw.global.push_back(global);
+      a.draw.indices.emplace_back();
+      for (int64_t i = 0; i < e; ++i) a.draw.indices.back().push_back(offset + i);
+    }
+  add_operand(c, shape);
+}
+
 // ---------------------------------------------------------------------------------------------
 // The rows: one per op with a kernel, by name, in the catalog's (alphabetical) order. Each draws
 // the op's case and builds its definition from the drawn attributes and operand 0's rank.
@@ -510,6 +531,33 @@ struct Row {
 };
 
 double sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
+
+// dropout, element by element: x times 1 / (1 - p) where the stream keeps the element's global
+// index (core/random.h, dropout_keeps), 0 where it drops it; its gradient g times the same factor.
+Definition dropout(Attrs a) {
+  const uint64_t key = random_stream_key(a.draw.seed, a.draw.stream, a.draw.step, a.draw.microbatch);
+  auto factor = [a, key](const Dims& shape, int64_t k) {
+    if (!a.training) return 1.0;
+    const Dims idx = multi_index(k, shape);
+    int64_t global = 0;
+    for (size_t d = 0; d < idx.size(); ++d)
+      global = a.draw.indices.empty() ? global * shape[d] + idx[d]
+                                      : global * a.draw.global[d] + a.draw.indices[d][static_cast<size_t>(idx[d])];
+    return dropout_keeps(key, static_cast<uint64_t>(global), a.p) ? 1.0 / (1.0 - a.p) : 0.0;
+  };
+  Definition d;
+  d.value = [factor](Xs xs) {
+    Nd y = zeros(xs[0].shape);
+    for (int64_t k = 0; k < count_of(y.shape); ++k) y.at(k) = xs[0].at(k) * factor(y.shape, k);
+    return y;
+  };
+  d.vjp = [factor](Xs xs, const Nd& g, size_t) {
+    Nd r = zeros(xs[0].shape);
+    for (int64_t k = 0; k < count_of(g.shape); ++k) r.at(k) = g.at(k) * factor(g.shape, k);
+    return r;
+  };
+  return d;
+}
 
 // view, reshape: the operand's elements in the shape `a.shape` (its -1 filled in).
 Definition reshape_to(Attrs a) { return view([a](const Dims& in) { return filled(a.shape, count_of(in)); }); }
@@ -541,6 +589,7 @@ const Row kRows[] = {
        return elementwise(a.value, [](double x, double y) { return x / y; },
                           [](double x, double y, size_t i) { return i == 0 ? 1.0 / y : -x / (y * y); });
      }},
+    {"dropout", draw_dropout, [](Attrs a, int64_t) { return dropout(a); }},
     {"embedding", draw_embedding, [](Attrs a, int64_t) { return embedding(a.range); }},
     {"eq", draw_comparison, [](Attrs a, int64_t) { return comparison("eq", a.value); }},
     {"exp", draw_pointwise,

@@ -48,6 +48,14 @@ std::vector<Shape> draw_case(const std::string& name, size_t arity, json& attrs)
   if (name == "scale") attrs["value"] = *rc::gen::element(-2.0, -1.0, -0.5, 0.0, 0.5, 1.5, 3.0);
   if (name == "transpose") attrs.update({{"dim0", dim(2)}, {"dim1", dim(2)}});
   if (name == "softmax") attrs["dim"] = dim(2);
+  if (name == "dropout") {  // a factor of 2 or 4 (exact on the small integers drawn), training most of the time
+    attrs["p"] = *rc::gen::element(0.5, 0.75);
+    if (*rc::gen::resize(100, rc::gen::inRange(0, 4)) == 0) attrs["training"] = false;
+    // Extents at full size from the first case: over one element a shard's mask and the global
+    // mask's piece agree as often as not, and a mask drawn from the wrong offsets may not show.
+    auto extent = [] { return *rc::gen::resize(100, rc::gen::inRange<int64_t>(2, 9)); };
+    return {{extent(), extent()}};
+  }
   if (gen == GenClass::VectorNorm)  // each kind of norm partial: P(normP) (twice as often), P(max), P(min), P(sum)
     attrs["ord"] = *rc::gen::elementOf(std::vector<json>{2, 3, 1.5, 1, 2, 3, 1.5, 1, 0, "inf", "-inf"});
   if (gen == GenClass::Reduction || gen == GenClass::Extremum || gen == GenClass::VectorNorm) {
@@ -286,6 +294,10 @@ int copies_of(const RuleFamily& f, const std::string& o) {
   if (o == "gather") return 13;
   if (f.name == "index") return 3;
   if (o == "cumsum") return 12;  // the planted bug cumsum_sharded_dim_local: a shard of its dim
+  // dropout: a shard (its mask the global mask's piece) and a replica (every replica the same mask)
+  // on meshes of two axes now and then: the planted bugs dropout_shard_offset_ignored and
+  // dropout_replicas_rank_seeded.
+  if (f.name == "random") return 12;
   // x, the index and src sharded alike on a dim, or the index and src with x Partial (or, under
   // the planted bug scatter_add_sharded_index_replicated, R); scatter has fewer rows.
   if (f.name == "scatter") return o == "scatter" ? 4 : o == "scatter_add" ? 9 : 8;

@@ -213,13 +213,17 @@ void check_divisor(const OpDecl& op, const OpAttrs& attrs, const std::vector<DTe
 // A creation op: the global value laid out by its placements (no operand, no gradient).
 DTensor create(Runtime& rt, const OpDecl& op) {
   const Mesh& mesh = rt.mesh();
-  const at::Tensor global = created_value(op, rt.options().dtype);
+  const Shape shape = op.attrs.at("shape").get<Shape>();
   Spec spec;
   for (const auto& p : op.attrs.at("placements")) spec.push_back(parse_placement(p.get<std::string>()));
-  spec = normalize_spec(spec, global.dim());
-  if (std::string why = check_strided(mesh, spec, global.sizes().vec()); !why.empty())
+  spec = normalize_spec(spec, static_cast<int64_t>(shape.size()));
+  if (std::string why = check_strided(mesh, spec, shape); !why.empty())
     throw SemanticError(ErrorKind::ShapeMismatch, op.path + "/placements: " + why);
-  DTensor t{op.out, global.sizes().vec(), spec, distribute(mesh, spec, global, nullptr)};
+  // rand, randn: each rank draws its local at its global indices (DTensor's offset-based RNG).
+  const bool drawn = op_schema(op.op).gen == GenClass::RandomCreation;
+  DTensor t{op.out, shape, spec,
+            drawn ? drawn_locals(op, mesh, spec, rt.options().seed, rt.options().dtype)
+                  : distribute(mesh, spec, created_value(op, rt.options().dtype), nullptr)};
   Event e = rt.make_event("op", op.op, op.out, t.locals);
   e.out_spec = spec_str(spec);
   rt.recorder().add(std::move(e));
@@ -329,6 +333,15 @@ DTensor apply_program_op(Runtime& rt, const OpDecl& op, const std::vector<DTenso
                         op.path + "/value: " + op.op + ": " + nlohmann::json(attrs.value).dump() + " against the int64 \"" +
                             op.args[0] + "\": integer arithmetic takes a whole value (PyTorch would promote to float)");
   if (op.op == "floor_divide" || op.op == "remainder") check_divisor(op, attrs, args);
+  if (std::string_view(op_schema(op.op).family) == "random") {
+    if (op.attrs.contains("generator"))
+      throw SemanticError(ErrorKind::InvalidScenario,
+                          op.path + "/generator: " + op.op + " of the DTensor \"" + op.args.at(0) +
+                              "\" draws the global tensor's values at its shards' global indices (DTensor's RNG "
+                              "tracker); a generator is local code's (a local_map body, or between to_local and "
+                              "from_local)");
+    attrs.draw.seed = rt.options().seed;
+  }
   if (op.op == "log_softmax") return log_softmax(rt, args.at(0), attrs.dim.value_or(-1), op.out);
   if (op.op == "nll_loss") return nll_loss(rt, op, attrs, args.at(0), args.at(1), op.out);
   if (op.op == "cross_entropy") {

@@ -289,6 +289,13 @@ const KernelRow kRows[] = {
      [](const OpAttrs& a, const Xs& xs) { return nll_loss(at::log_softmax(xs.at(0), 1), xs.at(1), a); }},
     {"cumsum", [](const OpAttrs& a, const Xs& xs) { return at::cumsum(xs.at(0), a.dim.value_or(0)); }},
     {"div", [](const OpAttrs& a, const Xs& xs) { return at::div(xs.at(0), second(a, xs)); }},
+    // dropout: x times its factor (1 / (1 - p) where kept, 0 where dropped) at each element's global
+    // index (OpAttrs::draw); training false: x.
+    {"dropout",
+     [](const OpAttrs& a, const Xs& xs) {
+       if (!a.training) return xs.at(0).clone();
+       return at::mul(xs.at(0), dropout_factor(a, xs.at(0).sizes().vec(), xs.at(0).scalar_type()));
+     }},
     {"embedding", [](const OpAttrs& a, const Xs& xs) { return embedding(xs.at(0), xs.at(1), a); }},
     {"eq", [](const OpAttrs& a, const Xs& xs) { return at::eq(xs.at(0), compared(a, xs)); }},
     {"exp", [](const OpAttrs&, const Xs& xs) { return at::exp(xs.at(0)); }},

@@ -250,8 +250,14 @@ LTensor BodyContext::op(const std::string& op, const nlohmann::json& attrs, std:
   }
   OpDecl decl;
   decl.op = op;
+  decl.out = out;
   decl.attrs = attrs;
   OpAttrs a = op_attrs(decl);
+  // dropout on a local tensor: the user's code draws from each rank's own generator, seeded as the
+  // scenario says (same_seed: alike on every rank; rank_seed: the run's seed plus the rank), over the
+  // local as a whole tensor (index 0 at its first element): docs/semantics.md, "Randomness".
+  const bool rank_seeded = attrs.value("generator", "same_seed") == "rank_seed";
+  a.draw.seed = rt_.options().seed;
   // A vocab- or class-parallel lookup ({axis, vocab} / {axis, classes}): the rank's torch.chunk of
   // the table's global extent along that mesh axis.
   const Mesh& mesh = rt_.mesh();
@@ -263,7 +269,9 @@ LTensor BodyContext::op(const std::string& op, const nlohmann::json& attrs, std:
     for (const auto& x : xs) in.push_back(x.locals[r]);
     if (axis >= 0)
       a.range = chunk_of(extent, mesh.axis_size(axis), mesh.coords(static_cast<int64_t>(r))[static_cast<size_t>(axis)]);
-    locals[r] = local_op(op, a, in);
+    OpAttrs ar = a;
+    if (rank_seeded) ar.draw.seed += r;
+    locals[r] = local_op(op, ar, in);
   }
   return wrap("op", op, out, std::move(locals), variant, reduced, xs, unreduced);
 }

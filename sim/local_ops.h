@@ -37,4 +37,23 @@ bool is_split_op(const std::string& op);
 // (float: the run's), `value` for full; arange counts 0, 1, ... in row-major order.
 at::Tensor created_value(const OpDecl& op, DType run_dtype);
 
+// The random ops (dropout, rand, randn; docs/semantics.md, "Randomness"). Each element of a block of
+// `shape` is drawn at its global row-major index: attrs.draw's indices per dim in its global shape,
+// or, where those are empty, the block's own index (the block is the whole tensor), from the stream
+// random_stream_key(seed, stream, step, microbatch) (core/random.h).
+// rand: uniform in [0, 1); randn: standard normal; of `type`.
+at::Tensor drawn_block(const OpAttrs& attrs, const std::vector<int64_t>& shape, bool normal, at::ScalarType type);
+// dropout's factor per element: 1 / (1 - p) where kept, 0 where dropped (all 0 for p = 1).
+at::Tensor dropout_factor(const OpAttrs& attrs, const std::vector<int64_t>& shape, at::ScalarType type);
+// A random op's draw on `rank` for a result of global shape `global` laid out by `spec`: the
+// global indices its local holds (core/layout.h, local_indices), and the planted bugs of the class
+// (dropout_shard_offset_ignored: the local drawn as if it were the whole tensor;
+// dropout_replicas_rank_seeded: the rank's seed is the run's plus its rank).
+void place_draw(OpAttrs& attrs, const Mesh& mesh, const Spec& spec, const std::vector<int64_t>& global, int64_t rank);
+// rand or randn of `op` (its shape and stream) on every rank of `mesh` laid out by `spec`, with the
+// run's `seed`; the locals.
+std::vector<at::Tensor> drawn_locals(const OpDecl& op, const Mesh& mesh, const Spec& spec, uint64_t seed, DType dtype);
+// The same value whole (the single-device oracle's).
+at::Tensor drawn_value(const OpDecl& op, uint64_t seed, DType dtype);
+
 }  // namespace meshsim

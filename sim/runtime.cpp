@@ -438,6 +438,7 @@ OpAttrs rank_local_attrs(const std::string& op, const OpAttrs& attrs, const Mesh
                          const std::vector<Shape>& shapes, const Spec& out_spec, const Shape& out_shape, size_t r) {
   OpAttrs a = with_global_shape(op, attrs, shapes.at(0));
   if (is_view_op(op)) a.local_shape = local_layout(mesh, out_spec, out_shape, static_cast<int64_t>(r)).shape;
+  if (std::string_view(op_schema(op).family) == "random") place_draw(a, mesh, out_spec, out_shape, static_cast<int64_t>(r));
   if (const auto t = ranged_operand(op); t && shards_dim(specs[t->first], t->second)) {
     const LocalLayout l = local_layout(mesh, specs[t->first], shapes[t->first], static_cast<int64_t>(r));
     a.range = Chunk{l.offset[t->second], l.shape[t->second]};

@@ -52,7 +52,7 @@ std::vector<Case> cases() {
     out.push_back({op, {m, {6}}, {}});  // broadcast
   }
   for (const auto& f : rule_families())
-    if (f.name == "linear_unary" || f.name == "nonlinear_unary" || f.name == "triangle")
+    if (f.name == "linear_unary" || f.name == "nonlinear_unary" || f.name == "random" || f.name == "triangle")
       for (const auto& op : f.ops) out.push_back({op, {m}, {}});
   out.push_back({"mm", {{4, 6}, {6, 4}}, {}});
   out.push_back({"bmm", {{2, 4, 6}, {2, 6, 4}}, {}});

@@ -191,6 +191,7 @@ Grad own_table(const char* table, const std::vector<RuleRow>& rows, const AxisGr
 std::vector<RuleRow> linear_binary_rows(const RowCtx& c);
 std::vector<RuleRow> linear_unary_rows(const RowCtx& c);
 std::vector<RuleRow> nonlinear_unary_rows(const RowCtx& c);
+std::vector<RuleRow> random_rows(const RowCtx& c);
 std::vector<RuleRow> mul_rows(const RowCtx& c);
 std::vector<RuleRow> div_rows(const RowCtx& c);
 std::vector<RuleRow> integer_binary_rows(const RowCtx& c);

@@ -1,4 +1,4 @@
-// The pointwise families: linear_binary, linear_unary, nonlinear_unary, mul, div, integer_binary,
+// The pointwise families: linear_binary, linear_unary, nonlinear_unary, random, mul, div, integer_binary,
 // where, masked_fill, triangle.
 #include <string>
 #include <vector>
@@ -44,6 +44,13 @@ std::vector<RuleRow> linear_unary_rows(const RowCtx& c) {
 // Pointwise non-linear unary ops (exp, relu, sin, tanh): shards and replicas only; a Partial
 // operand is replicated first (an all_reduce).
 std::vector<RuleRow> nonlinear_unary_rows(const RowCtx& c) { return pointwise_rows(c, {}); }
+
+// dropout: elementwise on its operand's layout, as PyTorch's random_op_strategy
+// (_ops/_random_ops.py) keeps the operand's spec for native_dropout: a shard stays a shard (its
+// mask the global mask's piece), replicas stay replicas (every replica the same mask). PyTorch
+// raises for a Partial operand ("with Partial is not supported yet"); here the planner reduces it
+// first (an all_reduce), as for a non-linear op: docs/semantics.md, "Randomness".
+std::vector<RuleRow> random_rows(const RowCtx& c) { return pointwise_rows(c, {}); }
 
 // Pointwise multiply: a Partial operand is linear only against a Replicate one.
 std::vector<RuleRow> mul_rows(const RowCtx& c) {

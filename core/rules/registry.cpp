@@ -27,6 +27,7 @@ const Entry kEntries[] = {
     {"linear_binary", 2, linear_binary_rows, add_gradient},
     {"linear_unary", 1, linear_unary_rows, linear_unary_gradient},
     {"nonlinear_unary", 1, nonlinear_unary_rows, times_operand},
+    {"random", 1, random_rows, times_operand},
     {"mul", 2, mul_rows, mul_gradient},
     {"div", 2, div_rows, div_gradient},
     {"integer_binary", 2, integer_binary_rows, integer_gradient},
