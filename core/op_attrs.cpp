@@ -221,7 +221,10 @@ OpAttrs op_attrs(const OpDecl& decl) {
   if (j.contains("ord") && j["ord"].is_string()) a.ord = j["ord"] == "-inf" ? -INFINITY : INFINITY;
   if (j.contains("p") && j["p"].is_number()) a.p = j["p"].get<double>();
   if (j.contains("training") && j["training"].is_boolean()) a.training = j["training"].get<bool>();
-  a.draw.stream = j.contains("stream") && j["stream"].is_string() ? j["stream"].get<std::string>() : decl.out;
+  // A random op's stream (its result's name by default); other ops have none (no cache key of theirs
+  // names their result).
+  if (schema && (std::string_view(schema->family) == "random" || schema->gen == GenClass::RandomCreation))
+    a.draw.stream = j.contains("stream") && j["stream"].is_string() ? j["stream"].get<std::string>() : decl.out;
   return a;
 }
 
