@@ -185,7 +185,8 @@ int main(int argc, char** argv) {
   check_cmd
       ->add_option("--generators", emit.generators,
                    "With --emit: only these generators, in turn (dtensor, dtensor_even, single_op, local_map, "
-                   "local_code, and local_map_even, whose inputs shard evenly; comma-separated)")
+                   "local_code, and local_map_even, whose inputs shard evenly, and train, training steps; "
+                   "comma-separated)")
       ->delimiter(',')
       ->needs(check_cmd->get_option("--emit"));
 

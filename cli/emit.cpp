@@ -13,6 +13,7 @@
 #include "core/error.h"
 #include "core/files.h"
 #include "properties/programs.h"
+#include "properties/train_programs.h"
 
 namespace meshsim::cli {
 
@@ -52,6 +53,7 @@ const std::vector<Generator>& extra_generators() {
          o.even = true;
          return gen::local_map_program(o);
        }},
+      {"train", [] { return gen::train_program(); }},  // training steps (train_equivalence's programs)
   };
   return all;
 }

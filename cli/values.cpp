@@ -165,6 +165,31 @@ void write_values_into(const CheckedRun& run, const std::string& dir, bool per_r
         w.put("ranks/grad_" + f + "/rank" + std::to_string(r) + ".npy", k.locals[r], k, "grad_rank", "no local",
               {{"rank", r}, {"divisor", k.divisor}});
     }
+    // Training steps: each microbatch's data, then every parameter and optimizer state after each step.
+    for (const auto& t : run.tensors->train) {
+      const std::string f = file_name(t.tensor.name);
+      const std::string step = "train/step" + std::to_string(t.step) + "/";
+      nlohmann::json at_step = {{"step", t.step}};
+      if (t.kind == "input") {
+        const std::string mb = step + "mb" + std::to_string(t.microbatch) + "/";
+        at_step["microbatch"] = t.microbatch;
+        w.put(mb + "values/" + f + ".npy", t.tensor.global, t.tensor, "train_input", no_assembly, at_step);
+        if (!per_rank) continue;
+        for (size_t r = 0; r < t.tensor.locals.size(); ++r) {
+          nlohmann::json extra = at_step;
+          extra["rank"] = r;
+          w.put(mb + "ranks/" + f + "/rank" + std::to_string(r) + ".npy", t.tensor.locals[r], t.tensor,
+                "train_input_rank", "no local", extra);
+        }
+        continue;
+      }
+      const bool state = t.kind == "state";
+      if (state) at_step["state"] = t.state;
+      const std::string rel = state ? "states/" + f + "/" + file_name(t.state) : "params/" + f;
+      w.put(step + rel + ".npy", t.tensor.global, t.tensor, state ? "train_state" : "train_param", no_assembly, at_step);
+      w.put(step + "oracle_" + rel + ".npy", t.tensor.oracle, t.tensor, state ? "train_oracle_state" : "train_oracle_param",
+            "the oracle has no value of it", at_step);
+    }
   }
   w.index(run);
 }

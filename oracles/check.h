@@ -25,9 +25,20 @@ struct KeptTensor {
   at::Tensor oracle;                // undefined where the oracle has none
 };
 
+// A training step's tensor (a scenario's `train`, with keep_values): a microbatch's data input as
+// the mesh ran it, or a parameter or optimizer state after a step, the mesh's and the oracle's.
+struct KeptTrainTensor {
+  int64_t step = 0;         // from 1
+  int64_t microbatch = -1;  // from 0 for a data input; -1 for a value after the step
+  std::string kind;         // "input" | "parameter" | "state"
+  std::string state;        // an optimizer state's name (exp_avg, ...); "" otherwise
+  KeptTensor tensor;
+};
+
 struct RunTensors {
   std::vector<KeptTensor> values;  // every named DTensor value, in scenario order
   std::vector<KeptTensor> grads;   // every input gradient, in input order (empty locals: none reached it)
+  std::vector<KeptTrainTensor> train;  // the steps' data, parameters and states, in the order they ran
 };
 
 struct CheckedRun {

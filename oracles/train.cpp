@@ -1,5 +1,6 @@
 #include "oracles/train.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <limits>
@@ -126,6 +127,55 @@ std::string norm_factor_text(const Mesh& mesh, double actual, double expected, d
   return "";
 }
 
+// With keep_values (meshsim run --values): a microbatch's data inputs as the mesh drew and laid
+// them out (the oracle ran on the same globals).
+void keep_train_inputs(const Scenario& sc, const TrainSpec& t, int64_t step, int64_t mb, const SimRun& run,
+                       std::vector<KeptTrainTensor>& kept) {
+  for (const auto& in : sc.inputs) {
+    if (std::find(t.params.begin(), t.params.end(), in.name) != t.params.end()) continue;
+    auto v = run.values.find(in.name);
+    if (v == run.values.end()) continue;
+    KeptTrainTensor k{step, mb, "input", "", {}};
+    k.tensor.name = in.name;
+    k.tensor.spec = v->second.spec;
+    for (const auto& l : v->second.locals) k.tensor.locals.push_back(l.detach());
+    auto g = run.input_globals.find(in.name);
+    if (g != run.input_globals.end()) k.tensor.global = k.tensor.oracle = g->second.detach();
+    kept.push_back(std::move(k));
+  }
+}
+
+// ... and every parameter and optimizer state after a step, the mesh's (assembled) and the oracle's.
+void keep_train_step(const Scenario& sc, const TrainSpec& t, int64_t step, const MeshTrainer& mesh,
+                     const std::map<std::string, at::Tensor>& oracle_params,
+                     const std::map<std::string, std::map<std::string, at::Tensor>>& oracle_states,
+                     std::vector<KeptTrainTensor>& kept) {
+  auto one = [&](const std::string& kind, const std::string& param, const std::string& state, const Spec& spec,
+                 const Locals& locals, const at::Tensor& ref) {
+    KeptTrainTensor k{step, -1, kind, state, {}};
+    k.tensor.name = param;
+    k.tensor.spec = spec;
+    for (const auto& l : locals) k.tensor.locals.push_back(l.detach().clone());  // the optimizer updates in place
+    try {
+      k.tensor.global = assemble(sc.mesh, spec, locals, nullptr);
+    } catch (const std::exception&) {  // written as missing, with why
+    }
+    if (ref.defined()) k.tensor.oracle = ref.detach().clone();
+    kept.push_back(std::move(k));
+  };
+  for (const auto& p : t.params) {
+    one("parameter", p, "", mesh.param_spec(p), mesh.params().at(p), oracle_params.at(p));
+    auto ms = mesh.states().find(p);
+    auto os = oracle_states.find(p);
+    for (const auto& s : optimizer_state_names(t.optimizer)) {
+      if (ms == mesh.states().end() || !ms->second.count(s)) continue;
+      at::Tensor ref;
+      if (os != oracle_states.end() && os->second.count(s)) ref = os->second.at(s);
+      one("state", p, s, mesh.state_spec(p), ms->second.at(s), ref);
+    }
+  }
+}
+
 nlohmann::json finite_or_null(double x) { return std::isfinite(x) ? nlohmann::json(x) : nlohmann::json(nullptr); }
 
 }  // namespace
@@ -168,6 +218,7 @@ void check_train(const Scenario& sc, const RunOptions& options, const SimRun& fi
   // The oracle runs each microbatch on its own parameters and the mesh's data (the same draws).
   auto on_microbatch = [&](int64_t step, int64_t mb, const SimRun& run) {
     at_step = step;
+    if (out.tensors) keep_train_inputs(sc, t, step, mb, run, out.tensors->train);
     OracleRun later;
     const OracleRun* orun = &first_oracle;
     if (step > 1 || mb > 0) {
@@ -224,6 +275,7 @@ void check_train(const Scenario& sc, const RunOptions& options, const SimRun& fi
                               "optimizer state " + p + "." + s, "optimizer_state", failures, mismatches, rep.max_error);
       }
     }
+    if (out.tensors) keep_train_step(sc, t, step, mesh, oracle.params, oracle.states, out.tensors->train);
     rep.entry["status"] = rep.ok ? "pass" : "fail";
     rep.entry["max_abs_error"] = finite_or_null(rep.max_error);
     per_step.push_back(rep.entry);
