@@ -24,7 +24,7 @@ std::vector<CoverageRow> coverage_universe() {
       if (op != "pick_target" && op != "count_targets") rows.push_back({"local_map: " + op, ""});
   for (const char* op : {"cross_entropy", "nll_loss"}) rows.push_back({std::string("local_map: ") + op, ""});
   for (const char* rule : {"all_gather_to_reduced", "all_gather_to_varying", "all_reduce_sum", "all_reduce_avg",
-                           "all_reduce_max", "all_reduce_min", "all_to_all", "call all_reduce_keep_local",
+                           "all_reduce_max", "all_reduce_min", "all_to_all", "all_to_all_split", "call all_reduce_keep_local",
                            "call local_square", "call opaque_all_reduce", "mark_varying", "reduce_scatter",
                            "reduced_invariant_cast", "reduced_vary_cast"})
     rows.push_back({std::string("local_map: ") + rule, ""});

@@ -22,6 +22,9 @@ const std::vector<MutantInfo>& mutant_catalog() {
        "local_map: all_reduce(sum)'s backward all_reduces the gradient again"},
       {Mutant::AllToAllBackwardUnswapped, "all_to_all_backward_unswapped",
        "local_map: all_to_all's backward does not swap split and concat dims"},
+      {Mutant::AllToAllSplitBackwardUntransposed, "all_to_all_split_backward_untransposed",
+       "local code: all_to_all with split sizes (all_to_all_single) moves the gradient back by the forward's "
+       "input and output split sizes instead of swapping them (each rank splits its gradient by what it sent)"},
       {Mutant::BelowAutogradSkipsBackward, "below_autograd_skips_backward",
        "redistribution below autograd skips the backward collective"},
       {Mutant::BmmBatchShardDroppedBackward, "bmm_batch_shard_dropped_backward",

@@ -16,6 +16,7 @@ enum class Mutant {
   AllGatherVaryingDropsAxis,       // local_map: all_gather to varying drops the axis from variant
   AllReduceBackwardAllReduces,     // local_map: all_reduce(sum)'s backward all_reduces again
   AllToAllBackwardUnswapped,       // local_map: all_to_all's backward does not swap the dims
+  AllToAllSplitBackwardUntransposed,  // local code: all_to_all with split sizes moves the gradient by the forward's sizes
   BelowAutogradSkipsBackward,      // below autograd: the op's gradient is not moved to the cotangent
   BmmBatchShardDroppedBackward,    // bmm/matmul: a batch-dim shard of an operand's gradient labelled R
   BroadcastGradNotSummed,          // a broadcast operand's gradient not summed over the ranks sharding its broadcast dims

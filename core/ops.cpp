@@ -392,8 +392,11 @@ std::vector<OpSchema> build() {
       local_code(op("all_reduce", x(), {{"axis", T::Axis, true}, {"reduce", T::String, false, "sum"}}, "", true,
                  "reduce over axis (sum, avg, max, min)"),
               kCollective),
-      local_code(op("all_to_all", x(), {{"axis", T::Axis, true}, {"split_dim", T::Int, true}, {"concat_dim", T::Int, true}},
-                 "", true, "split split_dim among the ranks of axis, concatenate what arrives along concat_dim"),
+      local_code(op("all_to_all", {{"x", kAny}, {"input_split_sizes", kInt, true}, {"output_split_sizes", kInt, true}},
+                    {{"axis", T::Axis, true}, {"split_dim", T::Int, false, "0"}, {"concat_dim", T::Int, false, "0"}}, "", true,
+                    "split split_dim among the ranks of axis, concatenate what arrives along concat_dim; with "
+                    "input_split_sizes and output_split_sizes (int64, one per member), all_to_all_single's uneven rows "
+                    "of dim 0, the backward by the transposed sizes"),
               kCollective),
       local_code(op("call", {{"args", kAny, false, true}},
                  {{"function", T::String, true}, {"axis", T::Axis, false}}, "", false,

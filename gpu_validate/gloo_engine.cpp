@@ -145,4 +145,23 @@ at::Tensor GlooCommunicator::real_all_to_all(const Ranks& ranks, size_t k, const
   return at::cat(pieces, concat_dim);
 }
 
+at::Tensor GlooCommunicator::real_all_to_all_split(const Ranks& ranks, size_t k, const Locals& group,
+                                                   const SplitTable& sends) {
+  // Gloo's alltoall_base takes split sizes in rows of dim 0 (alltoallv): this rank's rows to each
+  // member, and the rows each member sends it.
+  const size_t n = ranks.size();
+  std::vector<int64_t> in_splits = sends[k], out_splits;
+  int64_t rows = 0;
+  for (size_t s = 0; s < n; ++s) {
+    out_splits.push_back(sends[s][k]);
+    rows += sends[s][k];
+  }
+  at::Tensor in = group[k].detach().contiguous();
+  std::vector<int64_t> shape = in.sizes().vec();
+  shape[0] = rows;
+  at::Tensor out = at::empty(shape, in.options().requires_grad(false));
+  wait(impl_->group(ranks).alltoall_base(out, in, out_splits, in_splits), "all_to_all", ranks, impl_->timeout);
+  return out;
+}
+
 }  // namespace meshsim

@@ -32,6 +32,7 @@ class GlooCommunicator : public RealCommunicator {
   at::Tensor real_all_reduce(const Ranks& ranks, size_t k, const at::Tensor& mine, ReduceOp op) override;
   at::Tensor real_all_to_all(const Ranks& ranks, size_t k, const Locals& group, int64_t split_dim,
                              int64_t concat_dim) override;
+  at::Tensor real_all_to_all_split(const Ranks& ranks, size_t k, const Locals& group, const SplitTable& sends) override;
 
  private:
   struct Impl;

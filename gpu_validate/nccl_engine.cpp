@@ -151,6 +151,43 @@ class NcclCommunicator : public RealCommunicator {
     return at::cat(recv_pieces, concat_dim);
   }
 
+  // Uneven rows of dim 0: one ncclSend and one ncclRecv per peer with rows to move, in one group
+  // (a peer with no rows either way is skipped on both sides: the table is the same on every rank).
+  at::Tensor real_all_to_all_split(const Ranks& ranks, size_t k, const Locals& group, const SplitTable& sends) override {
+    const size_t n = ranks.size();
+    at::Tensor mine = group[k].detach().contiguous();
+    const int64_t row = mine.dim() == 0 ? 1 : mine.numel() / std::max<int64_t>(mine.size(0), 1);
+    int64_t rows = 0;
+    for (size_t s = 0; s < n; ++s) rows += sends[s][k];
+    std::vector<int64_t> shape = mine.sizes().vec();
+    shape[0] = rows;
+    at::Tensor out = at::empty(shape, mine.options().requires_grad(false));
+    const size_t es = mine.element_size();
+    DeviceBuffer send(std::max<size_t>(static_cast<size_t>(mine.numel()) * es, 1)),
+        recv(std::max<size_t>(static_cast<size_t>(out.numel()) * es, 1));
+    if (mine.numel()) to_device(send, mine);
+    ncclComm_t c = comm(ranks);
+    check_nccl(ncclGroupStart(), "ncclGroupStart");
+    int64_t sent = 0, received = 0;
+    for (size_t p = 0; p < n; ++p) {
+      const int64_t out_rows = sends[k][p], in_rows = sends[p][k];
+      if (out_rows > 0)
+        check_nccl(ncclSend(static_cast<char*>(send.ptr) + sent * row * static_cast<int64_t>(es),
+                            static_cast<size_t>(out_rows * row), nccl_type(mine), static_cast<int>(p), c, stream_),
+                   "ncclSend");
+      if (in_rows > 0)
+        check_nccl(ncclRecv(static_cast<char*>(recv.ptr) + received * row * static_cast<int64_t>(es),
+                            static_cast<size_t>(in_rows * row), nccl_type(mine), static_cast<int>(p), c, stream_),
+                   "ncclRecv");
+      sent += out_rows;
+      received += in_rows;
+    }
+    check_nccl(ncclGroupEnd(), "ncclGroupEnd");
+    synchronize("all_to_all");
+    if (out.numel()) from_device(out, recv);
+    return out;
+  }
+
  private:
   ncclComm_t comm(const Ranks& ranks) {
     auto it = comms_.find(ranks);

@@ -83,6 +83,11 @@ Locals CollectiveCounter::all_to_all(const Ranks& ranks, const Locals& group, in
   return SimCommunicator::all_to_all(ranks, group, split_dim, concat_dim);
 }
 
+Locals CollectiveCounter::all_to_all_split(const Ranks& ranks, const Locals& group, const SplitTable& sends) {
+  count(ranks);
+  return SimCommunicator::all_to_all_split(ranks, group, sends);
+}
+
 Heartbeat::Heartbeat(std::string path, std::chrono::milliseconds period) : path_(std::move(path)), period_(period) {
   // Created here, appended to by the engine later, never truncated: its lines are the progress.
   const int fd = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0600);
@@ -236,6 +241,16 @@ Locals RealCommunicator::all_to_all(const Ranks& ranks, const Locals& group, int
   begin("all_to_all", ranks);
   const bool b = is_bool(group);
   out[k] = end(group[k], off_wire(real_all_to_all(ranks, static_cast<size_t>(k), b ? on_wire(group) : group, split_dim, concat_dim), b));
+  return out;
+}
+
+Locals RealCommunicator::all_to_all_split(const Ranks& ranks, const Locals& group, const SplitTable& sends) {
+  Locals out = sim_.all_to_all_split(ranks, group, sends);
+  const int64_t k = position_of(ranks, rank_);
+  if (k < 0) return out;
+  begin("all_to_all", ranks);
+  const bool b = is_bool(group);
+  out[k] = end(group[k], off_wire(real_all_to_all_split(ranks, static_cast<size_t>(k), b ? on_wire(group) : group, sends), b));
   return out;
 }
 

@@ -50,6 +50,7 @@ class CollectiveCounter : public SimCommunicator {
   Locals all_reduce(const Ranks& ranks, const Locals& group, ReduceOp op) override;
   Locals reduce_scatter(const Ranks& ranks, const Locals& group, ReduceOp op, int64_t dim) override;
   Locals all_to_all(const Ranks& ranks, const Locals& group, int64_t split_dim, int64_t concat_dim) override;
+  Locals all_to_all_split(const Ranks& ranks, const Locals& group, const SplitTable& sends) override;
   const std::vector<int64_t>& per_rank() const { return per_rank_; }
 
  private:
@@ -112,6 +113,7 @@ class RealCommunicator : public Communicator {
   Locals all_reduce(const Ranks& ranks, const Locals& group, ReduceOp op) override;
   Locals reduce_scatter(const Ranks& ranks, const Locals& group, ReduceOp op, int64_t dim) override;
   Locals all_to_all(const Ranks& ranks, const Locals& group, int64_t split_dim, int64_t concat_dim) override;
+  Locals all_to_all_split(const Ranks& ranks, const Locals& group, const SplitTable& sends) override;
 
   // After the run: waits until every rank is done (a closing barrier), so none leaves early.
   virtual void finish() {}
@@ -131,6 +133,9 @@ class RealCommunicator : public Communicator {
   virtual at::Tensor real_all_reduce(const Ranks& ranks, size_t k, const at::Tensor& mine, ReduceOp op) = 0;
   virtual at::Tensor real_all_to_all(const Ranks& ranks, size_t k, const Locals& group, int64_t split_dim,
                                      int64_t concat_dim) = 0;
+  // Uneven rows of dim 0: this rank sends sends[k][s] rows to each member s and receives
+  // sends[s][k] from each (the peers' rows for their counts only, which a real job exchanges first).
+  virtual at::Tensor real_all_to_all_split(const Ranks& ranks, size_t k, const Locals& group, const SplitTable& sends) = 0;
   // reduce_scatter by default: the engine's all_reduce, then this rank's torch.chunk piece (the
   // values a reduce_scatter delivers; engines with a native one override it).
   virtual at::Tensor real_reduce_scatter(const Ranks& ranks, size_t k, const Locals& group, ReduceOp op, int64_t dim);

@@ -212,6 +212,12 @@ struct LocalMapBuilder {
   // A rank-local op: the same op in the body, the reference and the twin.
   void add_local(BodyValue y, const std::string& name, const std::vector<BodyValue>& xs, json extra = json::object());
 
+  // all_to_all with split sizes over axis a (x sharded there) and back by the transposed sizes:
+  // the sizes count the rows of x's dim 0 per destination drawn per row (an int64 region arg, a
+  // scatter_add of ones), exchanged by an equal all_to_all of the counts. y (x's copy, named) is
+  // x again, read alike; the backward moves the gradient both ways by the transposed sizes.
+  void split_round_trip(BodyValue y, const BodyValue& x, size_t a);
+
   // A collective is the identity on global values: the reference reuses the input, the twin
   // redistributes to the new reading.
   void add_collective(BodyValue y, const BodyValue& x);

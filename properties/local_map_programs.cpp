@@ -321,8 +321,13 @@ bool LocalMapBuilder::try_kind(int kind, const BodyValue& x, size_t a) {
     y.shard_dim[a] = d;
     body.push_back(op(y.name, "reduce_scatter", {x.name}, {{"axis", axis}, {"dim", d}}));
     add_collective(y, x);
-  } else if (kind == 6) {  // all_to_all between shards
+  } else if (kind == 6) {  // all_to_all between shards, or with split sizes there and back
     const int64_t i = x.shard_dim[a];
+    // The split sizes' rows: dim 0 sharded there, so every member's rows have one shape.
+    if (x.reading[a] == Reading::Shard && i == 0 && *rc::gen::inRange(0, 3) == 0) {
+      split_round_trip(y, x, a);
+      return true;
+    }
     if (x.reading[a] != Reading::Shard || x.shape.size() < 2) return false;
     // Another dim than i (values of 3 dims come from the layer ops).
     const auto r = static_cast<int64_t>(x.shape.size());
@@ -358,6 +363,27 @@ void LocalMapBuilder::add_local(BodyValue y, const std::string& name, const std:
   y.ref = y.name;
   y.twin = "d_" + y.name;
   pool.push_back(y);
+}
+
+void LocalMapBuilder::split_round_trip(BodyValue y, const BodyValue& x, size_t a) {
+  const std::string axis = mesh.axes()[a];
+  const auto n = static_cast<int64_t>(mesh.shape()[a]);
+  // A destination per row of dim 0, laid out as x's rows (sharded where x's dim 0 is).
+  std::vector<std::pair<Reading, int64_t>> rows;
+  for (size_t b = 0; b < x.reading.size(); ++b)
+    rows.emplace_back(x.reading[b] == Reading::Shard && x.shard_dim[b] == 0 ? Reading::Shard : Reading::Replicated, 0);
+  const BodyValue dest = region_arg({x.shape[0]}, rows, "int64", n);
+  const BodyValue members = region_arg({n}, std::vector<std::pair<Reading, int64_t>>(x.reading.size(), {Reading::Replicated, -1}),
+                                       "int64", n);
+  const std::string zero_rows = fresh(), one = fresh(), zero_n = fresh(), counts = fresh(), recv = fresh(), there = fresh();
+  body.push_back(op(zero_rows, "mul", {dest.name}, {{"value", 0}}));
+  body.push_back(op(one, "add", {zero_rows}, {{"value", 1}}));
+  body.push_back(op(zero_n, "mul", {members.name}, {{"value", 0}}));
+  body.push_back(op(counts, "scatter_add", {zero_n, dest.name, one}, {{"dim", 0}}));  // rows per destination
+  body.push_back(op(recv, "all_to_all", {counts}, {{"axis", axis}}));
+  body.push_back(op(there, "all_to_all", {x.name, counts, recv}, {{"axis", axis}}));
+  body.push_back(op(y.name, "all_to_all", {there, recv, counts}, {{"axis", axis}}));
+  add_collective(y, x);
 }
 
 void LocalMapBuilder::add_collective(BodyValue y, const BodyValue& x) {

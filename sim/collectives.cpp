@@ -342,6 +342,29 @@ Locals all_to_all(const Locals& group, int64_t split_dim, int64_t concat_dim) {
   return out;
 }
 
+SplitTable transposed(const SplitTable& sends) {
+  SplitTable out(sends.size(), std::vector<int64_t>(sends.size(), 0));
+  for (size_t k = 0; k < sends.size(); ++k)
+    for (size_t s = 0; s < sends.size(); ++s) out[s][k] = sends[k].at(s);
+  return out;
+}
+
+Locals all_to_all_split(const Locals& group, const SplitTable& sends) {
+  const size_t n = group.size();
+  std::vector<std::vector<int64_t>> offsets(n, std::vector<int64_t>(n + 1, 0));  // where s's piece for k starts
+  for (size_t s = 0; s < n; ++s)
+    for (size_t k = 0; k < n; ++k) offsets[s][k + 1] = offsets[s][k] + sends[s][k];
+  Locals out;
+  out.reserve(n);
+  for (size_t k = 0; k < n; ++k) {
+    std::vector<at::Tensor> pieces;
+    pieces.reserve(n);
+    for (size_t s = 0; s < n; ++s) pieces.push_back(group[s].narrow(0, offsets[s][k], sends[s][k]));
+    out.push_back(at::cat(pieces, 0));
+  }
+  return out;
+}
+
 namespace {
 
 // Views `dim` of t as [a, b, rest] and returns it as [b, a, rest] (contiguous): with (a, b) =

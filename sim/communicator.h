@@ -1,7 +1,7 @@
 // The communicator interface (DESIGN.md: one interface, three engines). Every collective a run
 // performs, in a redistribution, a local_map body or either's backward, goes through the current
 // communicator, one group at a time. The in-process simulation is one engine; the real ones
-// (gpu_validate/: Gloo, NCCL) implement the same four calls.
+// (gpu_validate/: Gloo, NCCL) implement the same five calls.
 #pragma once
 
 #include <cstdint>
@@ -24,6 +24,9 @@ class Communicator {
   virtual Locals all_reduce(const Ranks& ranks, const Locals& group, ReduceOp op) = 0;
   virtual Locals reduce_scatter(const Ranks& ranks, const Locals& group, ReduceOp op, int64_t dim) = 0;
   virtual Locals all_to_all(const Ranks& ranks, const Locals& group, int64_t split_dim, int64_t concat_dim) = 0;
+  // Uneven pieces along dim 0 (all_to_all_single with split sizes): `sends` as collectives.h says,
+  // checked before the call (every row sums to its member's extent, the members agree).
+  virtual Locals all_to_all_split(const Ranks& ranks, const Locals& group, const SplitTable& sends) = 0;
 };
 
 // The simulation: collectives.h, deterministic, reducing in rank order.
@@ -37,6 +40,9 @@ class SimCommunicator : public Communicator {
   }
   Locals all_to_all(const Ranks&, const Locals& group, int64_t split_dim, int64_t concat_dim) override {
     return meshsim::all_to_all(group, split_dim, concat_dim);
+  }
+  Locals all_to_all_split(const Ranks&, const Locals& group, const SplitTable& sends) override {
+    return meshsim::all_to_all_split(group, sends);
   }
 };
 

@@ -659,8 +659,20 @@ std::vector<LTensor> BodyContext::run_all(const OpDecl& op, const std::map<std::
     return {all_gather(args[0], axis(), at.at("dim").get<int64_t>(), to == "reduced", op.out)};
   }
   if (op.op == "reduce_scatter") return {reduce_scatter(args[0], axis(), at.at("dim").get<int64_t>(), op.out)};
-  if (op.op == "all_to_all")
-    return {all_to_all(args[0], axis(), at.at("split_dim").get<int64_t>(), at.at("concat_dim").get<int64_t>(), op.out)};
+  if (op.op == "all_to_all") {
+    const int64_t split_dim = at.value("split_dim", int64_t{0}), concat_dim = at.value("concat_dim", int64_t{0});
+    if (args.size() == 1) return {all_to_all(args[0], axis(), split_dim, concat_dim, op.out)};
+    if (args.size() != 3)
+      throw SemanticError(ErrorKind::InvalidScenario,
+                          op.path + "/args: all_to_all takes x alone (equal splits) or x, input_split_sizes and "
+                                    "output_split_sizes, got " + std::to_string(args.size()) + " args");
+    if (split_dim != 0 || concat_dim != 0)
+      throw SemanticError(ErrorKind::InvalidScenario,
+                          op.path + "/" + (split_dim != 0 ? "split_dim" : "concat_dim") +
+                              ": all_to_all with split sizes moves rows of dim 0 (all_to_all_single): split_dim and "
+                              "concat_dim are 0");
+    return {all_to_all_split(args[0], args[1], args[2], axis(), op.out, op.path)};
+  }
   if (op.op == "mark_varying") return {mark_varying(args[0], axis(), op.out)};
   if (op.op == "call") {
     const std::string fn = at.at("function").get<std::string>();

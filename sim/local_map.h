@@ -47,6 +47,14 @@ class BodyContext {
   LTensor all_gather(const LTensor& x, int axis, int64_t dim, bool to_reduced, const std::string& out);
   LTensor reduce_scatter(const LTensor& x, int axis, int64_t dim, const std::string& out);
   LTensor all_to_all(const LTensor& x, int axis, int64_t split_dim, int64_t concat_dim, const std::string& out);
+  // all_to_all_single with split sizes: rows of dim 0, rank r sending input_sizes[r][s] rows to the
+  // member s of its group and receiving output_sizes[r][s] from it (int64 vectors of one entry per
+  // member, data of the body). Checked on every group before anything moves: one entry per member,
+  // none negative, the inputs' summing to the local extent, and each rank's input size to s equal
+  // to s's output size from it (shape_mismatch naming the ranks and sizes; `path` the op's JSON
+  // path). The backward moves the gradient by the transposed sizes.
+  LTensor all_to_all_split(const LTensor& x, const LTensor& input_sizes, const LTensor& output_sizes, int axis,
+                           const std::string& out, const std::string& path = "all_to_all");
   LTensor mark_varying(const LTensor& x, int axis, const std::string& out);
   LTensor reduced_to_varying(const LTensor& x, int axis, const std::string& out);
   // Reduced -> invariant: free forward; backward the cotangent becomes unreduced (R -> P(sum)).

@@ -44,6 +44,7 @@ const Where kWhere[] = {
     // A collective's backward in a local_map body: the adjoint test names it.
     {"all_reduce_backward_all_reduces", "backward", "/program/0", "local_map", "/program/0/body/0", "all_reduce"},
     {"all_to_all_backward_unswapped", "backward", "/program/0", "local_map", "/program/0/body/1", "all_to_all"},
+    {"all_to_all_split_backward_untransposed", "backward", "/program/0", "local_map", "/program/0/body/9", "all_to_all"},
     {"reduce_scatter_backward_wrong_dim", "backward", "/program/0", "local_map", "/program/0/body/3", "reduce_scatter"},
     // Variance casts missing or wrong: the body op they belong to.
     {"missing_mark_varying", "backward", "/program/0", "local_map", "/program/0/body/2", "mm"},
