@@ -459,6 +459,62 @@ TEST(WriteValues, BoolInt64AndScalarHeaders) {
   fs::remove_all(dir);
 }
 
+// A run with training steps writes each microbatch's data and every parameter and optimizer state
+// after each step, the mesh's (as it kept them) beside the oracle's, listed with step and
+// microbatch or state.
+TEST(WriteValues, TrainingStepsWriteEachMicrobatchAndEveryStep) {
+  json doc = doc_of("steps", {"dp"}, {2}, {input("x", {4, 3}, {"S(0)"}), input("w", {3, 2}, {"R"}, true)},
+                    {op("y", "mm", {"x", "w"}), op("loss", "sum", {"y"})}, true);
+  doc["train"] = {{"steps", 2}, {"microbatches", 2}, {"lr", 0.1}, {"optimizer", {{"kind", "sgd"}, {"momentum", 0.9}}}};
+  CheckedRun run = check_doc(doc, "", true);
+  ASSERT_EQ(run.result["status"], "pass") << run.result.dump();
+  ASSERT_TRUE(run.tensors);
+  // 2 steps x 2 microbatches of x, then per step w and its momentum buffer.
+  ASSERT_EQ(run.tensors->train.size(), 8u);
+  const fs::path dir = fresh_dir("train");
+  write_values(run, dir.string(), true);
+  // The first microbatch of the first step is the checked run's own x.
+  const KeptTensor *x = nullptr, *w = nullptr;
+  for (const auto& k : run.tensors->values) {
+    if (k.name == "x") x = &k;
+    if (k.name == "w") w = &k;
+  }
+  ASSERT_NE(x, nullptr);
+  ASSERT_NE(w, nullptr);
+  EXPECT_EQ(read_npy(dir / "train" / "step1" / "mb0" / "values" / "x.npy").data, bytes_of(x->global));
+  // Fresh data for the second microbatch.
+  EXPECT_NE(read_npy(dir / "train" / "step1" / "mb1" / "values" / "x.npy").data, bytes_of(x->global));
+  EXPECT_EQ(read_npy(dir / "train" / "step2" / "mb1" / "ranks" / "x" / "rank1.npy").shape, "2, 3");
+  const KeptTrainTensor* w2 = nullptr;
+  for (const auto& t : run.tensors->train)
+    if (t.kind == "parameter" && t.step == 2) w2 = &t;
+  ASSERT_NE(w2, nullptr);
+  EXPECT_EQ(read_npy(dir / "train" / "step2" / "params" / "w.npy").data, bytes_of(w2->tensor.global));
+  EXPECT_EQ(read_npy(dir / "train" / "step2" / "oracle_params" / "w.npy").data, bytes_of(w2->tensor.oracle));
+  // The parameter moved from where it started, and the mesh's equals the oracle's.
+  EXPECT_GT(max_abs_diff(w2->tensor.global, w->global), 1e-3);
+  EXPECT_LT(max_abs_diff(w2->tensor.global, w2->tensor.oracle), 1e-12);
+  EXPECT_TRUE(fs::exists(dir / "train" / "step1" / "states" / "w" / "momentum_buffer.npy"));
+  EXPECT_TRUE(fs::exists(dir / "train" / "step2" / "oracle_states" / "w" / "momentum_buffer.npy"));
+  std::ifstream in(dir / "index.json");
+  const json index = json::parse(in);
+  int inputs = 0, states = 0;
+  for (const auto& f : index["files"]) {
+    if (f["kind"] == "train_input") {
+      ++inputs;
+      EXPECT_TRUE(f.contains("step") && f.contains("microbatch")) << f.dump();
+    }
+    if (f["kind"] == "train_state") {
+      ++states;
+      EXPECT_EQ(f["state"], "momentum_buffer");
+      EXPECT_EQ(f["value"], "w");
+    }
+  }
+  EXPECT_EQ(inputs, 4);
+  EXPECT_EQ(states, 2);
+  fs::remove_all(dir);
+}
+
 // A value named grad_w and the gradient of w get folders of their own under ranks/.
 TEST(WriteValues, AValueNamedLikeAGradientFolderKeepsItsOwn) {
   CheckedRun run;
