@@ -430,12 +430,17 @@ def _collective(x, op: dict, n: int):
     if name == "reduce_scatter":
         return jax.lax.psum_scatter(x, axis, scatter_dimension=_even(x, op["dim"], op, n), tiled=True)
     if name == "all_to_all":
-        split = _even(x, op["split_dim"], op, n)
-        return jax.lax.all_to_all(x, axis, split, _wrap(op["concat_dim"], x.ndim), tiled=True)
+        split = _even(x, op.get("split_dim", 0), op, n)
+        return jax.lax.all_to_all(x, axis, split, _wrap(op.get("concat_dim", 0), x.ndim), tiled=True)
     return jax.lax.pcast(x, axis, to="varying")  # mark_varying
 
 
 COLLECTIVES = {"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "mark_varying"}
+# all_to_all with split sizes (all_to_all_single's): each rank gets as many rows as the data say.
+SPLIT_SIZES = ("all_to_all with split sizes: a shard_map body has static shapes, one per array on every device, "
+               "and the rows a rank receives are data; jax.lax.ragged_all_to_all moves ragged pieces into an "
+               "output buffer of a fixed size (padded to a capacity), a different program whose padded rows "
+               "meshsim's values do not have")
 # Ops translated by name outside OPS (Program.run, Program._body_op).
 SPECIAL_OPS = {"local_map", "redistribute", "call"}
 LOCAL_CODE = "per-rank local code in DTensor mode has no JAX global program to run as"
@@ -721,6 +726,8 @@ def _precheck(job: common.Job) -> None:
     for op in job.ops():
         if op["op"] in NOT_COMPARABLE:
             raise NotComparable(f"{op['op']}: {NOT_COMPARABLE[op['op']]}")
+        if op["op"] == "all_to_all" and len(op.get("args", [])) == 3:
+            raise NotComparable(SPLIT_SIZES)
         if op["op"] == "call" and op["function"] not in FUNCTIONS:
             raise NotComparable(f"call of Function {op['function']!r}: no JAX equivalent translated "
                                 f"(known: {', '.join(sorted(FUNCTIONS))})")

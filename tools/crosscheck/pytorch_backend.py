@@ -481,13 +481,18 @@ def binary(fn):
     return run
 
 
-def all_to_all(p: Program, op: dict, x: torch.Tensor) -> torch.Tensor:
+def all_to_all(p: Program, op: dict, x: torch.Tensor, input_split_sizes=None, output_split_sizes=None) -> torch.Tensor:
     """all_to_all {split_dim, concat_dim}: piece j of split_dim goes to member j, and the pieces a
     member receives are joined along concat_dim in member order. funcol's all_to_all_single moves
-    pieces of dim 0, so split_dim is moved to the front around it."""
+    pieces of dim 0, so split_dim is moved to the front around it. With split sizes (int64 local
+    tensors of the body), all_to_all_single with the lists expert-parallel code passes: the
+    tensors' `tolist()`, one int per rank under LocalTensorMode; its autograd moves the gradient
+    back with the sizes swapped."""
     group = p.group(op)
+    if input_split_sizes is not None:
+        return funcol.all_to_all_single_autograd(x, output_split_sizes.tolist(), input_split_sizes.tolist(), group)
     n = p.job.mesh_shape[group[1]]
-    split, concat = op["split_dim"] % x.ndim, op["concat_dim"] % x.ndim
+    split, concat = op.get("split_dim", 0) % x.ndim, op.get("concat_dim", 0) % x.ndim
     equal_pieces(p, op, x, split, "all_to_all")
     front = x.movedim(split, 0).contiguous()
     got = funcol.all_to_all_single_autograd(front, None, None, group).movedim(0, split)
