@@ -157,6 +157,27 @@ TEST(AllToAllSplit, TheSimulationsMoveIsTheTableAndItsTransposeUndoesIt) {
   for (size_t k = 0; k < group.size(); ++k) EXPECT_TRUE(at::equal(back[k], group[k])) << k;
 }
 
+TEST(AllToAllSplit, PlainLocalCodeBetweenToLocalAndFromLocalMovesAndComesBack) {
+  // DTensor mode's local code: the rows per destination counted, exchanged, moved there and back;
+  // the oracle reads local code's collectives as the identity, which the round trip is.
+  json doc = scenario({4}, {"S(0)"}, {"S(0)"}, 10);
+  json program = json::array({op("xl", "to_local", {"x"}), op("dl", "to_local", {"dest"}), op("rl", "to_local", {"ranks"}),
+                              op("zn", "mul", {"rl"}, {{"value", 0}}), op("zr", "mul", {"dl"}, {{"value", 0}}),
+                              op("one", "add", {"zr"}, {{"value", 1}}),
+                              op("counts", "scatter_add", {"zn", "dl", "one"}, {{"dim", 0}}),
+                              op("recv", "all_to_all", {"counts"}, {{"axis", "a"}}),
+                              op("there", "all_to_all", {"xl", "counts", "recv"}, {{"axis", "a"}}),
+                              op("back", "all_to_all", {"there", "recv", "counts"}, {{"axis", "a"}}),
+                              op("y", "from_local", {"back"}, {{"placements", {"S(0)"}}}), op("s", "sum", {"y"})});
+  doc["program"] = program;
+  const json r = run(doc);
+  ASSERT_EQ(r["status"], "pass") << r.dump(1);
+  EXPECT_NE(r["values"]["there"]["local_shapes"], r["values"]["xl"]["local_shapes"]) << r.dump(1);
+  // One way only: from_local asserts S(0) of rows that moved, and the oracle's identity says so.
+  doc["program"][10]["args"] = {"there"};
+  EXPECT_EQ(run(doc)["status"], "fail");
+}
+
 std::string refusal(const json& doc, const std::string& kind) {
   const json r = run(doc);
   EXPECT_EQ(r["status"], "error") << r.dump(1);
