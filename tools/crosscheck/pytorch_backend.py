@@ -42,6 +42,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
+import pytorch_train  # noqa: E402
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
@@ -141,6 +142,9 @@ class Run:
     grads: dict[str, tuple[list[str] | None, np.ndarray | None]] = field(default_factory=dict)
     error: tuple[str, str] | None = None
     notes: list[str] = field(default_factory=list)
+    # Training steps (pytorch_train.py): differences after the steps, and how many values compared.
+    train_diffs: list[dict] = field(default_factory=list)
+    train_compared: int = 0
 
 
 class OpFailed(Exception):
@@ -783,11 +787,12 @@ def not_comparable_reason(job: common.Job) -> str | None:
     return None
 
 
-def execute(job: common.Job, timings: list | None = None, whole: dict | None = None) -> Run:
+def execute(job: common.Job, timings: list | None = None, whole: dict | None = None, steps: bool = False) -> Run:
     """Runs the job's program on DTensor under LocalTensorMode, forward and backward, and returns
     what `check` compares. With `timings` a list, appends (op name, wall seconds, CPU seconds) per
     program op; with `whole` a dict, sets its "wall" and "cpu" to the program's (the inputs laid
-    out, every op, the backward; not what `check` collects after it)."""
+    out, every op, the backward; not what `check` collects after it). With `steps`, a scenario's
+    training steps run after it (pytorch_train.py) when meshsim ran them."""
     reason = not_comparable_reason(job)
     if reason:
         raise common.NotComparable(reason)
@@ -825,7 +830,34 @@ def execute(job: common.Job, timings: list | None = None, whole: dict | None = N
                 torch.cuda.synchronize()
             whole.update(wall=time.perf_counter() - start, cpu=time.process_time() - start_cpu)
         collect(prog, run)
+        if steps and run.error is None and ((job.result.get("train") or {}).get("ran")):
+            try:
+                pytorch_train.Steps(prog, run, DEVICE, contiguous_stride).run_all()
+            except (OpFailed, pytorch_train.StepFailed) as f:
+                where = f.path if isinstance(f, OpFailed) else f.where
+                d = {"kind": "error", "what": where,
+                     "detail": f"training steps: PyTorch raises at {where}: {first_line(f.error)}; meshsim runs them"}
+                if "in-place operations that require placement changes" in str(f.error) and short_shard(job):
+                    with_cause(d, "inplace_update_short_shard_refused")
+                else:
+                    explain_error(job, d, str(f.error))
+                run.train_diffs.append(d)
     return run
+
+
+def short_shard(job: common.Job) -> bool:
+    """Whether a training step's parameter, or an optimizer state laid out otherwise, is sharded on
+    a dim shorter than its mesh axis (a rank holds none of it): CAUSES["inplace_update_short_shard_refused"]."""
+    states = ((job.doc.get("train") or {}).get("optimizer") or {}).get("states") or {}
+    for inp in job.doc.get("inputs", []):
+        if not inp.get("requires_grad"):
+            continue
+        for specs in (inp.get("placements", []), states.get(inp["name"], [])):
+            for axis, spec in enumerate(specs):
+                c = common.parse_placement(spec, len(inp["shape"]))
+                if c.kind in ("S", "SS") and inp["shape"][c.dim] < job.mesh_shape[axis]:
+                    return True
+    return False
 
 
 def simulation_artifact(e: BaseException) -> bool:
@@ -887,6 +919,14 @@ def global_data(prog: Program, v: DTensor) -> np.ndarray:
 # PyTorch source that explains it (paths under torch/distributed/). A difference that matches one
 # carries it as `cause` and `explanation`.
 CAUSES = {
+    "inplace_update_short_shard_refused":
+        "torch.optim updates a parameter in place, and DTensor refuses an in-place op no strategy of "
+        "which keeps the parameter's placements (tensor/_ops/utils.py: 'in-place operations that require "
+        "placement changes are not supported'); a strategy that moves an operand to a shard of a dim "
+        "shorter than its mesh axis is left out (tensor/_ops/single_dim_strategy.py, try_propagate: "
+        "is_tensor_shardable), so a parameter (or an "
+        "optimizer state) sharded so that a rank holds none of it cannot be updated with operands laid "
+        "out otherwise (its optimizer states, a replicated gradient). meshsim moves them and updates it.",
     "grad_keeps_backward_placement":
         "PyTorch stores an input's .grad as the op's backward made it: DTensor redistributes operands "
         "below autograd (tensor/_dispatch.py, OpDispatcher.dispatch -> redistribute_local_args), so "
@@ -1133,7 +1173,7 @@ def oracle_side(job: common.Job, kind: str, name: str, data, exact: bool, dtype:
 
 def check(job: common.Job) -> dict:
     """Runs the job on PyTorch and compares it with meshsim's run (see the module's docstring)."""
-    run = execute(job)
+    run = execute(job, steps=True)
     notes = list(run.notes)
     meshsim_error = job.result.get("error") if job.result.get("status") == "error" else None
     if meshsim_error is not None:
@@ -1256,6 +1296,9 @@ def check(job: common.Job) -> dict:
             # reaches the body), so the n-fold factor and the Rd result are the evidence.
             d["detail"] += "; an Rd result of local code, whose R gradient PyTorch cannot spell as P(sum)"
             with_cause(d, "reduced_has_no_pytorch_spelling")
+    if job.doc.get("train"):
+        compared["train_values"] = run.train_compared
+        diffs += run.train_diffs
     return common.report(job, SYSTEM, torch.__version__, diffs, compared, notes)
 
 
