@@ -154,11 +154,28 @@ class ScenarioParser {
     if (doc_.contains("expect")) s_.expect = r_.object(doc_["expect"], "/expect");
     if (doc_.contains("requires")) parse_requires(doc_["requires"]);
     if (doc_.contains("imported")) s_.imported = parse_imported(doc_["imported"], "/imported", s_.file);
-    if (doc_.contains("train")) s_.train = parse_train(doc_["train"], s_.file, s_.mesh, s_.inputs, !s_.backward.empty());
+    if (doc_.contains("train")) {
+      s_.train = parse_train(doc_["train"], s_.file, s_.mesh, s_.inputs, !s_.backward.empty());
+      refuse_random_ops(s_.program);
+    }
     return std::move(s_);
   }
 
  private:
+  // Training steps draw no random values yet: each step would draw the same mask where PyTorch's
+  // generator moves on (semantics.md, "Randomness"), so a random op there is refused, named.
+  void refuse_random_ops(const std::vector<OpDecl>& ops) const {
+    for (const auto& op : ops) {
+      const OpSchema* s = find_op(op.op);
+      if (s && (std::string_view(s->family) == "random" || s->gen == GenClass::RandomCreation))
+        r_.fail(op.path, op.op + " in a scenario with train: training steps do not draw random values yet (every "
+                                 "step would draw the same values, where PyTorch's generator draws a fresh mask "
+                                 "each step)");
+      refuse_random_ops(op.body);
+      refuse_random_ops(op.reference);
+    }
+  }
+
   // requires {functions: [name, ...]}: the Functions of the user's own the scenario calls.
   void parse_requires(const json& req) {
     r_.object(req, "/requires");

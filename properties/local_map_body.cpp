@@ -201,7 +201,13 @@ bool LocalMapBuilder::try_nn_kind(const BodyValue& x) {
   const auto r = static_cast<int64_t>(rank);
   BodyValue y = renamed(x);
   const int pick = *rc::gen::inRange(0, 8);
-  if (pick == 0) return local_pointwise(y, GenClass::UnaryLayer, x);  // the non-linear pointwise ops
+  if (pick == 0) {  // the non-linear pointwise ops; dropout of a value every rank holds whole now and then
+    // (the rank's generator, seeded alike, draws the global tensor's mask there: the reference's
+    // and the twin's dropout of the same stream)
+    const bool whole = std::all_of(x.reading.begin(), x.reading.end(), [](Reading r) { return r == Reading::Replicated; });
+    if (whole && *rc::gen::inRange(0, 4) == 0) return local_unary(y, "dropout", x, {{"p", 0.5}, {"stream", y.name}}, 2 * x.bound);
+    return local_pointwise(y, GenClass::UnaryLayer, x);
+  }
   if (pick == 1) {  // log_softmax along a dim no axis shards
     if (rank == 0 || x.has_partial()) return false;
     const int64_t d = dim_of(x);

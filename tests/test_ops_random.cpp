@@ -253,5 +253,24 @@ TEST(Random, BadInputIsRefusedWithItsPath) {
   EXPECT_NE(r["error"]["message"].get<std::string>().find("/program/0/generator"), std::string::npos) << r.dump(1);
 }
 
+// Training steps would draw every step's mask alike: a random op there is refused, with its path.
+TEST(Random, ARandomOpInTrainingStepsIsRefused) {
+  const json inputs = json::array({{{"name", "x"}, {"shape", {4, 2}}, {"placements", {"S(0)"}}},
+                                   {{"name", "w"}, {"shape", {2, 2}}, {"placements", {"R"}}, {"requires_grad", true}}});
+  const json program = json::array({{{"out", "h"}, {"op", "mm"}, {"args", {"x", "w"}}},
+                                    {{"out", "d"}, {"op", "dropout"}, {"args", {"h"}}},
+                                    {{"out", "loss"}, {"op", "sum"}, {"args", {"d"}}}});
+  json d = doc(mesh_of({2}), inputs, program, 1, "loss");
+  d["train"] = {{"steps", 2}, {"lr", 0.1}, {"optimizer", {{"kind", "sgd"}}}};
+  try {
+    parse_scenario(d, "test.json");
+    FAIL() << "dropout in training steps parsed";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("/program/1: dropout in a scenario with train"), std::string::npos) << e.what();
+  }
+  d.erase("train");
+  EXPECT_NO_THROW(parse_scenario(d, "test.json"));
+}
+
 }  // namespace
 }  // namespace meshsim

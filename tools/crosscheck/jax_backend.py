@@ -447,7 +447,9 @@ LOCAL_CODE = "per-rank local code in DTensor mode has no JAX global program to r
 # The ops of meshsim's catalog this backend does not translate, each with why (the reason a
 # scenario using it is not comparable). `crosscheck --check-ops` (op_coverage.py) fails for an op
 # of the catalog that OP_TABLES' tables do not translate and that is not listed here.
-NOT_COMPARABLE = {"to_local": LOCAL_CODE, "from_local": LOCAL_CODE}
+RANDOM = ("meshsim draws its own counter-based stream (docs/semantics.md, Randomness), indexed by each "
+          "element's global position; jax.random's threefry values are another stream")
+NOT_COMPARABLE = {"to_local": LOCAL_CODE, "from_local": LOCAL_CODE, "dropout": RANDOM, "rand": RANDOM, "randn": RANDOM}
 OP_TABLES = ("OPS", "CREATION_OPS", "COLLECTIVES", "SPECIAL_OPS")
 
 

@@ -754,7 +754,10 @@ SPECIAL_OPS = {"local_map", "call"}
 # The ops of meshsim's catalog this backend does not translate, each with why (reported as the
 # reason a scenario using it is not comparable). `crosscheck --check-ops` (op_coverage.py) fails
 # for an op of the catalog that OP_TABLES' tables do not translate and that is not listed here.
-NOT_COMPARABLE: dict[str, str] = {}
+RANDOM = ("meshsim draws its own counter-based stream (docs/semantics.md, Randomness), indexed by each "
+          "element's global position; PyTorch's Philox values on its device are another stream, so the two "
+          "agree on layout invariance, not on values")
+NOT_COMPARABLE: dict[str, str] = {"dropout": RANDOM, "rand": RANDOM, "randn": RANDOM}
 OP_TABLES = ("OPS", "SPECIAL_OPS")
 
 
