@@ -96,24 +96,50 @@ std::vector<std::string> reproduce_paths(const std::string& text) {
 // scaffolding that turns a value into a loss (m, weighted, loss) does not count.
 // The ops of a local_map body that its returns depend on (a shrunk body may keep dead ops the
 // shrinker had no reason to drop: they do not take part in the failure).
-int live_body_ops(const json& op) {
-  std::set<std::string> live;
+// The split sizes' round trip (properties/local_map_programs.cpp, split_round_trip) is one draw of
+// seven body ops: the sizes computed from int64 args only, their exchange, the move there, and the
+// move back by the same sizes swapped; it counts as the move there.
+int live_body_ops(const json& op, const std::set<std::string>& int_inputs) {
+  std::set<std::string> live, sizes = int_inputs, split_out;
+  const json& body = op["body"];
+  for (const auto& o : body) {  // the values computed from int64 or bool args alone
+    if (!o["out"].is_string()) continue;
+    bool all = !o["args"].empty();
+    for (const auto& a : o["args"]) all &= sizes.count(a.get<std::string>()) > 0;
+    if (all) sizes.insert(o["out"].get<std::string>());
+    if (o["op"] == "all_to_all" && o["args"].size() == 3) split_out.insert(o["out"].get<std::string>());
+  }
+  std::set<std::string> feeds;  // those of them a split all_to_all's sizes come from
+  for (auto it = body.rbegin(); it != body.rend(); ++it) {
+    if (!(*it)["out"].is_string()) continue;
+    const std::string out = (*it)["out"].get<std::string>();
+    if ((*it)["op"] == "all_to_all" && (*it)["args"].size() == 3)
+      for (size_t i = 1; i < 3; ++i) feeds.insert((*it)["args"][i].get<std::string>());
+    if (feeds.count(out) && sizes.count(out))
+      for (const auto& a : (*it)["args"]) feeds.insert(a.get<std::string>());
+  }
   for (const auto& r : op["returns"]) live.insert(r.get<std::string>());
   int n = 0;
-  const json& body = op["body"];
   for (auto it = body.rbegin(); it != body.rend(); ++it) {
     if (!(*it)["out"].is_string() || !live.count((*it)["out"].get<std::string>())) continue;
-    ++n;
-    for (const auto& a : (*it)["args"]) live.insert(a.get<std::string>());
+    const json& args = (*it)["args"];
+    const std::string out = (*it)["out"].get<std::string>();
+    const bool back = (*it)["op"] == "all_to_all" && args.size() == 3 && split_out.count(args[0].get<std::string>());
+    if (!(sizes.count(out) && feeds.count(out)) && !back) ++n;
+    for (const auto& a : args) live.insert(a.get<std::string>());
   }
   return n;
 }
 
 int drawn_ops(const json& trace) {
+  std::set<std::string> int_inputs;
+  for (const auto& in : trace["scenario"]["inputs"])
+    if (in.value("dtype", "float") == "int64" || in.value("dtype", "float") == "bool")
+      int_inputs.insert(in["name"].get<std::string>());
   int n = 0;
   for (const auto& op : trace["scenario"]["program"]) {
     const std::string out = op["out"].is_string() ? op["out"].get<std::string>() : "";
-    if (op["op"] == "local_map") n += live_body_ops(op);
+    if (op["op"] == "local_map") n += live_body_ops(op, int_inputs);
     else if (out != "m" && out != "weighted" && out != "loss") ++n;
   }
   return n;
