@@ -156,21 +156,22 @@ class ScenarioParser {
     if (doc_.contains("imported")) s_.imported = parse_imported(doc_["imported"], "/imported", s_.file);
     if (doc_.contains("train")) {
       s_.train = parse_train(doc_["train"], s_.file, s_.mesh, s_.inputs, !s_.backward.empty());
-      refuse_random_ops(s_.program);
+      if (s_.train.data == TrainData::Fixed) refuse_random_ops(s_.program);
     }
     return std::move(s_);
   }
 
  private:
-  // Training steps draw no random values yet: each step would draw the same mask where PyTorch's
-  // generator moves on (semantics.md, "Randomness"), so a random op there is refused, named.
+  // Training steps draw each microbatch's random values from its own seed, as its data; with fixed
+  // data (train.data "fixed") every step would draw the same mask where PyTorch's generator moves on
+  // (semantics.md, "Randomness"), so a random op there is refused, named.
   void refuse_random_ops(const std::vector<OpDecl>& ops) const {
     for (const auto& op : ops) {
       const OpSchema* s = find_op(op.op);
       if (s && (std::string_view(s->family) == "random" || s->gen == GenClass::RandomCreation))
-        r_.fail(op.path, op.op + " in a scenario with train: training steps do not draw random values yet (every "
-                                 "step would draw the same values, where PyTorch's generator draws a fresh mask "
-                                 "each step)");
+        r_.fail(op.path, op.op + " in training steps with fixed data: every step would draw the same values, where "
+                                 "PyTorch's generator draws a fresh mask each step (leave train.data per_microbatch: "
+                                 "each microbatch draws from its own seed)");
       refuse_random_ops(op.body);
       refuse_random_ops(op.reference);
     }

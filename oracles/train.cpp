@@ -224,7 +224,8 @@ void check_train(const Scenario& sc, const RunOptions& options, const SimRun& fi
     if (step > 1 || mb > 0) {
       std::map<std::string, at::Tensor> globals = run.input_globals;
       for (const auto& p : t.params) globals[p] = oracle.params.at(p);
-      later = run_oracle(sc, globals, options.dtype, nullptr, 0.0, false, options.seed);
+      // The microbatch's seed, the mesh's (sim/train.cpp): its random ops draw that step's values.
+      later = run_oracle(sc, globals, options.dtype, nullptr, 0.0, false, train_data_seed(t, options.seed, step - 1, mb));
       orun = &later;
     }
     for (const auto& p : t.params) {
