@@ -3,7 +3,7 @@
 // expert-parallel code does. Each row goes to a destination rank drawn per row; the receiver scales
 // what it gets by its own row of a sharded weight, and a second all_to_all with the transposed
 // sizes brings the rows home. Checked against the oracle (x * ws[dest]) with gradients on meshes
-// [3], [4] and [2, 2] with uneven row counts and zero-size splits; the refusals name the op, the
+// [3], [4] and [2, 2] (over either axis) with uneven row counts and zero-size splits; the refusals name the op, the
 // ranks and the numbers; the planted bug all_to_all_split_backward_untransposed is caught.
 #include <gtest/gtest.h>
 
@@ -25,13 +25,14 @@ json op(const std::string& out, const std::string& name, const std::vector<std::
   return o;
 }
 
-// Rows of x [rows, 3] (placements `x_spec`, dim 0 sharded on the all_to_all's axis "a") go to the
-// ranks `dest` names (ids in [0, n), laid out as x's rows); ws [n, 3] is S(0) on "a". `how` changes
+// Rows of x [rows, 3] (placements `x_spec`, dim 0 sharded on the all_to_all's axis, "a" or `axis`) go to the
+// ranks `dest` names (ids in [0, n), laid out as x's rows); ws [n, 3] is S(0) on that axis. `how` changes
 // the body for the refusals: "" as written, "same" passes the input sizes as the output sizes,
 // "negative" and "plus_one" change the input sizes, "float" passes float sizes, "two_args" drops one.
-json scenario(const json& mesh, const json& x_spec, const json& ws_spec, int64_t rows, const std::string& how = "") {
+json scenario(const json& mesh, const json& x_spec, const json& ws_spec, int64_t rows, const std::string& how = "",
+              const std::string& axis = "a") {
   const bool two_d = mesh.size() == 2;
-  const int64_t n = mesh[0].get<int64_t>();
+  const int64_t n = mesh[axis == "a" ? 0 : 1].get<int64_t>();
   const json axes = two_d ? json{"a", "b"} : json{"a"};
   const json r_spec = two_d ? json{"R", "R"} : json{"R"};
   json inputs = json::array({
@@ -58,7 +59,7 @@ json scenario(const json& mesh, const json& x_spec, const json& ws_spec, int64_t
       // Rows per destination (bincount), exchanged by an equal all_to_all of the counts.
       op("counts", "scatter_add", {"zero_n", "dest", "one_per_row"}, {{"dim", 0}}),
   });
-  body.push_back(op("recv", "all_to_all", {"counts"}, {{"axis", "a"}}));
+  body.push_back(op("recv", "all_to_all", {"counts"}, {{"axis", axis}}));
   if (how == "same") out_sizes = "counts";
   if (how == "negative") {
     body.push_back(op("bad", "mul", {"counts"}, {{"value", -1}}));
@@ -71,9 +72,9 @@ json scenario(const json& mesh, const json& x_spec, const json& ws_spec, int64_t
   if (how == "float") in_sizes = "key";
   std::vector<std::string> args = {"x_sorted", in_sizes, out_sizes};
   if (how == "two_args") args.pop_back();
-  body.push_back(op("routed", "all_to_all", args, {{"axis", "a"}}));
+  body.push_back(op("routed", "all_to_all", args, {{"axis", axis}}));
   body.push_back(op("scaled", "mul", {"routed", "ws"}));
-  body.push_back(op("back", "all_to_all", {"scaled", "recv", "counts"}, {{"axis", "a"}}));
+  body.push_back(op("back", "all_to_all", {"scaled", "recv", "counts"}, {{"axis", axis}}));
   body.push_back(op("zero_y", "scale", {"x"}, {{"value", 0}}));
   body.push_back(op("y_local", "index_add", {"zero_y", "perm", "back"}, {{"dim", 0}}));
   const json reference = json::array({
@@ -126,8 +127,15 @@ TEST(AllToAllSplit, UnevenSplitsMatchTheOracleOnMeshes3And4And2x2) {
       ASSERT_EQ(r["status"], "pass") << x_spec << " rows " << rows << r.dump(1);
       ++cases;
     }
+  // Over the inner axis "b" of [2, 2]: groups of ranks {0, 1} and {2, 3}, x's rows sharded on "a" too.
+  for (const json& x_spec : {json{"R", "S(0)"}, json{"S(0)", "S(0)"}})
+    for (int64_t rows : {7, 8, 5}) {
+      const json r = run(scenario({2, 2}, x_spec, {"R", "S(0)"}, rows, "", "b"));
+      ASSERT_EQ(r["status"], "pass") << "axis b " << x_spec << " rows " << rows << r.dump(1);
+      ++cases;
+    }
   EXPECT_TRUE(uneven);
-  EXPECT_EQ(cases, 18u);
+  EXPECT_EQ(cases, 24u);
 }
 
 TEST(AllToAllSplit, ZeroSizeSplitsAndEmptyLocalsMove) {
