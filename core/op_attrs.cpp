@@ -138,7 +138,8 @@ std::string OpAttrs::str() const {
     << " end_dim=" << end_dim << " start=" << start << " length=" << length << " split_size=" << split_size
     << " chunks=" << chunks << " tanh=" << tanh << " exponent=" << exponent << " diagonal=" << diagonal
     << " normalized_shape=" << list_str(normalized_shape) << " eps=" << (eps ? std::to_string(*eps) : "-")
-    << " sum_reduction=" << sum_reduction << " ignore_index=" << (ignore_index ? std::to_string(*ignore_index) : "-")
+    << " sum_reduction=" << sum_reduction << " no_reduction=" << no_reduction
+    << " label_smoothing=" << label_smoothing << " ignore_index=" << (ignore_index ? std::to_string(*ignore_index) : "-")
     << " fill=" << fill << " k=" << k << " largest=" << largest << " descending=" << descending
     << " float32=" << float32 << " ord=" << ord
     << " range=" << (range ? std::to_string(range->offset) + "+" + std::to_string(range->size) : "-")
@@ -202,6 +203,8 @@ OpAttrs op_attrs(const OpDecl& decl) {
   a.normalized_shape = ints("normalized_shape");
   if (j.contains("eps") && j["eps"].is_number()) a.eps = j["eps"].get<double>();
   a.sum_reduction = j.value("reduction", "mean") == "sum";
+  a.no_reduction = j.value("reduction", "mean") == "none";
+  if (j.contains("label_smoothing") && j["label_smoothing"].is_number()) a.label_smoothing = j["label_smoothing"].get<double>();
   if (integer("ignore_index")) a.ignore_index = j["ignore_index"].get<int64_t>();
   if (integer("dim0")) a.dim0 = j["dim0"].get<int64_t>();
   if (integer("dim1")) a.dim1 = j["dim1"].get<int64_t>();

@@ -89,11 +89,13 @@ std::vector<A> random_creation_attrs() {
   return {{"shape", T::Ints, true}, {"placements", T::Spec, true}, {"stream", T::String, false, "its result's name"}};
 }
 std::vector<A> loss_attrs(bool class_parallel) {
-  std::vector<A> a = {{"reduction", T::String, false, "mean", {"mean", "sum"}},
+  std::vector<A> a = {{"reduction", T::String, false, "mean", {"mean", "sum", "none"}},
                       {"ignore_index", T::Int, false}};
   if (class_parallel) {  // a local_map body's class-parallel pick: the axis sharding the classes
     a.push_back({"axis", T::Axis, false});
     a.push_back({"classes", T::Int, false});
+  } else {  // cross_entropy
+    a.push_back({"label_smoothing", T::Number, false, "0"});
   }
   return a;
 }
@@ -206,8 +208,10 @@ std::vector<OpSchema> build() {
       with(op("cos", x(), {}, "nonlinear_unary", false, "cosine"), GenClass::Unary, {g, false, false, unit}),
       op("count_targets", {{"target", kInt}}, {{"ignore_index", T::Int, false}}, "count_targets", false,
          "1 where a target counts towards a mean loss (not ignore_index), else 0 (cross_entropy's parts)"),
-      with(op("cross_entropy", {{"input"}, {"target", kInt}}, loss_attrs(false), "", false,
-              "log_softmax over classes (dim 1) and nll_loss; decomposed into its parts on the mesh"),
+      with(op("cross_entropy", {{"input"}, {"target", kInt}, {"weight", OperandType::Float, true}}, loss_attrs(false),
+              "", false,
+              "log_softmax over classes (dim 1) and nll_loss, with class weights and label smoothing as "
+              "torch's; decomposed into its parts on the mesh"),
            GenClass::Loss, {g}),
       op("cumsum", {{"x", OperandType::Number}}, {{"dim", T::Int, true}}, "scan", true,
          "torch.cumsum(x, dim): the running sums along dim, of float or int64 data; the gradient the running sums "
@@ -302,8 +306,10 @@ std::vector<OpSchema> build() {
       op("narrow", data(), {{"dim", T::Int, true}, {"start", T::Int, true}, {"length", T::Int, true}}, "narrow", true,
          "length elements from start along dim"),
       op("neg", x(), {}, "linear_unary", true, "-x"),
-      with(op("nll_loss", {{"log_probs"}, {"target", kInt}}, loss_attrs(true), "", false,
-              "negative log likelihood of target classes (dim 1); decomposed into pick_target and count_targets"),
+      with(op("nll_loss", {{"log_probs"}, {"target", kInt}, {"weight", OperandType::Float, true}}, loss_attrs(true), "",
+              false,
+              "negative log likelihood of target classes (dim 1), weighted by class (weight [C]); decomposed into "
+              "pick_target and count_targets"),
            GenClass::Loss),
       with(handled(op("ones", {}, creation_attrs(false), "", false, "ones, of a shape"), kProgram), GenClass::Creation),
       op("permute", data(), {{"dims", T::Ints, true}}, "permute", true, "dims reordered"),

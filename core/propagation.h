@@ -54,6 +54,8 @@ struct OpAttrs {
   std::vector<int64_t> normalized_shape;  // layer_norm, rms_norm: the trailing dims normalized
   std::optional<double> eps;         // layer_norm (absent: 1e-5), rms_norm (absent: the dtype's epsilon)
   bool sum_reduction = false;        // cross_entropy, nll_loss {reduction: sum} (mean otherwise)
+  bool no_reduction = false;         // cross_entropy, nll_loss {reduction: none}: each row's loss
+  double label_smoothing = 0.0;      // cross_entropy {label_smoothing}
   std::optional<int64_t> ignore_index;  // cross_entropy, nll_loss, pick_target, count_targets
   double fill = 0.0;                 // masked_fill, full: `value` (may be +-inf)
   int64_t k = 1;                     // topk: how many

@@ -516,6 +516,13 @@ class ScenarioParser {
       if (op.contains("axis") != op.contains("classes"))
         r_.fail(child(path, op.contains("axis") ? "classes" : "axis"),
                 name + ": a class-parallel pick in a local_map body names both axis and classes");
+      if (op.contains("axis") && op.contains("args") && op["args"].is_array() && op["args"].size() > 2)
+        r_.fail(child(path, "args"), name + ": a class-parallel pick in a local_map body takes no class weight "
+                                            "(weight the rank's classes in the body's own code)");
+      if (op.contains("label_smoothing") && op["label_smoothing"].is_number() &&
+          !(op["label_smoothing"].get<double>() >= 0.0 && op["label_smoothing"].get<double>() <= 1.0))
+        r_.fail(child(path, "label_smoothing"),
+                name + ": label_smoothing is in [0, 1], got " + op["label_smoothing"].dump());
     }
     if (name == "embedding" && op.contains("axis") != op.contains("vocab"))
       r_.fail(child(path, op.contains("axis") ? "vocab" : "axis"),

@@ -495,6 +495,17 @@ void draw_loss(const std::string& op, Case& c) {
   }
   c.xs = {draw_values({n, columns}, false), target};
   c.types = {"float", "int64"};
+  if (op != "nll_loss" && op != "cross_entropy") return;
+  // The losses' options: reduction none a third of the time; a class weight (positive: a mean over
+  // weights that sum to 0 is NaN in torch too) and, for cross_entropy, label smoothing, half of it.
+  if (!a.sum_reduction && draw_in(0, 2) == 0) a.no_reduction = true;
+  if (op == "cross_entropy" && coin()) a.label_smoothing = static_cast<double>(draw_in(1, 9)) / 10.0;
+  if (!a.range && coin()) {
+    Nd w = draw_values({classes}, false);
+    for (auto& v : w.v) v = std::abs(v) + 1.0;
+    c.xs.push_back(w);
+    c.types.push_back("weight");
+  }
 }
 
 // dropout: p (none, a fraction, all), training three times in four, a stream and a seed, and half

@@ -719,8 +719,11 @@ void kernels_match_definitions() {
   std::vector<at::Tensor> ts, floats;
   for (size_t i = 0; i < xs.size(); ++i) {
     const std::string t = type_of(i);
-    ts.push_back(t == "bool" ? tensor_of(xs[i]).to(at::kBool) : t == "int64" ? tensor_of(xs[i]).to(at::kLong)
-                                                                             : tensor_of(xs[i]).to(dtype).requires_grad_(true));
+    // "weight": a float operand no gradient is taken of (a loss's class weight)
+    ts.push_back(t == "bool"     ? tensor_of(xs[i]).to(at::kBool)
+                 : t == "int64"  ? tensor_of(xs[i]).to(at::kLong)
+                 : t == "weight" ? tensor_of(xs[i]).to(dtype)
+                                 : tensor_of(xs[i]).to(dtype).requires_grad_(true));
     if (t == "float") floats.push_back(ts.back());
   }
   const Definition def = definition(schema.id, a, static_cast<int64_t>(xs[0].shape.size()));

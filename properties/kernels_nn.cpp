@@ -267,44 +267,77 @@ Definition pick_target(const OpAttrs& a) {
   return d;
 }
 
-// nll_loss and cross_entropy: the picks summed, or averaged over the targets not ignored.
-// cross_entropy's pick is logsumexp(scores[n]) - scores[n, target[n]]; its gradient on row n is
-// (softmax(scores[n]) - onehot(target[n])) times the row's weight (g, over the count for a mean).
+// nll_loss and cross_entropy: each kept row's loss -w[t] logp[n, t] (w the class weight, 1 without
+// one; logp the scores for nll_loss, scores - logsumexp(row) for cross_entropy), with label smoothing
+// eps that times 1 - eps plus eps / C times -sum_c w[c] logp[n, c]; the rows themselves (reduction
+// none, 0 where ignored), their sum, or their sum over the kept rows' w[t] (the count without a
+// weight). The gradient of logp[n, c] is -(1 - eps) w[t] s_n at the target and -eps / C w[c] s_n
+// everywhere (s_n the row's share of g); cross_entropy's of the scores subtracts softmax times the
+// row's sum of those.
 Definition loss(const OpAttrs& a, bool cross_entropy) {
   const auto ignore = a.ignore_index;
   const auto range = a.range;  // nll_loss in a local_map body: the rank's classes (its columns)
-  const bool sum = a.sum_reduction;
+  const bool sum = a.sum_reduction, none = a.no_reduction;
+  const double eps = cross_entropy ? a.label_smoothing : 0.0;
   auto kept = [=](Xs xs, int64_t n) { return !ignored(xs[1].at(n), ignore); };
   auto column = [=](Xs xs, int64_t n) { return local_row(xs[1].at(n), range, xs[0].shape[1]); };
-  auto weight = [=](Xs xs) {  // each kept row's weight in the result
-    int64_t count = 0;
-    for (int64_t n = 0; n < xs[0].shape[0]; ++n) count += kept(xs, n) ? 1 : 0;
-    return sum ? 1.0 : 1.0 / static_cast<double>(count);
+  auto w = [](Xs xs, int64_t c) { return xs.size() > 2 ? xs[2].at(c) : 1.0; };
+  auto target_weight = [=](Xs xs, int64_t n) { return column(xs, n) >= 0 ? w(xs, column(xs, n)) : 0.0; };
+  auto denominator = [=](Xs xs) {  // what the sum of the rows is divided by
+    if (sum || none) return 1.0;
+    double d = 0;
+    for (int64_t n = 0; n < xs[0].shape[0]; ++n) d += kept(xs, n) ? (xs.size() > 2 ? target_weight(xs, n) : 1.0) : 0.0;
+    return d;
   };
-  auto row = [](Xs xs, int64_t n) {
-    std::vector<int64_t> line;
-    for (int64_t c = 0; c < xs[0].shape[1]; ++c) line.push_back(n * xs[0].shape[1] + c);
-    return line;
+  auto logp = [=](Xs xs, int64_t n, int64_t c) {
+    const int64_t classes = xs[0].shape[1];
+    double lse = 0;
+    if (cross_entropy) {
+      std::vector<int64_t> line;
+      for (int64_t k = 0; k < classes; ++k) line.push_back(n * classes + k);
+      lse = logsumexp(xs[0], line);
+    }
+    return xs[0].at(n * classes + c) - lse;
+  };
+  auto row_loss = [=](Xs xs, int64_t n) {
+    if (!kept(xs, n)) return 0.0;
+    double l = column(xs, n) >= 0 ? -(1.0 - eps) * target_weight(xs, n) * logp(xs, n, column(xs, n)) : 0.0;
+    if (eps > 0) {
+      const int64_t classes = xs[0].shape[1];
+      for (int64_t c = 0; c < classes; ++c) l -= eps / static_cast<double>(classes) * w(xs, c) * logp(xs, n, c);
+    }
+    return l;
   };
   Definition d;
   d.value = [=](Xs xs) {
-    double total = 0;
-    for (int64_t n = 0; n < xs[0].shape[0]; ++n) {
-      if (!kept(xs, n) || column(xs, n) < 0) continue;
-      total += (cross_entropy ? logsumexp(xs[0], row(xs, n)) : 0.0) - xs[0].at(n * xs[0].shape[1] + column(xs, n));
+    const int64_t rows = xs[0].shape[0];
+    if (none) {
+      Nd y = zeros({rows});
+      for (int64_t n = 0; n < rows; ++n) y.at(n) = row_loss(xs, n);
+      return y;
     }
-    return Nd{{}, {total * weight(xs)}};
+    double total = 0;
+    for (int64_t n = 0; n < rows; ++n) total += row_loss(xs, n);
+    return Nd{{}, {total / denominator(xs)}};
   };
   d.vjp = [=](Xs xs, const Nd& g, size_t) {
+    const int64_t rows = xs[0].shape[0], classes = xs[0].shape[1];
     Nd r = zeros(xs[0].shape);
-    const double w = g.at(0) * weight(xs);
-    for (int64_t n = 0; n < xs[0].shape[0]; ++n) {
+    for (int64_t n = 0; n < rows; ++n) {
       if (!kept(xs, n)) continue;
-      if (cross_entropy) {
-        const double lse = logsumexp(xs[0], row(xs, n));
-        for (int64_t k : row(xs, n)) r.at(k) = w * std::exp(xs[0].at(k) - lse);
+      const double share = none ? g.at(n) : g.at(0) / denominator(xs);
+      std::vector<double> dlogp(static_cast<size_t>(classes), 0.0);
+      if (column(xs, n) >= 0) dlogp[static_cast<size_t>(column(xs, n))] -= (1.0 - eps) * target_weight(xs, n) * share;
+      if (eps > 0)
+        for (int64_t c = 0; c < classes; ++c)
+          dlogp[static_cast<size_t>(c)] -= eps / static_cast<double>(classes) * w(xs, c) * share;
+      double row_sum = 0;
+      for (double v : dlogp) row_sum += v;
+      for (int64_t c = 0; c < classes; ++c) {
+        double v = dlogp[static_cast<size_t>(c)];
+        if (cross_entropy) v -= std::exp(logp(xs, n, c)) * row_sum;
+        r.at(n * classes + c) = v;
       }
-      if (column(xs, n) >= 0) r.at(n * xs[0].shape[1] + column(xs, n)) -= w;
     }
     return r;
   };

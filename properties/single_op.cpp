@@ -489,6 +489,18 @@ json single_op_program() {
       const auto ignore = ignore_index_for(drawn_ids(seed, 1, shapes[1], shapes[0][1]), *rc::gen::inRange<int64_t>(0, 8));
       if (ignore || name == "count_targets") decl.attrs["ignore_index"] = ignore.value_or(-100);
     }
+    // The loss's options, a third of the time each: reduction none (each row's loss), a class weight
+    // (positive, in any placement without Partial: a weighted mean divides by the targets' weights)
+    // and cross_entropy's label smoothing.
+    if (name == "pick_target" && *rc::gen::inRange(0, 3) == 0) decl.attrs["reduction"] = "none";
+    if (*rc::gen::inRange(0, 3) == 0) {
+      const Shape w = {shapes[0][1]};
+      inputs.push_back(input("w", w, without_partial(*gen::spec(mesh, any_placement(1))), false, false));
+      program.push_back(op("w_pos", "exp", {"w"}));  // positive, and unequal
+      args.push_back("w_pos");
+    }
+    if (program_op == "cross_entropy" && *rc::gen::inRange(0, 3) == 0)
+      decl.attrs["label_smoothing"] = *rc::gen::element(0.1, 0.25, 0.5);
   }
   program.push_back(op("y", program_op, args, decl.attrs));
   if (integral)
@@ -497,7 +509,8 @@ json single_op_program() {
   // A weight of the result's shape in any differentiable placement, so that gradients are not uniform.
   Shape out;
   try {
-    out = loss ? Shape{} : infer_shape(name, shapes, op_attrs(decl));
+    out = loss ? (decl.attrs.value("reduction", "") == "none" ? Shape{shapes[0][0]} : Shape{})
+               : infer_shape(name, shapes, op_attrs(decl));
   } catch (const SemanticError&) {
     out = shapes[0];
   }

@@ -270,25 +270,73 @@ DTensor log_softmax(Runtime& rt, const DTensor& x, int64_t dim, const std::strin
   return rt.apply_op("log_softmax", over(d, false), {x}, out);
 }
 
-// nll_loss(log_probs [N, C], target [N]): the target pick (pick_target: a batch shard stays, a
-// class shard is the masked pick, P(sum)), then the sum, or the mean over the targets not
+// nll_loss(log_probs [N, C], target [N], weight [C]?): the target pick (pick_target: a batch shard
+// stays, a class shard is the masked pick, P(sum)), then the sum, or the mean over the targets not
 // ignored. The mean is exact over uneven shards: without ignore_index, mean's global count; with
-// it, the sum over the count of targets kept, itself summed over the ranks.
+// it, the sum over the count of targets kept, itself summed over the ranks. A class weight is the
+// same pick from the weights laid along every row's classes (w[target], 0 where ignored); the rows
+// are multiplied by it, and the mean divides by its sum (torch's weighted mean). cross_entropy's
+// label smoothing adds, per kept row, -eps / C times the sum of its (weighted) log-probabilities,
+// the pick's part scaled by 1 - eps (torch's cross_entropy_loss_label_smoothing). reduction none
+// returns the rows.
 DTensor nll_loss(Runtime& rt, const OpDecl& op, const OpAttrs& a, const DTensor& logp, const DTensor& target,
-                 const std::string& out) {
+                 const DTensor* weight, const std::string& out) {
   if (logp.shape.size() != 2 || target.shape.size() != 1 || target.shape[0] != logp.shape[0])
     throw SemanticError(ErrorKind::ShapeMismatch, op.path + ": " + op.op + " needs [N, C] scores and a target [N], got " +
                                                       shape_str(logp.shape) + " and " + shape_str(target.shape));
+  if (weight && (weight->shape.size() != 1 || weight->shape[0] != logp.shape[1]))
+    throw SemanticError(ErrorKind::ShapeMismatch, op.path + ": " + op.op + " takes a class weight [C] = [" +
+                                                      std::to_string(logp.shape[1]) + "], got " + shape_str(weight->shape));
+  if (weight && weight->requires_grad())
+    throw SemanticError(ErrorKind::NotDifferentiable,
+                        op.path + "/args/2: " + op.op + "'s class weight \"" + op.args.at(2) +
+                            "\" requires grad: a loss is not differentiable in its weight (torch: \"the derivative "
+                            "for 'weight' is not implemented\"); give the weight without requires_grad");
   check_ids(op, 1, target, logp.shape[1], a.ignore_index);
+  const bool weighted = weight != nullptr, smooth = a.label_smoothing > 0, none = a.no_reduction;
+  // With reduction none the last per-row value is the result itself.
+  auto row_name = [&](const char* suffix, bool last) { return none && last ? out : out + suffix; };
   OpAttrs pick;
   pick.ignore_index = a.ignore_index;
-  const DTensor picked = rt.apply_op("pick_target", pick, {logp, target}, out + ".pick");
-  if (a.sum_reduction) return rt.apply_op("sum", {}, {picked}, out);
-  if (!a.ignore_index) return rt.apply_op("mean", {}, {picked}, out);
-  const DTensor total = rt.apply_op("sum", {}, {picked}, out + ".total");
   OpAttrs keep;
   keep.ignore_index = a.ignore_index;
   keep.float32 = rt.options().dtype == DType::Float32;
+  DTensor row = rt.apply_op("pick_target", pick, {logp, target}, row_name(".pick", !weighted && !smooth));
+  std::optional<DTensor> picked_weight;
+  if (weighted) {
+    OpAttrs first;
+    first.dim = 0;
+    OpAttrs rows;
+    rows.shape = {logp.shape[0], logp.shape[1]};
+    const DTensor neg = rt.apply_op("neg", {}, {*weight}, out + ".weight_neg");
+    const DTensor line = rt.apply_op("unsqueeze", first, {neg}, out + ".weight_row");
+    const DTensor every = rt.apply_op("expand", rows, {line}, out + ".weight_rows");
+    picked_weight = rt.apply_op("pick_target", pick, {every, target}, out + ".weight_pick");
+    row = rt.apply_op("mul", {}, {row, *picked_weight}, row_name(".weighted", !smooth));
+  }
+  if (smooth) {
+    const double eps = a.label_smoothing, classes = static_cast<double>(logp.shape[1]);
+    const DTensor terms = weighted ? rt.apply_op("mul", {}, {logp, *weight}, out + ".smooth_terms") : logp;
+    DTensor smoothed = rt.apply_op("sum", over(1, false), {terms}, out + ".smooth_sum");
+    if (a.ignore_index) {
+      const DTensor kept = rt.apply_op("count_targets", keep, {target}, out + ".smooth_kept");
+      smoothed = rt.apply_op("mul", {}, {smoothed, kept}, out + ".smooth_masked");
+    }
+    OpAttrs nll_part, smooth_part;
+    nll_part.value = 1.0 - eps;
+    smooth_part.value = -eps / classes;
+    const DTensor a_part = rt.apply_op("scale", nll_part, {row}, out + ".nll_part");
+    const DTensor b_part = rt.apply_op("scale", smooth_part, {smoothed}, out + ".smooth_part");
+    row = rt.apply_op("add", {}, {a_part, b_part}, row_name(".rows", true));
+  }
+  if (none) return row;
+  if (a.sum_reduction) return rt.apply_op("sum", {}, {row}, out);
+  if (!a.ignore_index && !weighted) return rt.apply_op("mean", {}, {row}, out);
+  const DTensor total = rt.apply_op("sum", {}, {row}, out + ".total");
+  if (weighted) {
+    const DTensor weights = rt.apply_op("sum", {}, {*picked_weight}, out + ".weight_total");
+    return rt.apply_op("div", {}, {total, weights}, out);
+  }
   const DTensor kept = rt.apply_op("count_targets", keep, {target}, out + ".kept");
   const DTensor count = rt.apply_op("sum", {}, {kept}, out + ".count");
   return rt.apply_op("div", {}, {total, count}, out);
@@ -343,11 +391,12 @@ DTensor apply_program_op(Runtime& rt, const OpDecl& op, const std::vector<DTenso
     attrs.draw.seed = rt.options().seed;
   }
   if (op.op == "log_softmax") return log_softmax(rt, args.at(0), attrs.dim.value_or(-1), op.out);
-  if (op.op == "nll_loss") return nll_loss(rt, op, attrs, args.at(0), args.at(1), op.out);
+  const DTensor* class_weight = args.size() > 2 ? &args[2] : nullptr;
+  if (op.op == "nll_loss") return nll_loss(rt, op, attrs, args.at(0), args.at(1), class_weight, op.out);
   if (op.op == "cross_entropy") {
     if (args.at(0).shape.size() != 2)
       throw SemanticError(ErrorKind::ShapeMismatch, op.path + ": cross_entropy needs [N, C] scores, got " + shape_str(args[0].shape));
-    return nll_loss(rt, op, attrs, log_softmax(rt, args[0], 1, op.out + ".log_softmax"), args[1], op.out);
+    return nll_loss(rt, op, attrs, log_softmax(rt, args[0], 1, op.out + ".log_softmax"), args[1], class_weight, op.out);
   }
   if (attrs.scalar && args.size() == 1) {
     attrs.scalar = false;

@@ -223,10 +223,14 @@ at::Tensor pick_target(const at::Tensor& logp, const at::Tensor& target, const O
 
 // nll_loss on whole tensors (the oracle, a local_map body): libtorch's, or, in a body with a
 // class range, the masked pick summed or averaged over the targets not ignored.
-at::Tensor nll_loss(const at::Tensor& logp, const at::Tensor& target, const OpAttrs& attrs) {
-  if (!attrs.range)
-    return at::nll_loss(logp, target, {}, attrs.sum_reduction ? at::Reduction::Sum : at::Reduction::Mean,
-                        attrs.ignore_index.value_or(-100));
+at::Reduction::Reduction reduction_of(const OpAttrs& attrs) {
+  return attrs.no_reduction ? at::Reduction::None : attrs.sum_reduction ? at::Reduction::Sum : at::Reduction::Mean;
+}
+
+at::Tensor nll_loss(const at::Tensor& logp, const at::Tensor& target, const OpAttrs& attrs,
+                    const at::Tensor& weight = {}) {
+  if (!attrs.range) return at::nll_loss(logp, target, weight, reduction_of(attrs), attrs.ignore_index.value_or(-100));
+  if (attrs.no_reduction) return pick_target(logp, target, attrs);
   at::Tensor loss = pick_target(logp, target, attrs).sum();
   if (attrs.sum_reduction) return loss;
   at::Tensor count = attrs.ignore_index ? target.ne(*attrs.ignore_index).sum() : at::scalar_tensor(target.numel());
@@ -286,7 +290,13 @@ const KernelRow kRows[] = {
        return keep.to(a.float32 ? at::kFloat : at::kDouble);
      }},
     {"cross_entropy",
-     [](const OpAttrs& a, const Xs& xs) { return nll_loss(at::log_softmax(xs.at(0), 1), xs.at(1), a); }},
+     [](const OpAttrs& a, const Xs& xs) {
+       const at::Tensor weight = xs.size() > 2 ? xs[2] : at::Tensor();
+       if (a.label_smoothing > 0)
+         return at::cross_entropy_loss(xs.at(0), xs.at(1), weight, reduction_of(a), a.ignore_index.value_or(-100),
+                                       a.label_smoothing);
+       return nll_loss(at::log_softmax(xs.at(0), 1), xs.at(1), a, weight);
+     }},
     {"cumsum", [](const OpAttrs& a, const Xs& xs) { return at::cumsum(xs.at(0), a.dim.value_or(0)); }},
     {"div", [](const OpAttrs& a, const Xs& xs) { return at::div(xs.at(0), second(a, xs)); }},
     // dropout: x times its factor (1 / (1 - p) where kept, 0 where dropped) at each element's global
@@ -345,7 +355,8 @@ const KernelRow kRows[] = {
      }},
     {"ne", [](const OpAttrs& a, const Xs& xs) { return at::ne(xs.at(0), compared(a, xs)); }},
     {"neg", [](const OpAttrs&, const Xs& xs) { return at::neg(xs.at(0)); }},
-    {"nll_loss", [](const OpAttrs& a, const Xs& xs) { return nll_loss(xs.at(0), xs.at(1), a); }},
+    {"nll_loss",
+     [](const OpAttrs& a, const Xs& xs) { return nll_loss(xs.at(0), xs.at(1), a, xs.size() > 2 ? xs[2] : at::Tensor()); }},
     {"permute", [](const OpAttrs& a, const Xs& xs) { return xs.at(0).permute(a.dims).contiguous(); }},
     {"pick_target", [](const OpAttrs& a, const Xs& xs) { return pick_target(xs.at(0), xs.at(1), a); }},
     {"pow", [](const OpAttrs& a, const Xs& xs) { return at::pow(xs.at(0), a.exponent); }},

@@ -179,6 +179,108 @@ TEST(Losses, EveryTargetIgnoredGivesANaNLossAndAZeroGradient) {
   EXPECT_EQ(r["status"], "pass") << r.dump(1);
 }
 
+// Class weights, label smoothing and reduction none, against the oracle (libtorch's nll_loss and
+// cross_entropy_loss) on meshes [3], [4] and [2, 2], 7 rows and 5 classes (uneven shards), the scores
+// sharded by batch or by class and the weight replicated or sharded.
+TEST(Losses, ClassWeightsLabelSmoothingAndReductionNoneOnEveryMesh) {
+  struct Mesh {
+    json axes, shape;
+  };
+  const std::vector<Mesh> meshes = {{{"a"}, {3}}, {{"a"}, {4}}, {{"a", "b"}, {2, 2}}};
+  const std::vector<json> options = {
+      {{"reduction", "mean"}}, {{"reduction", "sum"}}, {{"reduction", "none"}},
+      {{"reduction", "mean"}, {"ignore_index", 2}}, {{"reduction", "none"}, {"ignore_index", 2}},
+      {{"reduction", "mean"}, {"label_smoothing", 0.2}}, {{"reduction", "mean"}, {"label_smoothing", 0.2}, {"ignore_index", 2}},
+      {{"reduction", "sum"}, {"label_smoothing", 0.5}}, {{"reduction", "none"}, {"label_smoothing", 0.1}}};
+  int runs = 0;
+  for (const auto& m : meshes)
+    for (const char* op : {"cross_entropy", "nll_loss"})
+      for (bool weighted : {false, true})
+        for (const json& extra : options) {
+          if (std::string(op) == "nll_loss" && extra.contains("label_smoothing")) continue;
+          const bool two = m.axes.size() == 2;
+          json x = input("x", {7, 5}, two ? json{"S(0)", "S(1)"} : json{runs % 2 ? "S(1)" : "S(0)"}, true);
+          x["init"] = "randn";
+          json t = input("t", {7}, two ? json{"S(0)", "R"} : json{"S(0)"});
+          t["dtype"] = "int64";
+          t["init"] = {{"ids", 5}};
+          json ins = {x, t};
+          json args = {"x", "t"};
+          json prog = json::array();
+          if (weighted) {
+            ins.push_back(input("w", {5}, two ? json{"R", "S(0)"} : json{runs % 3 ? "S(0)" : "R"}));
+            prog.push_back({{"op", "exp"}, {"args", {"w"}}, {"out", "wp"}});
+            args.push_back("wp");
+          }
+          json l = {{"op", op}, {"args", args}, {"out", "l"}};
+          l.update(extra);
+          prog.push_back(l);
+          prog.push_back({{"op", "sum"}, {"args", {"l"}}, {"out", "loss"}});
+          const json r = run(doc(m.axes, m.shape, ins, prog));
+          ++runs;
+          SCOPED_TRACE(std::string(op) + " " + m.shape.dump() + " weighted " + std::to_string(weighted) + " " + extra.dump());
+          EXPECT_EQ(r["status"], "pass") << r.dump(1);
+          EXPECT_EQ(r["values"]["l"]["shape"], extra["reduction"] == "none" ? json({7}) : json::array());
+        }
+  EXPECT_EQ(runs, 3 * 2 * 2 * 9 - 3 * 2 * 4);
+}
+
+// The weighted mean divides by the targets' weights: x = arange [4, 2] (rows [0, 1], [2, 3], [4, 5],
+// [6, 7]), targets 0, 1, 0, 1, weights 1 and 3: -(0 + 3 * 3 + 4 + 3 * 7) / (1 + 3 + 1 + 3) = -4.25
+// (unweighted: -(0 + 3 + 4 + 7) / 4 = -3.5), on the mesh as in the oracle.
+TEST(Losses, AWeightedMeanDividesByTheTargetsWeights) {
+  auto loss_of = [](bool weighted) {
+    json x = input("x", {4, 2}, {"S(0)"}, true);
+    x["init"] = "arange";
+    json t = input("t", {4}, {"S(0)"});
+    t["dtype"] = "int64";
+    t["init"] = "arange";
+    json w = input("w", {2}, {"R"});
+    w["init"] = "arange";
+    json prog = {{{"op", "remainder"}, {"args", {"t"}}, {"value", 2}, {"out", "tc"}},  // 0, 1, 0, 1
+                 {{"op", "scale"}, {"args", {"w"}}, {"value", 2}, {"out", "w2"}},
+                 {{"op", "add"}, {"args", {"w2"}}, {"value", 1}, {"out", "wp"}}};  // 1, 3
+    json args = weighted ? json{"x", "tc", "wp"} : json{"x", "tc"};
+    prog.push_back({{"op", "nll_loss"}, {"args", args}, {"out", "loss"}});
+    const Scenario sc = parse_scenario(doc({"dp"}, {2}, {x, t, w}, prog), "layers.json");
+    const CheckedRun r = check_scenario(sc, sc.options, /*keep_values=*/true);
+    EXPECT_EQ(r.result["status"], "pass") << r.result.dump(1);
+    for (const auto& k : r.tensors->values)
+      if (k.name == "loss") return k.global.item<double>();
+    ADD_FAILURE() << "no loss kept";
+    return 0.0;
+  };
+  EXPECT_EQ(loss_of(true), -4.25);
+  EXPECT_EQ(loss_of(false), -3.5);
+}
+
+TEST(Losses, AWeightThatRequiresGradOrHasTheWrongShapeIsRefused) {
+  json x = input("x", {4, 3}, {"S(0)"}, true);
+  json t = input("t", {4}, {"S(0)"});
+  t["dtype"] = "int64";
+  t["init"] = {{"ids", 3}};
+  json prog = {{{"op", "cross_entropy"}, {"args", {"x", "t", "w"}}, {"out", "loss"}}};
+  const json grad = run(doc({"dp"}, {2}, {x, t, input("w", {3}, {"R"}, true)}, prog));
+  EXPECT_EQ(grad["status"], "error");
+  EXPECT_EQ(grad["error"]["kind"], "not_differentiable") << grad.dump(1);
+  EXPECT_NE(grad["error"]["message"].get<std::string>().find("/program/0/args/2: cross_entropy's class weight \"w\" requires grad"),
+            std::string::npos)
+      << grad.dump(1);
+  const json shape = run(doc({"dp"}, {2}, {x, t, input("w", {4}, {"R"})}, prog));
+  EXPECT_EQ(shape["error"]["kind"], "shape_mismatch") << shape.dump(1);
+  EXPECT_NE(shape["error"]["message"].get<std::string>().find("takes a class weight [C] = [3], got [4]"), std::string::npos)
+      << shape.dump(1);
+  json smoothing = doc({"dp"}, {2}, {x, t}, {{{"op", "cross_entropy"}, {"args", {"x", "t"}}, {"out", "loss"},
+                                              {"label_smoothing", 1.5}}});
+  try {
+    parse_scenario(smoothing, "layers.json");
+    ADD_FAILURE() << "label_smoothing 1.5 accepted";
+  } catch (const InputError& e) {
+    EXPECT_EQ(e.json_path(), "/program/0/label_smoothing");
+    EXPECT_NE(std::string(e.what()).find("label_smoothing is in [0, 1], got 1.5"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Activations, GeluNoneIsDifferentiatedExactly) {
   json x = input("x", {4, 3}, {"S(0)"}, true);
   x["init"] = "randn";

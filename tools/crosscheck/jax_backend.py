@@ -212,10 +212,14 @@ def _embedding(xs, op):
     return jnp.where(inside[..., None], jnp.take(w, local, axis=0), 0)
 
 
-def _nll_loss(logp, target, op):
-    """torch's nll_loss (mean over the targets not ignored, or sum); in a body with {axis,
-    classes}, the pick of the targets in this rank's class range (meshsim's local nll_loss)."""
+def _nll_loss(logp, target, op, weight=None):
+    """torch's nll_loss and cross_entropy (on log-probabilities): each kept row's -w[t] logp[n, t],
+    with label smoothing (1 - eps) times that plus eps / C times -sum_c w[c] logp[n, c]; the rows
+    (reduction none), their sum, or their sum over the kept targets' weights (their count without a
+    weight). In a body with {axis, classes}, the pick of the targets in this rank's class range
+    (meshsim's local nll_loss)."""
     ignore = op.get("ignore_index", -100)
+    eps = float(op.get("label_smoothing", 0.0))
     keep = target != ignore
     index = target
     if "axis" in op:
@@ -223,9 +227,19 @@ def _nll_loss(logp, target, op):
         keep = keep & inside
     index = jnp.where(keep, index, 0)
     picked = jnp.take_along_axis(logp, index[:, None], axis=1)[:, 0]
-    loss = -jnp.sum(jnp.where(keep, picked, 0))
-    if op.get("reduction", "mean") == "sum":
+    w_t = jnp.ones_like(picked) if weight is None else jnp.take(weight, index)
+    rows = jnp.where(keep, -picked * w_t, 0)
+    if eps > 0:
+        smooth = -jnp.sum(logp if weight is None else logp * weight[None, :], axis=1)
+        rows = (1 - eps) * rows + eps / logp.shape[1] * jnp.where(target != ignore, smooth, 0)
+    reduction = op.get("reduction", "mean")
+    if reduction == "none":
+        return rows
+    loss = jnp.sum(rows)
+    if reduction == "sum":
         return loss
+    if weight is not None:
+        return loss / jnp.sum(jnp.where(keep, w_t, 0))
     count = jnp.sum(target != ignore) if "axis" not in op or "ignore_index" in op else target.shape[0]
     return loss / jnp.asarray(count, logp.dtype)
 
@@ -351,8 +365,8 @@ OPS = {
     "layer_norm": _layer_norm, "rms_norm": _rms_norm, "embedding": _embedding,
     "log_softmax": lambda xs, op: jax.nn.log_softmax(xs[0], axis=op["dim"]),
     "softmax": lambda xs, op: jax.nn.softmax(xs[0], axis=op["dim"]),
-    "nll_loss": lambda xs, op: _nll_loss(xs[0], xs[1], op),
-    "cross_entropy": lambda xs, op: _nll_loss(jax.nn.log_softmax(xs[0], axis=1), xs[1], op),
+    "nll_loss": lambda xs, op: _nll_loss(xs[0], xs[1], op, xs[2] if len(xs) > 2 else None),
+    "cross_entropy": lambda xs, op: _nll_loss(jax.nn.log_softmax(xs[0], axis=1), xs[1], op, xs[2] if len(xs) > 2 else None),
     "mm": lambda xs, op: xs[0] @ xs[1], "bmm": lambda xs, op: xs[0] @ xs[1],
     "matmul": lambda xs, op: jnp.matmul(xs[0], xs[1]),
     "linear": lambda xs, op: _linear(xs),

@@ -525,18 +525,22 @@ def embedding(p: Program, op: dict, ids: torch.Tensor, weight: torch.Tensor) -> 
     return F.embedding(local_ids, weight) * (~outside).unsqueeze(-1).to(weight.dtype)
 
 
-def nll_loss(p: Program, op: dict, logp: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """F.nll_loss; in a body with {axis, classes}, the class-parallel pick of the targets in the
-    rank's class range (0 elsewhere), summed or averaged over the kept targets."""
+def nll_loss(p: Program, op: dict, logp: torch.Tensor, target: torch.Tensor, weight=None) -> torch.Tensor:
+    """F.nll_loss (with its class weight); in a body with {axis, classes}, the class-parallel pick of
+    the targets in the rank's class range (0 elsewhere), summed or averaged over the kept targets, or
+    each row's (reduction none)."""
     reduction_ = op.get("reduction", "mean")
     ignore = op.get("ignore_index")
     if "axis" not in op:
-        return F.nll_loss(logp, target, reduction=reduction_, ignore_index=-100 if ignore is None else int(ignore))
+        return F.nll_loss(logp, target, weight=weight, reduction=reduction_,
+                          ignore_index=-100 if ignore is None else int(ignore))
     start, end = local_offsets(p, op, int(op["classes"]))
     kept = torch.ones_like(target, dtype=torch.bool) if ignore is None else target != int(ignore)
     mine = kept & (target >= start) & (target < end)
     col = torch.where(mine, target - start, torch.zeros_like(target)).unsqueeze(1)
     picked = -logp.gather(1, col).squeeze(1) * mine.to(logp.dtype)
+    if reduction_ == "none":
+        return picked
     total = picked.sum()
     return total if reduction_ == "sum" else total / kept.sum().to(logp.dtype)
 
@@ -685,9 +689,10 @@ OPS = {
     "embedding": embedding,
     "log_softmax": lambda p, op, x: F.log_softmax(x, dim=op["dim"]),
     "softmax": lambda p, op, x: F.softmax(x, dim=op["dim"]),
-    "cross_entropy": lambda p, op, s, t: F.cross_entropy(
-        s, t, reduction=op.get("reduction", "mean"),
-        ignore_index=-100 if op.get("ignore_index") is None else int(op["ignore_index"])),
+    "cross_entropy": lambda p, op, s, t, w=None: F.cross_entropy(
+        s, t, weight=w, reduction=op.get("reduction", "mean"),
+        ignore_index=-100 if op.get("ignore_index") is None else int(op["ignore_index"]),
+        label_smoothing=float(op.get("label_smoothing", 0.0))),
     "nll_loss": nll_loss,
     "mm": lambda p, op, a, b: torch.mm(a, b),
     "bmm": lambda p, op, a, b: torch.bmm(a, b),
@@ -922,6 +927,14 @@ def global_data(prog: Program, v: DTensor) -> np.ndarray:
 # PyTorch source that explains it (paths under torch/distributed/). A difference that matches one
 # carries it as `cause` and `explanation`.
 CAUSES = {
+    "label_smoothing_partial_refused":
+        "F.cross_entropy with label_smoothing computes the smoothing term as a sum of the (weighted) "
+        "log-probabilities over the classes and zeroes the ignored rows in place "
+        "(aten/src/ATen/native/LossNLL.cpp, cross_entropy_loss_label_smoothing: "
+        "smooth_loss.masked_fill_(ignore_mask, 0.0)); where the classes are sharded there (a class weight "
+        "sharded over a mesh axis), that sum is Partial(sum), and DTensor refuses an in-place masked_fill_ "
+        "on a Partial (tensor/_ops/utils.py: 'in-place operations that require placement changes are not "
+        "supported'), though a zero fill keeps every part's sum. meshsim masks the rows and runs it.",
     "inplace_update_short_shard_refused":
         "torch.optim updates a parameter in place, and DTensor refuses an in-place op no strategy of "
         "which keeps the parameter's placements (tensor/_ops/utils.py: 'in-place operations that require "
@@ -1052,6 +1065,9 @@ def explain_error(job: common.Job, d: dict, msg: str) -> dict:
             or "MaskBuffer has not been materialized" in msg
             or "_reduce_value" in msg and program_ops(job) & {"embedding"}):
         return with_cause(d, "mask_partial_buffer")
+    if ("masked_fill_" in msg and "Partial" in msg and "in-place operations that require placement changes" in msg
+            and any(op.get("op") == "cross_entropy" and op.get("label_smoothing") for op in job.ops())):
+        return with_cause(d, "label_smoothing_partial_refused")
     if "cannot compute the" in msg and "inf norm" in msg and "does not have an identity" in msg:
         return with_cause(d, "vector_norm_inf_empty_shard")
     if "Expected reduction dim" in msg and "non-zero size" in msg:
