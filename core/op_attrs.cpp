@@ -141,7 +141,7 @@ std::string OpAttrs::str() const {
     << " sum_reduction=" << sum_reduction << " no_reduction=" << no_reduction
     << " label_smoothing=" << label_smoothing << " ignore_index=" << (ignore_index ? std::to_string(*ignore_index) : "-")
     << " fill=" << fill << " k=" << k << " largest=" << largest << " descending=" << descending
-    << " float32=" << float32 << " ord=" << ord
+    << " float32=" << float32 << " ord=" << ord << " dtype=" << (dtype ? dtype_name(*dtype) : "-")
     << " range=" << (range ? std::to_string(range->offset) + "+" + std::to_string(range->size) : "-")
     << " divisor=" << (mean_divisor ? std::to_string(*mean_divisor) : "-") << " local_mean=" << local_mean
     << " local_shape=" << (local_shape ? list_str(*local_shape) : "-") << " p=" << p << " training=" << training
@@ -222,6 +222,7 @@ OpAttrs op_attrs(const OpDecl& decl) {
   a.descending = j.value("descending", false);
   if (j.contains("ord") && j["ord"].is_number()) a.ord = j["ord"].get<double>();
   if (j.contains("ord") && j["ord"].is_string()) a.ord = j["ord"] == "-inf" ? -INFINITY : INFINITY;
+  if (decl.op == "to" && j.contains("dtype") && j["dtype"].is_string()) a.dtype = find_dtype(j["dtype"].get<std::string>());
   if (j.contains("p") && j["p"].is_number()) a.p = j["p"].get<double>();
   if (j.contains("training") && j["training"].is_boolean()) a.training = j["training"].get<bool>();
   // A random op's stream (its result's name by default); other ops have none (no cache key of theirs

@@ -79,7 +79,8 @@ std::vector<A> along(bool required, std::vector<A> more) {
 // Creation ops take no operand: a shape, placements (S, R or Rd on each axis) and a dtype.
 std::vector<A> creation_attrs(bool value, bool bools = true) {
   std::vector<A> a = {{"shape", T::Ints, true}, {"placements", T::Spec, true}, {"dtype", T::String, false, "float"}};
-  a.back().choices = bools ? std::vector<const char*>{"float", "bool", "int64"} : std::vector<const char*>{"float", "int64"};
+  a.back().choices = bools ? std::vector<const char*>{"float", "bool", "int64", "float64", "float32", "bfloat16", "float16"}
+                            : std::vector<const char*>{"float", "int64", "float64", "float32", "bfloat16", "float16"};
   if (value) a.push_back({"value", T::NumberOrInf, true});
   return a;
 }
@@ -373,6 +374,9 @@ std::vector<OpSchema> build() {
               "torch.topk(x, k, dim, largest).values, sorted (ties: the first positions); the gradient back to "
               "the picked positions (narrow of argsort gives the indices)"),
            GenClass::Select),
+      with(op("to", x(), {{"dtype", T::String, true, nullptr, {"float64", "float32", "bfloat16", "float16"}}}, "cast",
+              false, "x cast to dtype (round to nearest even); the gradient cast back to x's dtype"),
+           GenClass::None, {0, false, false, nullptr, {{"dtype", R"(["float64", "float32", "bfloat16", "float16"])"}}}),
       handled(op("to_local", x(), {{"grad_placements", T::Spec, false, "its own placements"}}, "", true,
                  "local code's start: each rank's local tensor (grad_placements: the layout of its gradient)"),
               kProgram),

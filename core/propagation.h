@@ -63,6 +63,7 @@ struct OpAttrs {
   bool descending = false;           // sort, argsort {descending}
   bool float32 = false;              // count_targets: the run's float dtype is float32
   double ord = 2.0;                  // linalg_vector_norm: the norm's order (+-inf allowed)
+  std::optional<DType> dtype;        // to: the dtype cast to
   double p = 0.5;                    // dropout: the probability of a zero
   bool training = true;              // dropout {training: false}: the identity
   // dropout, rand, randn: what their values are drawn from (core/random.h). The stream's name (the

@@ -50,7 +50,10 @@ constexpr Choice<Localize> kLocalize[] = {
     {"on_failure", Localize::OnFailure}, {"always", Localize::Always}, {"never", Localize::Never}};
 constexpr Choice<PartialEntry> kPartialEntries[] = {{"variant", PartialEntry::Variant},
                                                     {"unreduced", PartialEntry::Unreduced}};
-constexpr Choice<DType> kDTypes[] = {{"float64", DType::Float64}, {"float32", DType::Float32}};
+constexpr Choice<DType> kDTypes[] = {{"float64", DType::Float64},
+                                     {"float32", DType::Float32},
+                                     {"bfloat16", DType::BFloat16},
+                                     {"float16", DType::Float16}};
 constexpr Choice<ElementType> kElementTypes[] = {
     {"float", ElementType::Float}, {"bool", ElementType::Bool}, {"int64", ElementType::Int64}};
 
@@ -231,7 +234,8 @@ class ScenarioParser {
 
   void parse_input(const json& in, const std::string& path) {
     r_.only_keys(r_.object(in, path), path,
-                 {"name", "shape", "placements", "init", "from_local", "requires_grad", "dtype", "source", "group"});
+                 {"name", "shape", "placements", "init", "from_local", "requires_grad", "dtype", "mixed_precision", "source",
+                  "group"});
     check_group(in, path);
     InputDecl decl;
     decl.path = path;
@@ -244,7 +248,9 @@ class ScenarioParser {
     decl.placements = normalize_spec(decl.placements, static_cast<int64_t>(decl.shape.size()));
     if (in.contains("dtype")) {
       try {
-        decl.dtype = parse_element_type(r_.string(in["dtype"], child(path, "dtype")));
+        const std::string text = r_.string(in["dtype"], child(path, "dtype"));
+        decl.dtype = parse_element_type(text);
+        decl.float_dtype = find_dtype(text);
       } catch (const std::invalid_argument& e) {
         r_.fail(child(path, "dtype"), e.what());
       }
@@ -275,8 +281,25 @@ class ScenarioParser {
       decl.requires_grad = r_.boolean(in["requires_grad"], child(path, "requires_grad"));
     if (decl.requires_grad && decl.dtype != ElementType::Float)
       r_.fail(child(path, "requires_grad"), std::string("a ") + element_type_name(decl.dtype) + " input has no gradient");
+    if (in.contains("mixed_precision")) parse_mixed_precision(in["mixed_precision"], child(path, "mixed_precision"), decl);
     if (in.contains("source")) decl.source = parse_source(in["source"], child(path, "source"), s_.file);
     s_.inputs.push_back(std::move(decl));
+  }
+
+  // {"param_dtype"?, "reduce_dtype"?}: float dtypes, on a float input.
+  void parse_mixed_precision(const json& v, const std::string& path, InputDecl& decl) const {
+    r_.only_keys(r_.object(v, path), path, {"param_dtype", "reduce_dtype"});
+    if (decl.dtype != ElementType::Float)
+      r_.fail(path, std::string("mixed precision casts float parameters, not a ") + element_type_name(decl.dtype) + " input");
+    decl.mixed_precision.present = true;
+    for (const char* key : {"param_dtype", "reduce_dtype"}) {
+      if (!v.contains(key)) continue;
+      const std::string where = child(path, key);
+      const std::string text = r_.string(v[key], where);
+      const auto d = find_dtype(text);
+      if (!d) r_.fail(where, "unknown dtype " + in_quotes(text) + " (expected " + choice_list(kDTypes) + ")");
+      (std::string(key) == "param_dtype" ? decl.mixed_precision.param_dtype : decl.mixed_precision.reduce_dtype) = d;
+    }
   }
 
   // A name, or {"ids": high} (int64 ids uniform in [0, high)).
@@ -588,11 +611,18 @@ const char* reduced_propagation_name(ReducedPropagation r) {
   return name_of(r, kReducedPropagations);
 }
 const char* dtype_name(DType d) { return name_of(d, kDTypes); }
+std::optional<DType> find_dtype(const std::string& text) {
+  for (const auto& c : kDTypes)
+    if (text == c.name) return c.value;
+  return std::nullopt;
+}
 const char* element_type_name(ElementType t) { return name_of(t, kElementTypes); }
 ElementType parse_element_type(const std::string& text) {
   for (const auto& c : kElementTypes)
     if (text == c.name) return c.value;
-  throw std::invalid_argument("unknown dtype " + in_quotes(text) + " (expected " + choice_list(kElementTypes) + ")");
+  if (find_dtype(text)) return ElementType::Float;
+  throw std::invalid_argument("unknown dtype " + in_quotes(text) + " (expected " + choice_list(kElementTypes) + ", " +
+                              choice_list(kDTypes) + ")");
 }
 
 json RunOptions::to_json() const {

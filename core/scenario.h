@@ -11,6 +11,7 @@
 
 #include "core/files.h"  // parse_json_text, read_json_file: every scenario reader uses them
 
+#include "core/dtype.h"
 #include "core/layout.h"
 #include "core/mesh.h"
 #include "core/placement.h"
@@ -22,7 +23,6 @@ namespace meshsim {
 
 enum class RedistributeMode { AboveAutograd, BelowAutograd };
 enum class ReducedPropagation { Intersection, Union, Strict };
-enum class DType { Float64, Float32 };
 // What a run does with a redistribution the planner inserts (an operand that fits no rule row):
 // allow it (marked implicit in the result), or fail the run listing every one (JAX's shard_map
 // refuses what it cannot type alike).
@@ -35,16 +35,26 @@ enum class Localize { OnFailure, Always, Never };
 // 0.10's `unreduced`; docs/semantics.md, "Partial placements entering a local_map"): a variant
 // value (the default, seed 002's rule), or unreduced, a state of its own whose ops are checked.
 enum class PartialEntry { Variant, Unreduced };
-// The element type of an input or a created value: float (the run's dtype), bool (masks and
-// conditions) or int64 (ids and targets). Only float values carry gradients or Partial placements.
+// The element type of an input or a created value: float (the run's dtype, or one a value names:
+// float64, float32, bfloat16, float16), bool (masks and conditions) or int64 (ids and targets).
+// Only float values carry gradients or Partial placements.
 enum class ElementType { Float, Bool, Int64 };
 
 const char* redistribute_mode_name(RedistributeMode m);
 const char* reduced_propagation_name(ReducedPropagation r);
-const char* dtype_name(DType d);
 const char* element_type_name(ElementType t);  // "float" | "bool" | "int64"
-// "float" | "bool" | "int64"; throws std::invalid_argument otherwise.
+// "float" | "bool" | "int64", or a float dtype's name (Float); throws std::invalid_argument otherwise.
 ElementType parse_element_type(const std::string& text);
+
+// FSDP2's MixedPrecisionPolicy for one parameter (an input's `mixed_precision`): a redistribution
+// of the input itself (FSDP's all_gather of its shards) casts the shards to `param_dtype` first,
+// so that its collectives move param_dtype and the gathered value is param_dtype; its backward
+// casts the incoming gradient to `reduce_dtype` before the collectives (reduce_scatter) and the
+// result to the input's own dtype after.
+struct MixedPrecision {
+  bool present = false;
+  std::optional<DType> param_dtype, reduce_dtype;  // nothing: the input's own dtype
+};
 
 // The options of a run (contract 2, "options"). Planted bugs are switched on by name.
 struct RunOptions {
@@ -116,6 +126,8 @@ struct InputDecl {
   std::string init = "int";  // int | ones | arange | randn | ids ({"ids": high}: uniform in [0, high))
   int64_t ids_high = 0;      // init ids
   ElementType dtype = ElementType::Float;
+  std::optional<DType> float_dtype;  // a float input's own dtype; nothing: the run's
+  MixedPrecision mixed_precision;
   bool from_local = false;
   bool requires_grad = false;
   std::string path;  // JSON path, for messages: "/inputs/1"

@@ -30,6 +30,13 @@ void wait(const c10::intrusive_ptr<c10d::Work>& work, const char* what, const Ra
   }
 }
 
+// Half-precision data: bfloat16, which the Gloo of Debian's libtorch refuses ("Invalid scalar
+// type"), moved as its 16-bit patterns viewed as float16 (an all_gather moves bytes: bit for bit
+// what a native one moves), and reduced in float32 then rounded back once (as code does where a backend lacks the
+// dtype; a native reduction in the dtype rounds after every addition instead).
+bool half(const at::Tensor& t) { return t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kHalf; }
+at::Tensor as_bits(const at::Tensor& t) { return half(t) ? t.view(at::kHalf) : t; }  // Gloo moves float16
+
 c10d::ReduceOp c10d_op(ReduceOp op) {
   switch (op) {
     case ReduceOp::Max: return c10d::ReduceOp::MAX;
@@ -94,20 +101,22 @@ void GlooCommunicator::finish() {
 
 at::Tensor GlooCommunicator::real_all_gather(const Ranks& ranks, size_t k, const Locals& group, int64_t dim) {
   at::Tensor mine = padded_for_gather(group, k, dim);
-  std::vector<at::Tensor> inputs{mine};
+  std::vector<at::Tensor> inputs{as_bits(mine)};
   std::vector<std::vector<at::Tensor>> outputs(1);
-  for (size_t s = 0; s < group.size(); ++s) outputs[0].push_back(at::empty_like(mine));
+  for (size_t s = 0; s < group.size(); ++s) outputs[0].push_back(at::empty_like(inputs[0]));
   wait(impl_->group(ranks).allgather(outputs, inputs), "all_gather", ranks, impl_->timeout);
+  if (half(mine))
+    for (auto& o : outputs[0]) o = o.view(mine.scalar_type());
   return unpad_gathered(outputs[0], group, dim);
 }
 
 at::Tensor GlooCommunicator::real_all_reduce(const Ranks& ranks, size_t k, const at::Tensor& mine, ReduceOp op) {
-  std::vector<at::Tensor> buffer{mine.detach().clone().contiguous()};
+  std::vector<at::Tensor> buffer{half(mine) ? mine.detach().to(at::kFloat).contiguous() : mine.detach().clone().contiguous()};
   c10d::AllreduceOptions options;
   options.reduceOp = c10d_op(op);
   wait(impl_->group(ranks).allreduce(buffer, options), "all_reduce", ranks, impl_->timeout);
   if (op == ReduceOp::Avg) buffer[0].div_(static_cast<double>(ranks.size()));
-  return buffer[0];
+  return half(mine) ? buffer[0].to(mine.scalar_type()) : buffer[0];
 }
 
 at::Tensor GlooCommunicator::real_all_to_all(const Ranks& ranks, size_t k, const Locals& group, int64_t split_dim,

@@ -573,7 +573,29 @@ bool& localization_enabled() {
   return enabled;
 }
 
+namespace {
+
+// How many program ops the scenario runs (a local_map's body ops each counted).
+int64_t op_count_of(const std::vector<OpDecl>& ops) {
+  int64_t n = 0;
+  for (const auto& op : ops) n += op.body.empty() ? 1 : op_count_of(op.body);
+  return n;
+}
+
+}  // namespace
+
+double dtype_tolerance(const Scenario& sc, const RunOptions& options) {
+  const double u = unit_roundoff(least_precise_dtype(sc, options.dtype));
+  // The longest sum a value may take in the dtype: a collective's over the ranks, an op's over one
+  // dim of a value (a contraction, a sum).
+  int64_t longest = sc.mesh.size();
+  for (const auto& in : sc.inputs)
+    for (int64_t extent : in.shape) longest = std::max(longest, extent);
+  return u * static_cast<double>(2 * op_count_of(sc.program) + longest);
+}
+
 double comparison_tolerance(const Scenario& sc, const RunOptions& options) {
+  if (float64_reference_run(sc, options.dtype)) return dtype_tolerance(sc, options);
   if (options.dtype == DType::Float32) return 1e-4;
   bool exact = true;
   for (const auto& in : sc.inputs) exact &= in.init != "randn";

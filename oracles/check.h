@@ -73,7 +73,14 @@ bool& localization_enabled();
 // whose axis sizes are powers of two when every op of the program, local_map bodies and references
 // included, is exact on integers (no exp, tanh, sin, softmax, div or mean; scale by an integer or
 // a power of two); else 1e-12, and 1e-4 in float32.
+// A scenario the oracle computes as the float64 reference (float64_reference_run: half precision,
+// or dtypes mixed) allows dtype_tolerance() instead.
 double comparison_tolerance(const Scenario& sc, const RunOptions& options);
+// u * (2n + K): u the unit roundoff of the least precise dtype the mesh computes in (2^-8 bfloat16,
+// 2^-11 float16, 2^-24 float32, 2^-53 float64), n the program's ops (each rounds its result in the
+// forward and its gradient in the backward), K the longest sum in the dtype (the mesh's size, or
+// the largest extent of an input's dim). docs/semantics.md, "Dtypes and mixed precision".
+double dtype_tolerance(const Scenario& sc, const RunOptions& options);
 
 // Whether an op's results on integer data are integers (exact in any order of the sums); the
 // generators use it too, to keep rounded values away from relu's kink and large magnitudes.

@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "core/ops.h"
 #include "core/scoped.h"
+#include "sim/data.h"
 #include "sim/local_map.h"
 #include "sim/local_ops.h"
 
@@ -172,11 +173,17 @@ OracleRun run_oracle(const Scenario& sc, const std::map<std::string, at::Tensor>
                      const MeshValues& mesh, double tolerance, bool keep_graph, uint64_t seed) {
   OracleRun run;
   ScopedOverride<bool> own_nodes(g_own_nodes, keep_graph);
+  // Mixed dtypes: the reference in float64 (every float value; `to` keeps it), from the mesh's inputs.
+  const bool in_float64 = float64_reference_run(sc, dtype);
+  ScopedOverride<bool> float64(float64_reference(), in_float64);
+  if (in_float64) dtype = DType::Float64;
   std::vector<at::Tensor> leaves;
   std::vector<std::string> leaf_names;
   for (const auto& in : sc.inputs) {
     // The inputs' own storage (no op writes in place): a copy would double every input.
-    at::Tensor t = input_globals.at(in.name).detach().requires_grad_(in.requires_grad);
+    at::Tensor t = input_globals.at(in.name).detach();
+    if (in_float64 && at::isFloatingType(t.scalar_type())) t = t.to(at::kDouble);
+    t.requires_grad_(in.requires_grad);
     run.values[in.name] = t;
     if (in.requires_grad) {
       leaves.push_back(t);

@@ -9,6 +9,7 @@
 #include <ATen/ATen.h>
 
 #include "core/scenario.h"
+#include "oracles/dtypes.h"
 
 namespace meshsim {
 
@@ -32,7 +33,7 @@ using MeshValues = std::function<at::Tensor(const std::string& name)>;
 
 // A local_map reference that libtorch refuses throws SemanticError(InvalidScenario) naming its JSON
 // path; a program op the oracle cannot run (the mesh could) throws std::runtime_error.
-// Creation ops make float values of `dtype` (the run's). Random ops (dropout, rand, randn) draw the
+// Creation ops make float values of `dtype` (the run's, or their own; float64 in the reference). Random ops (dropout, rand, randn) draw the
 // global tensor whole from the run's `seed` (core/random.h): pass the mesh run's, or they differ.
 //
 // Ties broken by rounding: the gradient of amax / amin is split among the elements equal to the

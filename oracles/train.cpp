@@ -178,6 +178,59 @@ void keep_train_step(const Scenario& sc, const TrainSpec& t, int64_t step, const
 
 nlohmann::json finite_or_null(double x) { return std::isfinite(x) ? nlohmann::json(x) : nlohmann::json(nullptr); }
 
+// A parameter of a scenario with mixed dtypes (float64_reference_run): its update since the start
+// against the oracle's, within `tol` relative to the largest element of the oracle's update (not of
+// the parameter: an update rounded away where the parameter is stored is a failure, however small
+// against the parameter).
+bool compare_update(const Mesh& mesh, const Spec& spec, const Locals& locals, const at::Tensor& start,
+                    const at::Tensor& ref, double tol, int64_t step, const std::string& what,
+                    nlohmann::json& failures, nlohmann::json& mismatches, double& max_error) {
+  std::string problem;
+  at::Tensor stored, change;
+  try {
+    stored = assemble(mesh, spec, locals, &problem);
+    change = stored.to(at::kDouble) - start;
+  } catch (const std::exception& e) {
+    problem = std::string("its locals do not form a tensor laid out as ") + spec_str(spec) + ": " + first_line(e.what());
+  }
+  const at::Tensor expected = ref - start;
+  const double err = change.defined() ? max_abs_diff(change, expected) : std::numeric_limits<double>::infinity();
+  max_error = std::isnan(err) || std::isnan(max_error) ? std::numeric_limits<double>::quiet_NaN() : std::max(max_error, err);
+  const double largest = expected.numel() ? expected.abs().max().item<double>() : 0.0;
+  const double allowed = tol * largest;
+  if (problem.empty() && !std::isnan(err) && err <= allowed) return true;
+  Mismatch m = describe_mismatch(mesh, spec, locals, stored.defined() ? stored.to(at::kDouble) : stored, ref, tol);
+  char buf[160];
+  std::string text = "its update since the start differs from the oracle's";
+  if (change.defined() && change.sizes() == expected.sizes() && change.numel()) {
+    const at::Tensor diff = (change - expected).abs();
+    const int64_t beyond = (diff > allowed).sum().item<int64_t>();
+    const int64_t at = diff.flatten().argmax().item<int64_t>();
+    std::snprintf(buf, sizeof buf, ": %lld of %lld elements beyond %g x the largest update (%g); greatest difference %g",
+                  static_cast<long long>(beyond), static_cast<long long>(diff.numel()), tol, largest,
+                  diff.flatten()[at].item<double>());
+    text += buf;
+    std::snprintf(buf, sizeof buf, ", expected update %g, actual %g", expected.flatten()[at].item<double>(),
+                  change.flatten()[at].item<double>());
+    std::string index;
+    int64_t rest = at;
+    for (int64_t d = diff.dim() - 1; d >= 0; --d) {
+      index = std::to_string(rest % diff.size(d)) + (index.empty() ? "" : ", ") + index;
+      rest /= diff.size(d);
+    }
+    text += " at [" + index + "]" + buf;
+    // Updates lost where the parameter is stored: no change where the oracle's is not zero.
+    const int64_t lost = ((change == 0).logical_and(expected != 0)).sum().item<int64_t>();
+    if (lost > 0)
+      text += "; " + std::to_string(lost) + " elements did not change at all (their update rounded away in the " +
+              std::string(dtype_of(stored.scalar_type()) ? dtype_name(*dtype_of(stored.scalar_type())) : "stored") +
+              " parameter)";
+  }
+  m.message = problem.empty() ? text : problem + "; " + text;
+  add_failure(failures, mismatches, step, what, "parameter", m);
+  return false;
+}
+
 }  // namespace
 
 void check_train(const Scenario& sc, const RunOptions& options, const SimRun& first, const OracleRun& first_oracle,
@@ -195,7 +248,9 @@ void check_train(const Scenario& sc, const RunOptions& options, const SimRun& fi
     r["train"] = train;
     return;
   }
-  const double tol = train_tolerance(options);
+  // Mixed dtypes: every comparison within the dtypes' tolerance, a parameter's by its change.
+  const bool reference = float64_reference_run(sc, options.dtype);
+  const double tol = reference ? dtype_tolerance(sc, options) : train_tolerance(options);
   train["ran"] = true;
   train["tolerance"] = tol;
   nlohmann::json layouts = nlohmann::json::object();
@@ -209,7 +264,11 @@ void check_train(const Scenario& sc, const RunOptions& options, const SimRun& fi
   train["parameters"] = layouts;
 
   OracleTrainer oracle;
-  for (const auto& p : t.params) oracle.params[p] = first.input_globals.at(p).detach();
+  std::map<std::string, at::Tensor> start;  // the parameters before the first step (float64 in the reference)
+  for (const auto& p : t.params) {
+    const at::Tensor& g = first.input_globals.at(p);
+    start[p] = oracle.params[p] = reference ? g.detach().to(at::kDouble) : g.detach();
+  }
   nlohmann::json per_step = nlohmann::json::array(), failures = nlohmann::json::array(),
                  mismatches = nlohmann::json::array();
   std::vector<TrainCollective> collectives;
@@ -260,8 +319,12 @@ void check_train(const Scenario& sc, const RunOptions& options, const SimRun& fi
       }
     }
     for (const auto& p : t.params) {
-      rep.ok &= compare_one(sc.mesh, mesh.param_spec(p), mesh.params().at(p), oracle.params.at(p), tol, step,
-                            "parameter " + p, "parameter", failures, mismatches, rep.max_error);
+      if (reference)
+        rep.ok &= compare_update(sc.mesh, mesh.param_spec(p), mesh.params().at(p), start.at(p), oracle.params.at(p), tol,
+                                 step, "parameter " + p, failures, mismatches, rep.max_error);
+      else
+        rep.ok &= compare_one(sc.mesh, mesh.param_spec(p), mesh.params().at(p), oracle.params.at(p), tol, step,
+                              "parameter " + p, "parameter", failures, mismatches, rep.max_error);
       auto ms = mesh.states().find(p);
       for (const auto& s : optimizer_state_names(t.optimizer)) {
         auto os = oracle.states[p].find(s);

@@ -135,6 +135,25 @@ void draw_pointwise(const std::string&, Case& c) {
   add_operand(c, draw_shape(draw_in(0, 3)));
 }
 
+// to: a dtype, and an operand of up to 13 significant bits (k + 1/2) / 512, so that bfloat16 (8
+// bits) and float16 (11) round it, ties to even included, where float32 and float64 hold it.
+void draw_cast(const std::string&, Case& c) {
+  c.attrs.dtype = std::vector<DType>{DType::Float64, DType::Float32, DType::BFloat16, DType::Float16}[static_cast<size_t>(
+      draw_in(0, 3))];
+  Nd x = zeros(draw_shape(draw_in(0, 3)));
+  for (auto& e : x.v) e = (static_cast<double>(draw_in(-2048, 2047)) + 0.5) / 512.0;
+  c.xs = {x};
+}
+
+// x rounded to the nearest number of `bits` significant bits, ties to the even one (a dtype's
+// rounding where its exponent range holds x).
+double round_to_bits(double x, int bits) {
+  if (x == 0 || !std::isfinite(x)) return x;
+  int e = 0;
+  const double m = std::frexp(x, &e);  // x = m * 2^e, 0.5 <= |m| < 1
+  return std::ldexp(std::nearbyint(std::ldexp(m, bits)), e - bits);
+}
+
 // The transformer layers' pointwise ops: gelu's approximation; pow's exponent (small integer and
 // fractional ones); a positive operand for those the catalog says need one (log, sqrt, rsqrt, pow).
 void draw_nonlinear(const std::string& op, Case& c) {
@@ -722,6 +741,12 @@ const Row kRows[] = {
     {"tanh", draw_pointwise,
      [](Attrs, int64_t) {
        return unary([](double x) { return std::tanh(x); }, [](double x) { return 1.0 - std::tanh(x) * std::tanh(x); });
+     }},
+    {"to", draw_cast,
+     [](Attrs a, int64_t) {
+       const DType d = a.dtype.value_or(DType::Float64);
+       const int bits = d == DType::Float64 ? 53 : d == DType::Float32 ? 24 : d == DType::BFloat16 ? 8 : 11;
+       return unary([bits](double x) { return round_to_bits(x, bits); }, [](double) { return 1.0; });
      }},
     {"topk", draw_selection, [](Attrs a, int64_t rank) { return selection("topk", a, wrap(*a.dim, rank)); }},
     {"transpose", draw_transpose,

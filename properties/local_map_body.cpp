@@ -196,6 +196,20 @@ bool LocalMapBuilder::where_of(const BodyValue& mask, const BodyValue& x, BodyVa
   return true;
 }
 
+// to a drawn dtype and back to the run's (the later ops see one dtype, as matmul needs): the value
+// rounded on the mesh, kept whole in the oracle's float64 reference. The rounded value leaves the
+// pool; its ops stay in the body.
+bool LocalMapBuilder::local_cast(const BodyValue& x) {
+  BodyValue t = renamed(x);
+  t.rounded = true;
+  if (!local_unary(t, "to", x, drawn_attrs("to"), x.bound)) return false;
+  const BodyValue cast = pool.back();
+  BodyValue y = renamed(cast);
+  if (!local_unary(y, "to", cast, {{"dtype", float_dtype}}, x.bound)) return false;
+  pool.erase(pool.end() - 2);
+  return true;
+}
+
 bool LocalMapBuilder::try_nn_kind(const BodyValue& x) {
   const size_t rank = x.shape.size();
   const auto r = static_cast<int64_t>(rank);
@@ -214,7 +228,9 @@ bool LocalMapBuilder::try_nn_kind(const BodyValue& x) {
     if (sharded(x, wrap(d, rank))) return false;
     return local_unary(y, "log_softmax", x, {{"dim", d}}, 2 * x.bound + std::log(std::max<double>(1, static_cast<double>(x.shape[static_cast<size_t>(wrap(d, rank))]))));
   }
-  if (pick == 2) {  // tril, triu: the last two dims whole on every rank (Partial passes: linear)
+  if (pick == 2) {  // tril, triu: the last two dims whole on every rank (Partial passes: linear); a cast (to)
+    // now and then, whatever the layout (every placement passes)
+    if (*rc::gen::inRange(0, 4) == 0) return local_cast(x);
     if (rank < 2 || sharded(x, r - 1) || sharded(x, r - 2)) return false;
     return local_unary(y, op_of(GenClass::Triangle), x, {{"diagonal", *rc::gen::inRange<int64_t>(-2, 3)}}, x.bound);
   }

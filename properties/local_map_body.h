@@ -84,6 +84,7 @@ struct LocalMapBuilder {
   uint64_t seed = 0;                  // the run's: the data of an int64 input are known from it
   json extra_inputs = json::array();  // region args the ops draw: masks, ids, targets (no gradient)
   std::vector<std::string> extra_args;
+  std::string float_dtype = "float64";  // the run's, which a cast (to) returns to
   static constexpr size_t kFirstInputs = 3;  // x, w, z
 
   std::string fresh() { return "t" + std::to_string(counter++); }
@@ -196,6 +197,7 @@ struct LocalMapBuilder {
   // y (x's copy, named, with its shape and readings) as name(x), of bound `bound` and positive
   // floor `floor` (0: any sign).
   bool local_unary(BodyValue y, const std::string& name, const BodyValue& x, json extra, double bound, double floor = 0);
+  bool local_cast(const BodyValue& x);
 
   // exp of x (a value known positive).
   bool local_exp(const BodyValue& x);

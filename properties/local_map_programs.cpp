@@ -404,6 +404,7 @@ json local_map_program(const ProgramOptions& o, json* twin, std::map<std::string
   LocalMapBuilder b{small_mesh(), {}, json::array(), json::array(), json::array(), 0, 0, json::array(), {}};
   json options = draw_options({});
   b.seed = options["seed"].get<uint64_t>();
+  if (o.float32_randn) b.float_dtype = "float32";
   // With `even`, every extent is a multiple of the mesh's size, so that any shard of it, over one
   // axis or several, is even (JAX's shard_map needs even blocks: tools/crosscheck).
   int64_t unit = 1;

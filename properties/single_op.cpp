@@ -302,6 +302,7 @@ int copies_of(const RuleFamily& f, const std::string& o) {
   // the planted bug scatter_add_sharded_index_replicated, R); scatter has fewer rows.
   if (f.name == "scatter") return o == "scatter" ? 4 : o == "scatter_add" ? 9 : 8;
   if (f.name == "triangle") return 2;  // a batch dim's shard needs a third dim
+  if (f.name == "cast") return 4;       // every placement passes: four kinds of Partial
   // amax, amin: their gradient's split among ties shows only where the extremum ties.
   if (op_schema(o).gen == GenClass::Extremum) return 4;
   if (f.name == "vector_norm") return 24;  // seven ords, each over a shard of a reduced dim or a kept one

@@ -30,7 +30,30 @@ double Rng::normal() {
   return std::sqrt(-2.0 * std::log(u1)) * std::cos(two_pi * u2);
 }
 
-at::ScalarType scalar_type(DType d) { return d == DType::Float32 ? at::kFloat : at::kDouble; }
+at::ScalarType scalar_type(DType d) {
+  switch (d) {
+    case DType::Float64: return at::kDouble;
+    case DType::Float32: return at::kFloat;
+    case DType::BFloat16: return at::kBFloat16;
+    case DType::Float16: return at::kHalf;
+  }
+  return at::kDouble;
+}
+
+std::optional<DType> dtype_of(at::ScalarType t) {
+  switch (t) {
+    case at::kDouble: return DType::Float64;
+    case at::kFloat: return DType::Float32;
+    case at::kBFloat16: return DType::BFloat16;
+    case at::kHalf: return DType::Float16;
+    default: return std::nullopt;
+  }
+}
+
+bool& float64_reference() {
+  static thread_local bool on = false;
+  return on;
+}
 
 at::Tensor make_init(const std::string& init, const Shape& shape, DType dtype, Rng& rng) {
   const auto opts = at::TensorOptions().dtype(at::kDouble);
@@ -54,7 +77,7 @@ at::Tensor make_init(const std::string& init, const Shape& shape, DType dtype, R
 }
 
 at::Tensor make_input(const InputDecl& in, DType dtype, Rng& rng) {
-  if (in.dtype == ElementType::Float) return make_init(in.init, in.shape, dtype, rng);
+  if (in.dtype == ElementType::Float) return make_init(in.init, in.shape, in.float_dtype.value_or(dtype), rng);
   at::Tensor t;
   if (in.init == "ids" || (in.dtype == ElementType::Bool && in.init == "int")) {
     const int64_t high = in.init == "ids" ? in.ids_high : 2;

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include <ATen/ATen.h>
@@ -26,6 +27,13 @@ class Rng {
 };
 
 at::ScalarType scalar_type(DType d);
+// The DType of a float scalar type (double, float, bfloat16, half); nothing for another.
+std::optional<DType> dtype_of(at::ScalarType t);
+
+// On while the oracle computes a scenario that names a dtype below its run's (or runs in half
+// precision) as the float64 reference: every float value is float64 (a `to` keeps it, a created
+// value is made so); the comparison's tolerance is then the dtypes' (oracles/check.h). Per thread.
+bool& float64_reference();
 
 // A tensor of `shape` filled by `init`: int (small integers in [-4, 4]), ones, arange, randn.
 at::Tensor make_init(const std::string& init, const Shape& shape, DType dtype, Rng& rng);

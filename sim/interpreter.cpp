@@ -566,7 +566,9 @@ SimRun run_distributed(const Scenario& sc, const RunOptions& options,
     if (op.op == "redistribute") {
       Spec to;
       for (const auto& p : op.attrs.at("placements")) to.push_back(parse_placement(p.get<std::string>()));
-      out = rt.redistribute(args.at(0), to, op.out);
+      const InputDecl* param = sc.find_input(op.args.at(0));  // FSDP2's mixed precision: its all_gather
+      out = rt.redistribute(args.at(0), to, op.out,
+                            param && param->mixed_precision.present ? &param->mixed_precision : nullptr);
     } else {
       out = apply_program_op(rt, op, args);
     }

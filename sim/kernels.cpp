@@ -12,6 +12,7 @@
 #include "core/error.h"
 #include "core/mutants.h"
 #include "core/ops.h"
+#include "sim/data.h"
 #include "sim/local_ops.h"
 
 namespace meshsim {
@@ -382,6 +383,13 @@ const KernelRow kRows[] = {
     {"sub", [](const OpAttrs& a, const Xs& xs) { return at::sub(xs.at(0), second(a, xs)); }},
     {"sum", [](const OpAttrs& a, const Xs& xs) { return reduce_sum(xs.at(0), a); }},
     {"tanh", [](const OpAttrs&, const Xs& xs) { return at::tanh(xs.at(0)); }},
+    // A copy always (a node of its own, ToCopyBackward casting the gradient back); in the float64
+    // reference the value stays float64.
+    {"to",
+     [](const OpAttrs& a, const Xs& xs) {
+       const at::ScalarType st = float64_reference() ? at::kDouble : scalar_type(a.dtype.value_or(DType::Float64));
+       return xs.at(0).to(st, /*non_blocking=*/false, /*copy=*/true);
+     }},
     {"topk", [](const OpAttrs& a, const Xs& xs) { return topk(xs.at(0), a); }},
     {"transpose",
      [](const OpAttrs& a, const Xs& xs) { return at::transpose(xs.at(0), a.dim0, a.dim1).contiguous(); }},
@@ -408,10 +416,32 @@ const std::vector<const KernelRow*>& kernel_table() {
 
 bool has_kernel(OpId op) { return op < kernel_table().size() && kernel_table()[op]; }
 
+namespace {
+
+// Whether every float operand is float16 (and one is): libtorch's CPU kernels lack most float16 ops
+// (addmm, tanh, ...), which a GPU computes in float32 registers and rounds once (CUDA's opmath
+// type for half, cuBLAS's float32 accumulation); run_kernel does the same.
+bool all_float16(const std::vector<at::Tensor>& xs) {
+  bool any = false;
+  for (const auto& x : xs) {
+    if (!x.defined() || !at::isFloatingType(x.scalar_type())) continue;
+    if (x.scalar_type() != at::kHalf) return false;
+    any = true;
+  }
+  return any;
+}
+
+}  // namespace
+
 at::Tensor local_op(OpId op, const OpAttrs& attrs, const std::vector<at::Tensor>& xs) {
   const auto& table = kernel_table();
   if (op >= table.size() || !table[op]) no_kernel(op < table.size() ? op_schema(op).name : std::to_string(op));
-  return table[op]->run(attrs, xs);
+  if (!all_float16(xs) || op == op_id("to")) return table[op]->run(attrs, xs);
+  std::vector<at::Tensor> wide = xs;
+  for (auto& x : wide)
+    if (x.defined() && x.scalar_type() == at::kHalf) x = x.to(at::kFloat);
+  at::Tensor y = table[op]->run(attrs, wide);
+  return y.scalar_type() == at::kFloat ? y.to(at::kHalf) : y;
 }
 
 at::Tensor local_op(const std::string& op, const OpAttrs& attrs, const std::vector<at::Tensor>& xs) {

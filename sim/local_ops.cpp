@@ -8,6 +8,7 @@
 #include "core/layout.h"
 #include "core/mutants.h"
 #include "core/random.h"
+#include "sim/data.h"
 
 namespace meshsim {
 
@@ -60,11 +61,12 @@ std::vector<OpAttrs> split_as_narrows(const OpDecl& decl, const std::vector<int6
 at::Tensor created_value(const OpDecl& op, DType run_dtype) {
   const auto& j = op.attrs;
   std::vector<int64_t> shape = j.at("shape").get<std::vector<int64_t>>();
-  const ElementType type = parse_element_type(j.value("dtype", "float"));
+  const std::string named = j.value("dtype", "float");
+  const ElementType type = parse_element_type(named);
+  const DType float_dtype = float64_reference() ? DType::Float64 : find_dtype(named).value_or(run_dtype);
   const at::ScalarType st = type == ElementType::Bool    ? at::kBool
                             : type == ElementType::Int64 ? at::kLong
-                            : run_dtype == DType::Float32 ? at::kFloat
-                                                          : at::kDouble;
+                                                         : scalar_type(float_dtype);
   const auto opts = at::TensorOptions().dtype(st);
   if (op.op == "zeros") return at::zeros(shape, opts);
   if (op.op == "ones") return at::ones(shape, opts);

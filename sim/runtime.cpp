@@ -288,10 +288,38 @@ Locals Runtime::to_grad_layout(Locals grads, const GradSpec& from, const GradSpe
   return grads;
 }
 
-DTensor Runtime::redistribute(const DTensor& x, const Spec& to_written, const std::string& out_name) {
+namespace {
+
+// `locals` cast to `dtype` (nothing: as they are); a new tensor only where the dtype differs.
+Locals cast_locals(Locals locals, std::optional<DType> dtype) {
+  if (!dtype) return locals;
+  for (auto& l : locals)
+    if (l.defined() && l.scalar_type() != scalar_type(*dtype)) l = l.to(scalar_type(*dtype));
+  return locals;
+}
+
+}  // namespace
+
+DTensor Runtime::redistribute(const DTensor& x, const Spec& to_written, const std::string& out_name,
+                              const MixedPrecision* cast) {
   const Spec to = normalized_target(mesh_, x, to_written);
   auto plan = plan_redistribute(mesh_, x.spec, to, {options_.partial_from_replicate, false});
-  DTensor y{out_name, x.shape, to, detached(run_plan(plan, x.spec, detached(x.locals), out_name, ""))};
+  Locals source = detached(x.locals);
+  std::optional<DType> reduce_dtype, own_dtype;
+  if (cast) {
+    source = cast_locals(std::move(source), cast->param_dtype);
+    reduce_dtype = cast->reduce_dtype;
+    if (!x.locals.empty() && x.locals[0].defined()) own_dtype = dtype_of(x.locals[0].scalar_type());
+    if (cast->param_dtype) {
+      Event e = make_event("local", "to", out_name, source);
+      e.args = {x.name};
+      e.out_spec = spec_str(x.spec);
+      e.note = std::string("mixed precision: \"") + x.name + "\"'s shards cast to " + dtype_name(*cast->param_dtype) +
+               " before its collectives (param_dtype)";
+      recorder_.add(std::move(e));
+    }
+  }
+  DTensor y{out_name, x.shape, to, detached(run_plan(plan, x.spec, std::move(source), out_name, ""))};
   if (x.requires_grad() && at::GradMode::is_enabled()) {
     Runtime* rt = this;
     const Spec from = x.spec;
@@ -306,6 +334,7 @@ DTensor Runtime::redistribute(const DTensor& x, const Spec& to_written, const st
       ScopedOverride<int> at(rt->recorder().program_op, program_op);
       return rt->guarded(n_inputs, [&] {
         Locals grads = like.defined(std::move(g));
+        if (reduce_dtype) grads = cast_locals(std::move(grads), reduce_dtype);  // reduce_dtype: before the reduction
         const std::string note = "backward of redistribute " + spec_str(from) + " -> " + spec_str(to);
         if (rt->follows(Difference::RedistributeBackward)) {  // PyTorch: to the source's placements, Partial as R
           // A P(max) / P(min) source came from an amax / amin over a sharded dim, whose backward
@@ -319,11 +348,13 @@ DTensor Runtime::redistribute(const DTensor& x, const Spec& to_written, const st
                                     spec_str(from) + " result of an amax/amin over a sharded dim (PyTorch " +
                                     "differentiates it through the reduced result; meshsim would mark each " +
                                     "rank's local extremum); gather the reduced dim before the reduction");
-          return rt->to_grad_layout(std::move(grads), rt->grad_spec(out_name, to),
-                                    rt->accumulated_layout(in_name, {partial_as_replicate(from), 1}), in_name,
-                                    out_name, note);
+          return cast_locals(rt->to_grad_layout(std::move(grads), rt->grad_spec(out_name, to),
+                                                rt->accumulated_layout(in_name, {partial_as_replicate(from), 1}),
+                                                in_name, out_name, note),
+                             own_dtype);
         }
-        return rt->to_cotangent(std::move(grads), rt->grad_spec(out_name, to), from, in_name, out_name, note);
+        grads = rt->to_cotangent(std::move(grads), rt->grad_spec(out_name, to), from, in_name, out_name, note);
+        return cast_locals(std::move(grads), own_dtype);  // the parameter's own dtype
       }, out_name);
     });
   }

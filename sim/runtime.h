@@ -112,7 +112,11 @@ class Runtime {
 
   // Forward, above autograd: one node; its backward redistributes the incoming gradient from its
   // tracked placement to the cotangent of `x`'s spec.
-  DTensor redistribute(const DTensor& x, const Spec& to, const std::string& out_name);
+  // With `cast` (FSDP2's mixed precision of a parameter): x's locals are cast to its param_dtype
+  // first (the collectives move that dtype, the result is of it), and the backward casts the
+  // incoming gradient to its reduce_dtype before the collectives and to x's dtype after.
+  DTensor redistribute(const DTensor& x, const Spec& to, const std::string& out_name,
+                       const MixedPrecision* cast = nullptr);
 
   // Forward of a DTensor op: propagation picks the rule; operands that do not fit it are
   // redistributed first (above or below autograd, by the run's option); the Rd label is restored

@@ -50,7 +50,10 @@ void optimizer_update(const OptimizerSpec& opt, double lr, int64_t step, at::Ten
   const double bias_correction1 = 1.0 - std::pow(opt.beta1, static_cast<double>(step));
   const double bias_correction2 = 1.0 - std::pow(opt.beta2, static_cast<double>(step));
   const double step_size = lr / bias_correction1;
-  const at::Tensor denom = exp_avg_sq.sqrt() / std::sqrt(bias_correction2) + opt.eps;
+  // float16 states: libtorch's CPU has no float16 sqrt; a GPU computes it in float32 and rounds.
+  const at::Tensor root = exp_avg_sq.scalar_type() == at::kHalf ? exp_avg_sq.to(at::kFloat).sqrt().to(at::kHalf)
+                                                                 : exp_avg_sq.sqrt();
+  const at::Tensor denom = root / std::sqrt(bias_correction2) + opt.eps;
   param = param - exp_avg / denom * step_size;
   states["exp_avg"] = exp_avg;
   states["exp_avg_sq"] = exp_avg_sq;

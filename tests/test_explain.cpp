@@ -108,6 +108,9 @@ std::vector<Case> cases() {
   for (const char* op : {"scatter", "scatter_add"}) out.push_back({op, {m, {4, 3}, {4, 3}}, with_dim(1)});
   out.push_back({"index_add", {m, {5}, {4, 5}}, with_dim(1)});
   out.push_back({"cumsum", {m}, with_dim(1)});  // its dim gathered where sharded, the other kept
+  OpAttrs cast;
+  cast.dtype = DType::BFloat16;
+  out.push_back({"to", {m}, cast});  // every placement kept, a Partial of any kind included
   // linalg_vector_norm over dim 1 (a shard of it gives the norm partial) and over every dim.
   out.push_back({"linalg_vector_norm", {m}, with_dim(1)});
   out.push_back({"linalg_vector_norm", {m}, {}});

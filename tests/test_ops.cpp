@@ -109,6 +109,8 @@ std::vector<OpConfig> configs(const std::string& op) {
   if (op == "matmul")
     return {{op, none, {tall, {3}}},         {op, none, {{3}, {3, 4}}},          {op, none, {{3}, {3}}},
             {op, none, {{2, 5, 3}, {3, 4}}}, {op, none, {{1, 5, 3}, {2, 3, 4}}}, {op, none, {{5, 3}, {2, 3, 4}}}};
+  // to: a cast of the float64 run's values (the oracle's float64 reference, the dtypes' tolerance).
+  if (op == "to") return {{op, {{"dtype", "bfloat16"}}, {tall}}, {op, {{"dtype", "float32"}}, {cube}}};
   if (op == "cat") return {{op, {{"dim", 0}}, {tall, {2, 3}}}, {op, {{"dim", -1}}, {tall, {5, 2}}}};
   if (op == "stack") return {{op, {{"dim", 0}}, {tall, tall}}, {op, {{"dim", 2}}, {wide, wide}}};
   if (op == "log_softmax") {

@@ -2,7 +2,7 @@
 // Each op family's table and backward function lives in the file of its group:
 //   rules/common.cpp        the row text (parse_rows, S()), the row cost, the backward helpers
 //   rules/pointwise.cpp     linear_binary, linear_unary, nonlinear_unary, mul, div,
-//                           integer_binary, where, masked_fill, triangle
+//                           integer_binary, cast, where, masked_fill, triangle
 //   rules/matmul.cpp        mm, matmul (bmm, matmul as einsums)
 //   rules/views.cpp         transpose, permute, view, expand, narrow
 //   rules/joins.cpp         cat, stack (and split_pieces, split and chunk as narrows)
@@ -195,6 +195,7 @@ std::vector<RuleRow> random_rows(const RowCtx& c);
 std::vector<RuleRow> mul_rows(const RowCtx& c);
 std::vector<RuleRow> div_rows(const RowCtx& c);
 std::vector<RuleRow> integer_binary_rows(const RowCtx& c);
+std::vector<RuleRow> cast_rows(const RowCtx& c);
 std::vector<RuleRow> where_rows(const RowCtx& c);
 std::vector<RuleRow> masked_fill_rows(const RowCtx& c);
 std::vector<RuleRow> triangle_rows(const RowCtx& c);
@@ -204,6 +205,7 @@ Grad times_operand(const AxisGrad& x);  // non-linear unary, softmax: g times th
 Grad mul_gradient(const AxisGrad& x);
 Grad div_gradient(const AxisGrad& x);
 Grad integer_gradient(const AxisGrad& x);
+Grad cast_gradient(const AxisGrad& x);
 Grad where_gradient(const AxisGrad& x);
 Grad masked_fill_gradient(const AxisGrad& x);
 Grad triangle_gradient(const AxisGrad& x);

@@ -1,5 +1,5 @@
 // The pointwise families: linear_binary, linear_unary, nonlinear_unary, random, mul, div, integer_binary,
-// where, masked_fill, triangle.
+// cast, where, masked_fill, triangle.
 #include <string>
 #include <vector>
 
@@ -51,6 +51,14 @@ std::vector<RuleRow> nonlinear_unary_rows(const RowCtx& c) { return pointwise_ro
 // raises for a Partial operand ("with Partial is not supported yet"); here the planner reduces it
 // first (an all_reduce), as for a non-linear op: docs/semantics.md, "Randomness".
 std::vector<RuleRow> random_rows(const RowCtx& c) { return pointwise_rows(c, {}); }
+
+// to (a cast): every placement passes through, a Partial of any kind included, as PyTorch's
+// strategy for aten._to_copy (propagate_single_input_strategy in _ops/_tensor_ops.py) keeps the
+// operand's spec. The ranks' casts reduce to the cast of the reduction up to rounding (exactly for
+// P(max), P(min): rounding is monotone).
+std::vector<RuleRow> cast_rows(const RowCtx& c) {
+  return pointwise_rows(c, {"P(sum) -> P(sum)", "P(avg) -> P(avg)", "P(max) -> P(max)", "P(min) -> P(min)"});
+}
 
 // Pointwise multiply: a Partial operand is linear only against a Replicate one.
 std::vector<RuleRow> mul_rows(const RowCtx& c) {
@@ -125,6 +133,9 @@ Grad add_gradient(const AxisGrad& x) {
 }
 
 Grad linear_unary_gradient(const AxisGrad& x) { return own_table("linear_unary", linear_unary_rows(x.ctx()), x); }
+
+// to: the incoming gradient cast back to the operand's dtype, laid out as it came.
+Grad cast_gradient(const AxisGrad& x) { return {x.g, x.g, nullptr, "g cast to x's dtype, laid out as g"}; }
 
 Grad times_operand(const AxisGrad& x) {
   const Placement fixed = x.operand(0);

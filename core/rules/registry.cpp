@@ -47,6 +47,7 @@ const Entry kEntries[] = {
     {"scan", 1, scan_rows, scan_gradient},
     {"select", 1, select_rows, select_gradient},
     {"select_index", 1, select_rows, select_index_gradient},
+    {"cast", 1, cast_rows, cast_gradient},
     {"where", 3, where_rows, where_gradient},
     {"masked_fill", 2, masked_fill_rows, masked_fill_gradient},
     {"triangle", 1, triangle_rows, triangle_gradient},
