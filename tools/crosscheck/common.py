@@ -35,7 +35,9 @@ EXACT_OPS = {
 # Relative tolerance otherwise, relative to the largest finite magnitude of meshsim's value (at
 # least 1): looser than meshsim's own 1e-12, since two libtorch versions (and XLA) may round
 # transcendental kernels and reductions differently in the last bits.
-RTOL = {"float64": 1e-9, "float32": 1e-4}
+RTOL = {"float64": 1e-9, "float32": 1e-4, "bfloat16": 3e-2, "float16": 4e-3}
+# The float dtypes, least precise last (docs/semantics.md, "Dtypes and mixed precision").
+FLOAT_DTYPES = ["float64", "float32", "float16", "bfloat16"]
 
 
 @dataclass
@@ -162,9 +164,19 @@ class Job:
                 yield from walk(op.get("reference", []))
         yield from walk(self.doc.get("program", []))
 
+    def least_dtype(self) -> str:
+        """The least precise float dtype the run computes in: the run's, an input's, a created
+        value's, a `to`'s or a mixed precision policy's (the comparisons' tolerance follows it)."""
+        named = [self.options.get("dtype", "float64")]
+        for i in self.doc.get("inputs", []):
+            named.append(i.get("dtype", "float"))
+            named += list((i.get("mixed_precision") or {}).values())
+        named += [op.get("dtype", "float") for op in self.ops()]
+        return max((d for d in named if d in FLOAT_DTYPES), key=FLOAT_DTYPES.index)
+
     def exact(self) -> bool:
         """Whether values must agree bit for bit (docs/semantics.md, "Checks and exactness")."""
-        if self.options.get("dtype", "float64") != "float64":
+        if self.least_dtype() != "float64":
             return False
         if any(i.get("init") == "randn" for i in self.doc.get("inputs", [])):
             return False

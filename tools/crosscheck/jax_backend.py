@@ -81,6 +81,9 @@ os.environ["JAX_TRACEBACK_FILTERING"] = "off"
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
+
+# A value's own float dtype (an input's, a created value's, a `to`'s).
+JAX_DTYPES = {"float64": jnp.float64, "float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 from jax._src.core import ShardingTypeError  # noqa: E402  (not exported; raised by JAX's reduced rules)
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P  # noqa: E402
 
@@ -350,6 +353,7 @@ OPS = {
     "floor_divide": _binary(jnp.floor_divide), "remainder": _binary(jnp.remainder),
     "cumsum": lambda xs, op: jnp.cumsum(xs[0], axis=op["dim"]),
     "div": _binary(jnp.divide),
+    "to": lambda xs, op: xs[0].astype(JAX_DTYPES[op["dtype"]]),
     "neg": lambda xs, op: -xs[0], "exp": lambda xs, op: jnp.exp(xs[0]), "tanh": lambda xs, op: jnp.tanh(xs[0]),
     "relu": lambda xs, op: jax.nn.relu(xs[0]), "sin": lambda xs, op: jnp.sin(xs[0]),
     "cos": lambda xs, op: jnp.cos(xs[0]),
@@ -406,7 +410,7 @@ OPS = {
 
 def _created(op: dict, float_dtype):
     """zeros / ones / full / arange of the program (creation ops run outside bodies only)."""
-    dtype = {"float": float_dtype, "int64": jnp.int64, "bool": jnp.bool_}[op.get("dtype", "float")]
+    dtype = {"float": float_dtype, "int64": jnp.int64, "bool": jnp.bool_, **JAX_DTYPES}[op.get("dtype", "float")]
     shape = tuple(op["shape"])
     if op["op"] == "zeros":
         return jnp.zeros(shape, dtype)
@@ -557,7 +561,7 @@ class Translation:
         self.mesh = jax.make_mesh(tuple(job.mesh_shape), tuple(self.axes),
                                   axis_types=(AxisType.Explicit,) * len(self.axes),
                                   devices=jax.devices()[:job.world])
-        self.float_dtype = jnp.float32 if job.options.get("dtype") == "float32" else jnp.float64
+        self.float_dtype = JAX_DTYPES.get(job.options.get("dtype", "float64"), jnp.float64)
         # Under `semantics: pytorch` a region is plain local code unless it says otherwise.
         self.check_default = job.options.get("semantics", "meshsim") != "pytorch"
         self.body_types: dict[str, object] = {}
@@ -764,7 +768,7 @@ def _input_array(job: common.Job, spec: dict, float_dtype):
             p = parse_placement(text, len(shape))
             if p.kind in ("S", "SS"):
                 shape[p.dim] *= axis_size
-    dtype = {"int64": jnp.int64, "bool": jnp.bool_}.get(spec.get("dtype"), float_dtype)
+    dtype = {"int64": jnp.int64, "bool": jnp.bool_, **JAX_DTYPES}.get(spec.get("dtype"), float_dtype)
     return jnp.zeros(shape, dtype)
 
 
@@ -882,7 +886,7 @@ def check(job: common.Job) -> dict:
     differences += vma_diffs
     if any(t.unreduced for t in tr.body_types.values()):
         notes.append("JAX's unreduced axes are compared as meshsim's variant (its LTensor maps P(sum) to variant)")
-    exact, dtype = job.exact(), job.options.get("dtype", "float64")
+    exact, dtype = job.exact(), job.least_dtype()
     n_values = n_grads = 0
     if not meshsim_refused:
         for name, actual in env.items():

@@ -61,7 +61,7 @@ SYSTEM = "pytorch"
 # minutes (examples/scale/fsdp_4096.json has 4096).
 MAX_RANKS = 64
 # The run's float type (options.dtype); int64 and bool inputs keep theirs.
-DTYPES = {"float64": torch.float64, "float32": torch.float32}
+DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # Where the tensors live: "cpu" (the default), or "cuda" with `crosscheck --device cuda` (the
 # ranks' locals on one GPU under LocalTensorMode; scripts/gpu_check.sh). Tensors made without a
 # device (creation ops, offsets) follow torch's default device, set here.
@@ -267,7 +267,7 @@ class Program:
     # -- inputs --
 
     def elem_type(self, name: str | None) -> torch.dtype:
-        return {"int64": torch.int64, "bool": torch.bool}.get(name or "float", self.dtype)
+        return {"int64": torch.int64, "bool": torch.bool, **DTYPES}.get(name or "float", self.dtype)
 
     def placements(self, spec: list[str], ndim: int | None = None) -> list:
         if "Rd" in spec or "Reduced()" in spec:
@@ -662,6 +662,7 @@ OPS = {
     "floor_divide": binary(torch.floor_divide), "remainder": binary(torch.remainder),
     "cumsum": lambda p, op, x: torch.cumsum(x, op["dim"]),
     "neg": lambda p, op, x: torch.neg(x),
+    "to": lambda p, op, x: x.to(DTYPES[op["dtype"]]),
     "exp": lambda p, op, x: torch.exp(x),
     "tanh": lambda p, op, x: torch.tanh(x),
     "relu": lambda p, op, x: torch.relu(x),
@@ -792,6 +793,9 @@ def not_comparable_reason(job: common.Job) -> str | None:
         return f"meshsim's variance tracking refuses it ({kind}); PyTorch's local_map tracks no variance"
     if err and job.doc.get("inputs") is None:
         return f"meshsim could not read the scenario ({kind})"
+    if any("mixed_precision" in i for i in job.doc.get("inputs", [])):
+        return ("mixed_precision is FSDP2's casting around its own collectives: a DTensor redistribute of a cast "
+                "value would reduce-scatter in param_dtype, not reduce_dtype (fully_shard itself is not translated)")
     return None
 
 
@@ -920,7 +924,9 @@ def global_data(prog: Program, v: DTensor) -> np.ndarray:
         full = v.full_tensor()
     with prog.mode.disable():
         t = full._local_tensors[min(full._local_tensors)] if isinstance(full, LocalTensor) else full
-        return t.detach().cpu().clone().numpy()
+        t = t.detach().cpu().clone()
+        # NumPy has no bfloat16: half-precision values compare as the float32 numbers they hold.
+        return (t.float() if t.dtype in (torch.bfloat16, torch.float16) else t).numpy()
 
 
 # Known reasons a PyTorch 2.15 run differs from meshsim's semantics=pytorch run, each with the
@@ -1204,7 +1210,7 @@ def check(job: common.Job) -> dict:
         diffs.append(explain_error(job, {"kind": "error", "what": path,
                                          "detail": f"{path}: PyTorch raises {msg}; meshsim runs it"}, msg))
     exact = job.exact()
-    dtype = job.options.get("dtype", "float64")
+    dtype = job.least_dtype()
     ops = program_ops(job)
     values = job.result.get("values") or {}
     after_uneven_mean = uneven_mean_and_after(job)
