@@ -297,7 +297,7 @@ int copies_of(const RuleFamily& f, const std::string& o) {
   // dropout: a shard (its mask the global mask's piece) and a replica (every replica the same mask)
   // on meshes of two axes now and then: the planted bugs dropout_shard_offset_ignored and
   // dropout_replicas_rank_seeded.
-  if (f.name == "random") return 12;
+  if (f.name == "random") return 8;
   // x, the index and src sharded alike on a dim, or the index and src with x Partial (or, under
   // the planted bug scatter_add_sharded_index_replicated, R); scatter has fewer rows.
   if (f.name == "scatter") return o == "scatter" ? 4 : o == "scatter_add" ? 9 : 8;
