@@ -394,18 +394,20 @@ json single_op_program() {
       for (size_t more = rows.size(); more > 0; --more) shard_rows.push_back({Placement::shard(d < 0 ? d + rank : d)});
     }
     // A selection of a shard of its dim: no row takes it (the dim is gathered first, or, under the
-    // planted bug local_topk_sharded_dim, each rank's own top k is taken): drawn as often as a row.
+    // planted bug local_topk_sharded_dim, each rank's own top k is taken): drawn as often as a row,
+    // topk's as often as its other rows together.
     if (op_schema(name).gen == GenClass::Select || op_schema(name).gen == GenClass::SelectIndex) {
       const int64_t d = decl.attrs["dim"].get<int64_t>(), rank = static_cast<int64_t>(shapes[0].size());
-      shard_rows.push_back({Placement::shard(d < 0 ? d + rank : d)});
+      for (size_t more = name == "topk" ? rows.size() : 1; more > 0; --more)
+        shard_rows.push_back({Placement::shard(d < 0 ? d + rank : d)});
     }
     // gather of x and the index sharded alike on a dim not gathered where the index is shorter:
-    // no row takes it (the planted bug gather_shard_extents_unchecked keeps it), drawn as a row.
+    // no row takes it (the planted bug gather_shard_extents_unchecked keeps it), drawn as four rows.
     if (name == "gather") {
       const int64_t d = decl.attrs["dim"].get<int64_t>(), rank = static_cast<int64_t>(shapes[0].size());
       for (int64_t other = 0; other < rank; ++other)
         if (other != (d < 0 ? d + rank : d) && shapes[1][static_cast<size_t>(other)] < shapes[0][static_cast<size_t>(other)])
-          for (int more = 0; more < 2; ++more) shard_rows.push_back({Placement::shard(other), Placement::shard(other)});
+          for (int more = 0; more < 4; ++more) shard_rows.push_back({Placement::shard(other), Placement::shard(other)});
     }
     // scatter_add and index_add of a replicated x with the index and src sharded alike: no row takes
     // it (x goes to P(sum) first; the planted bug scatter_add_sharded_index_replicated keeps it R).
