@@ -4,8 +4,10 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <limits>
 #include <map>
 #include <set>
@@ -302,10 +304,16 @@ class ScenarioParser {
     }
   }
 
-  // A name, or {"ids": high} (int64 ids uniform in [0, high)).
+  // A name, {"ids": high} (int64 ids uniform in [0, high)) or {"values": [...]} (the value itself:
+  // nested arrays of the input's shape, or one flat array of its elements in row-major order).
   void parse_init(const json& v, const std::string& path, InputDecl& decl) const {
     if (v.is_object()) {
-      r_.only_keys(v, path, {"ids"});
+      if (v.contains("values")) {
+        r_.only_keys(v, path, {"values"});
+        parse_values(v["values"], child(path, "values"), decl);
+        return;
+      }
+      r_.only_keys(v, path, {"ids", "values"});
       decl.init = "ids";
       decl.ids_high = r_.integer(r_.field(v, path, "ids"), child(path, "ids"), 1);
       return;
@@ -316,7 +324,55 @@ class ScenarioParser {
         decl.init = init;
         return;
       }
-    r_.fail(path, "unknown init " + in_quotes(init) + " (expected int, ones, arange, randn or {\"ids\": high})");
+    r_.fail(path, "unknown init " + in_quotes(init) +
+                      " (expected int, ones, arange, randn, {\"ids\": high} or {\"values\": [...]})");
+  }
+
+  // A tensor literal: nested arrays whose lengths are the shape's extents (a 0-d input: one
+  // number), or a flat array of every element; numbers for a float input, integers for int64,
+  // true/false (or 0/1) for bool. Each problem is named at its JSON path.
+  void parse_values(const json& v, const std::string& path, InputDecl& decl) const {
+    decl.init = "values";
+    int64_t count = 1;
+    for (auto d : decl.shape) count *= d;
+    const char* type = element_type_name(decl.dtype);
+    auto element = [&](const json& e, const std::string& where) {
+      if (decl.dtype == ElementType::Bool && e.is_boolean()) return decl.values.push_back(e.get<bool>() ? 1.0 : 0.0);
+      if (!e.is_number())
+        r_.fail(where, std::string("expected ") + (decl.dtype == ElementType::Bool ? "true or false" : "a number") +
+                           " (an element of an input of dtype " + type + "), got " + brief(e));
+      const double x = e.get<double>();
+      if (decl.dtype != ElementType::Float && (x != std::trunc(x) || !std::isfinite(x)))
+        r_.fail(where, std::string("an element of an input of dtype ") + type + " is a whole number, got " + e.dump());
+      if (decl.dtype == ElementType::Bool && x != 0 && x != 1)
+        r_.fail(where, "an element of an input of dtype bool is true, false, 0 or 1, got " + e.dump());
+      if (decl.dtype == ElementType::Int64 && std::abs(x) > 9007199254740992.0)
+        r_.fail(where, "an int64 element beyond 2^53 is not held exactly, got " + e.dump());
+      decl.values.push_back(x);
+    };
+    if (decl.shape.empty() && !v.is_array()) return element(v, path);
+    r_.array(v, path);
+    const bool flat = !decl.shape.empty() && (decl.shape.size() == 1 || (!v.empty() && !v[0].is_array()));
+    if (flat) {
+      if (static_cast<int64_t>(v.size()) != count)
+        r_.fail(path, "a flat list of values holds every element of " + shape_str(decl.shape) + ": expected " +
+                          std::to_string(count) + ", got " + std::to_string(v.size()), ErrorKind::ShapeMismatch);
+      for (size_t k = 0; k < v.size(); ++k) element(v[k], child(path, k));
+      return;
+    }
+    // Nested: the array at depth d holds shape[d] items.
+    std::function<void(const json&, const std::string&, size_t)> walk = [&](const json& a, const std::string& where,
+                                                                         size_t d) {
+      if (d == decl.shape.size()) return element(a, where);
+      if (!a.is_array())
+        r_.fail(where, "expected an array of " + std::to_string(decl.shape[d]) + " (dim " + std::to_string(d) + " of " +
+                           shape_str(decl.shape) + "), got " + brief(a), ErrorKind::ShapeMismatch);
+      if (static_cast<int64_t>(a.size()) != decl.shape[d])
+        r_.fail(where, "expected " + std::to_string(decl.shape[d]) + " items (dim " + std::to_string(d) + " of " +
+                           shape_str(decl.shape) + "), got " + std::to_string(a.size()), ErrorKind::ShapeMismatch);
+      for (size_t k = 0; k < a.size(); ++k) walk(a[k], child(where, k), d + 1);
+    };
+    walk(v, path, 0);
   }
 
   void parse_op(const json& op, const std::string& path, Region region = Region::Program,

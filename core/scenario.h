@@ -123,8 +123,11 @@ struct InputDecl {
   std::string name;
   Shape shape;  // global shape, or each rank's local shape when from_local
   Spec placements;
-  std::string init = "int";  // int | ones | arange | randn | ids ({"ids": high}: uniform in [0, high))
-  int64_t ids_high = 0;      // init ids
+  // int | ones | arange | randn | ids ({"ids": high}: uniform in [0, high)) | values ({"values":
+  // [...]}: the value written out)
+  std::string init = "int";
+  int64_t ids_high = 0;          // init ids
+  std::vector<double> values;    // init values: every element, row-major (int64 and bool ones exact)
   ElementType dtype = ElementType::Float;
   std::optional<DType> float_dtype;  // a float input's own dtype; nothing: the run's
   MixedPrecision mixed_precision;

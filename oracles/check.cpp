@@ -598,7 +598,10 @@ double comparison_tolerance(const Scenario& sc, const RunOptions& options) {
   if (float64_reference_run(sc, options.dtype)) return dtype_tolerance(sc, options);
   if (options.dtype == DType::Float32) return 1e-4;
   bool exact = true;
-  for (const auto& in : sc.inputs) exact &= in.init != "randn";
+  for (const auto& in : sc.inputs) {
+    exact &= in.init != "randn";
+    for (double v : in.values) exact &= v == std::trunc(v) && std::abs(v) <= 1024;  // a literal of small integers
+  }
   // A division by a group size that is not a power of two (R -> P(sum) divided by 3, P(avg)) rounds.
   for (auto n : sc.mesh.shape()) exact &= (n & (n - 1)) == 0;
   for (const auto& op : sc.program) exact &= exact_op(op);

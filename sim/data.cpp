@@ -77,6 +77,11 @@ at::Tensor make_init(const std::string& init, const Shape& shape, DType dtype, R
 }
 
 at::Tensor make_input(const InputDecl& in, DType dtype, Rng& rng) {
+  if (in.init == "values") {  // the value written out: no draw from the input's stream
+    at::Tensor t = at::tensor(in.values, at::TensorOptions().dtype(at::kDouble)).reshape(in.shape);
+    if (in.dtype == ElementType::Float) return t.to(scalar_type(in.float_dtype.value_or(dtype)));
+    return t.to(in.dtype == ElementType::Bool ? at::kBool : at::kLong);
+  }
   if (in.dtype == ElementType::Float) return make_init(in.init, in.shape, in.float_dtype.value_or(dtype), rng);
   at::Tensor t;
   if (in.init == "ids" || (in.dtype == ElementType::Bool && in.init == "int")) {

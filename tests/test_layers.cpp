@@ -281,6 +281,30 @@ TEST(Losses, AWeightThatRequiresGradOrHasTheWrongShapeIsRefused) {
   }
 }
 
+// A tensor literal is the input's global value, laid out by its placements (an uneven shard here),
+// on the mesh and in the oracle: loss = -(2 + 3.5 + 6) picks x[0][1], x[1][0], x[2][1].
+TEST(Inputs, ATensorLiteralIsTheGlobalValueOnEveryRank) {
+  json x = input("x", {3, 2}, {"S(0)"}, true);
+  x["init"] = {{"values", {{1, 2}, {3.5, -4}, {5, 6}}}};
+  json t = input("t", {3}, {"R"});
+  t["dtype"] = "int64";
+  t["init"] = {{"values", {1, 0, 1}}};
+  const Scenario sc = parse_scenario(
+      doc({"dp"}, {2}, {x, t}, {{{"op", "nll_loss"}, {"args", {"x", "t"}}, {"out", "loss"}, {"reduction", "sum"}}}),
+      "layers.json");
+  const CheckedRun r = check_scenario(sc, sc.options, /*keep_values=*/true);
+  EXPECT_EQ(r.result["status"], "pass") << r.result.dump(1);
+  for (const auto& k : r.tensors->values) {
+    if (k.name == "x") {
+      EXPECT_EQ(k.locals.at(0).size(0), 2);  // rows 0-1 on rank 0, row 2 on rank 1
+      EXPECT_EQ(k.locals.at(1)[0][0].item<double>(), 5.0);
+    }
+    if (k.name == "loss") {
+      EXPECT_EQ(k.global.item<double>(), -11.5);
+    }
+  }
+}
+
 TEST(Activations, GeluNoneIsDifferentiatedExactly) {
   json x = input("x", {4, 3}, {"S(0)"}, true);
   x["init"] = "randn";

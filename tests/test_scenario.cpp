@@ -109,6 +109,47 @@ TEST(Scenario, PyTorchSpellingsAndTwoAxisMesh) {
   EXPECT_EQ(s.inputs[1].placements, (Spec{Placement::shard(0), Placement::partial()}));
 }
 
+// A tensor literal: nested arrays of the input's shape, or a flat list of its elements; int64 and
+// bool elements whole; each problem named at its JSON path.
+TEST(Scenario, TensorLiteralsParseAndTheirErrorsAreNamed) {
+  json doc = example();
+  doc["inputs"][0] = {{"name", "x"}, {"shape", {2, 3}}, {"placements", {"S(0)"}},
+                      {"init", {{"values", {{1, 2.5, 3}, {-4, 5, 6}}}}}};
+  Scenario s = parse_scenario(doc, kFile);
+  EXPECT_EQ(s.inputs[0].init, "values");
+  EXPECT_EQ(s.inputs[0].values, (std::vector<double>{1, 2.5, 3, -4, 5, 6}));
+  doc["inputs"][0]["init"]["values"] = {6, 5, 4, 3, 2, 1};  // flat, row-major
+  EXPECT_EQ(parse_scenario(doc, kFile).inputs[0].values, (std::vector<double>{6, 5, 4, 3, 2, 1}));
+  json ids = doc;
+  ids["inputs"][0]["dtype"] = "int64";
+  ids["inputs"][0]["init"]["values"] = {{0, 1, 2}, {2, 1, 0}};
+  EXPECT_EQ(parse_scenario(ids, kFile).inputs[0].values, (std::vector<double>{0, 1, 2, 2, 1, 0}));
+  json mask = doc;
+  mask["inputs"][0]["dtype"] = "bool";
+  mask["inputs"][0]["init"]["values"] = {{true, false, 1}, {0, true, false}};
+  EXPECT_EQ(parse_scenario(mask, kFile).inputs[0].values, (std::vector<double>{1, 0, 1, 0, 1, 0}));
+  json scalar = doc;
+  scalar["inputs"][0] = {{"name", "x"}, {"shape", json::array()}, {"placements", {"R"}}, {"init", {{"values", 2.5}}}};
+  EXPECT_EQ(parse_scenario(scalar, kFile).inputs[0].values, (std::vector<double>{2.5}));
+  const std::vector<ErrorCase> cases = {
+      {with(doc, "/inputs/0/init/values", {{1, 2, 3}}), "/inputs/0/init/values", "expected 2 items (dim 0 of [2, 3]), got 1",
+       ErrorKind::ShapeMismatch},
+      {with(doc, "/inputs/0/init/values", {{1, 2, 3}, {4, 5}}), "/inputs/0/init/values/1",
+       "expected 3 items (dim 1 of [2, 3]), got 2", ErrorKind::ShapeMismatch},
+      {with(doc, "/inputs/0/init/values", {1, 2, 3, 4, 5}), "/inputs/0/init/values",
+       "a flat list of values holds every element of [2, 3]: expected 6, got 5", ErrorKind::ShapeMismatch},
+      {with(doc, "/inputs/0/init/values", {{1, 2, 3}, {4, "5", 6}}), "/inputs/0/init/values/1/1",
+       "expected a number (an element of an input of dtype float), got \"5\""},
+      {with(ids, "/inputs/0/init/values", {{0, 1, 2}, {2, 0.5, 0}}), "/inputs/0/init/values/1/1",
+       "an element of an input of dtype int64 is a whole number, got 0.5"},
+      {with(mask, "/inputs/0/init/values", {{true, false, 2}, {0, true, false}}), "/inputs/0/init/values/0/2",
+       "an element of an input of dtype bool is true, false, 0 or 1, got 2"},
+      {with(doc, "/inputs/0/init", {{"values", {1, 2, 3, 4, 5, 6}}, {"ids", 3}}), "/inputs/0/init/ids",
+       "unknown field \"ids\""},
+  };
+  for (const auto& c : cases) expect_input_error(c);
+}
+
 TEST(Scenario, StructuralErrors) {
   json ex = example();
   std::vector<ErrorCase> cases = {

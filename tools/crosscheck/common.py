@@ -180,6 +180,8 @@ class Job:
             return False
         if any(i.get("init") == "randn" for i in self.doc.get("inputs", [])):
             return False
+        if any(not literal_exact(i.get("init")) for i in self.doc.get("inputs", [])):
+            return False
         if any(s & (s - 1) for s in self.mesh_shape):
             return False
         for op in self.ops():
@@ -191,6 +193,21 @@ class Job:
             if name == "scale" and float(op["value"]) != int(float(op["value"])):
                 return False
         return True
+
+
+def literal_exact(init) -> bool:
+    """Whether an input's init keeps a program exact: a tensor literal ({"values": [...]}) only of
+    integers of magnitude at most 1024, as meshsim's rule (oracles/check.cpp)."""
+    if not isinstance(init, dict) or "values" not in init:
+        return True
+
+    def flat(v):
+        if isinstance(v, list):
+            for x in v:
+                yield from flat(x)
+        else:
+            yield v
+    return all(isinstance(x, bool) or (float(x) == int(float(x)) and abs(float(x)) <= 1024) for x in flat(init["values"]))
 
 
 def compare(what: str, expected: np.ndarray | None, actual: np.ndarray | None, exact: bool,
