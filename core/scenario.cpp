@@ -677,8 +677,10 @@ ElementType parse_element_type(const std::string& text) {
   for (const auto& c : kElementTypes)
     if (text == c.name) return c.value;
   if (find_dtype(text)) return ElementType::Float;
-  throw std::invalid_argument("unknown dtype " + in_quotes(text) + " (expected " + choice_list(kElementTypes) + ", " +
-                              choice_list(kDTypes) + ")");
+  std::string names;  // every element type, then every float dtype: "float, bool, int64, ... or float16"
+  for (const auto& c : kElementTypes) names += std::string(names.empty() ? "" : ", ") + c.name;
+  const std::string dtypes = choice_list(kDTypes);
+  throw std::invalid_argument("unknown dtype " + in_quotes(text) + " (expected " + names + ", " + dtypes + ")");
 }
 
 json RunOptions::to_json() const {

@@ -355,7 +355,8 @@ TEST(Inputs, BoolAndInt64InputsAreNeverPartialNorDifferentiable) {
   expect_input_error(d, "/inputs/0/requires_grad", "a int64 input has no gradient");
   d = embedding_doc();
   d["inputs"][0]["dtype"] = "int32";
-  expect_input_error(d, "/inputs/0/dtype", "unknown dtype \"int32\" (expected float, bool or int64)");
+  expect_input_error(d, "/inputs/0/dtype",
+                     "unknown dtype \"int32\" (expected float, bool, int64, float64, float32, bfloat16 or float16)");
   d = embedding_doc();
   d["inputs"][2]["init"] = {{"ids", 3}};
   expect_input_error(d, "/inputs/2/init", "makes int64 values");

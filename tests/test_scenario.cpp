@@ -287,7 +287,7 @@ TEST(Scenario, OptionErrors) {
        "expected intersection, union or strict"},
       {with(ex, "/options/partial_from_replicate", "rank1"), "/options/partial_from_replicate",
        "expected divide or rank0"},
-      {with(ex, "/options/dtype", "float16"), "/options/dtype", "expected float64 or float32"},
+      {with(ex, "/options/dtype", "float8"), "/options/dtype", "expected float64, float32, bfloat16 or float16"},
       {with(ex, "/options/seed", -1), "/options/seed", "non-negative integer"},
       {with(ex, "/options/seed", 1.5), "/options/seed", "non-negative integer"},
       {with(ex, "/options/mutant", 3), "/options/mutant", "mutant name"},
@@ -349,7 +349,7 @@ TEST(Scenario, SetOption) {
   expect_bad("redistribute", "above", "expected above_autograd or below_autograd, got \"above\"");
   expect_bad("reduced_propagation", json::array(), "expected intersection, union or strict");
   expect_bad("partial_from_replicate", nullptr, "expected divide or rank0");
-  expect_bad("dtype", "float16", "expected float64 or float32");
+  expect_bad("dtype", "float8", "expected float64, float32, bfloat16 or float16");
   expect_bad("seed", "-3", "expected a non-negative integer");
   expect_bad("seed", "12x", "expected a non-negative integer");
   expect_bad("seed", "", "expected a non-negative integer");
