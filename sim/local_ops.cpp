@@ -131,7 +131,8 @@ void place_draw(OpAttrs& attrs, const Mesh& mesh, const Spec& spec, const std::v
 
 namespace {
 
-at::ScalarType float_type(DType dtype) { return dtype == DType::Float32 ? at::kFloat : at::kDouble; }
+// The run's float dtype (half precision included); float64 in the oracle's float64 reference.
+at::ScalarType float_type(DType dtype) { return scalar_type(float64_reference() ? DType::Float64 : dtype); }
 
 OpAttrs draw_of(const OpDecl& op, uint64_t seed) {
   OpAttrs a = op_attrs(op);

@@ -279,5 +279,24 @@ TEST(Random, DropoutInTrainingStepsDrawsEachMicrobatchsOwnMask) {
   }
 }
 
+// A half-precision run draws in its dtype (the float64 draw rounded), and passes against the
+// oracle's float64 reference within the dtype's tolerance.
+TEST(Random, AHalfPrecisionRunDrawsInItsDtype) {
+  const json inputs = json::array({{{"name", "x"}, {"shape", {7, 4}}, {"placements", {"S(0)"}}, {"requires_grad", true}}});
+  const json program = json::array({{{"out", "r"}, {"op", "randn"}, {"shape", {7, 4}}, {"placements", {"S(0)"}}},
+                                    {{"out", "y"}, {"op", "mul"}, {"args", {"x", "r"}}},
+                                    {{"out", "d"}, {"op", "dropout"}, {"args", {"y"}}, {"p", 0.25}},
+                                    {{"out", "loss"}, {"op", "sum"}, {"args", {"d"}}}});
+  for (const char* dtype : {"bfloat16", "float16"}) {
+    json d = doc(mesh_of({3}), inputs, program, 2, "loss");
+    d["options"]["dtype"] = dtype;
+    const Scenario sc = parse_scenario(d, "test.json");
+    const SimRun run = run_distributed(sc, sc.options);
+    EXPECT_EQ(run.values.at("r").locals[0].scalar_type(), std::string(dtype) == "bfloat16" ? at::kBFloat16 : at::kHalf);
+    const json r = check(d);
+    EXPECT_EQ(r["status"], "pass") << dtype << "\n" << r.dump(1);
+  }
+}
+
 }  // namespace
 }  // namespace meshsim
