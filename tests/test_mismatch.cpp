@@ -153,8 +153,9 @@ TEST(Mismatch, ReplicasThatDisagreeAreNamed) {
   EXPECT_EQ(m.replicas[0].axis, "dp");
   EXPECT_EQ(m.message,
             "rank 1 holds a local that differs from the oracle's; ranks 0 and 1 hold different locals across "
-            "mesh axis \"dp\" where R says they are equal");
-  EXPECT_EQ(m.to_json()["replica_pairs"], json::parse(R"([{"ranks": [0, 1], "axis": "dp"}])"));
+            "mesh axis \"dp\" where R says they are equal (first at local [0]: 1 on rank 0, 2 on rank 1)");
+  EXPECT_EQ(m.to_json()["replica_pairs"],
+            json::parse(R"([{"ranks": [0, 1], "axis": "dp", "first_difference": {"index": [0], "values": [1.0, 2.0]}}])"));
 }
 
 TEST(Mismatch, ConstantFactorNamesMeshAxesOrNone) {

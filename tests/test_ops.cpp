@@ -861,7 +861,8 @@ TEST(OpAttrsText, EveryFieldIsInTheKey) {
   EXPECT_EQ(attrs_of("sum", {{"dim", 1}, {"keepdim", true}}).str(),
             "dim=1 dims=[] dims_given=0 keepdim=1 value=1 scalar=0 dim0=0 dim1=0 shape=[] sizes=[] start_dim=0 end_dim=-1 "
             "start=0 length=0 split_size=0 chunks=0 tanh=0 exponent=1 diagonal=0 normalized_shape=[] eps=- sum_reduction=0 "
-            "ignore_index=- fill=0 k=1 largest=1 descending=0 float32=0 ord=2 range=- divisor=- local_mean=0 local_shape=-");
+            "no_reduction=0 label_smoothing=0 ignore_index=- fill=0 k=1 largest=1 descending=0 float32=0 ord=2 dtype=- "
+            "range=- divisor=- local_mean=0 local_shape=- p=0.5 training=1 stream= seed=0 step=-1 microbatch=-1 global=[]");
   EXPECT_NE(attrs_of("topk", {{"k", 2}}).str(), attrs_of("topk", {{"k", 3}}).str());
   EXPECT_NE(attrs_of("topk", {{"k", 2}, {"largest", false}}).str(), attrs_of("topk", {{"k", 2}}).str());
   EXPECT_NE(attrs_of("sort", {{"descending", true}}).str(), attrs_of("sort", json::object()).str());
@@ -872,6 +873,10 @@ TEST(OpAttrsText, EveryFieldIsInTheKey) {
   EXPECT_NE(attrs_of("gelu", {{"approximate", "tanh"}}).str(), attrs_of("gelu", json::object()).str());
   EXPECT_NE(attrs_of("masked_fill", {{"value", "-inf"}}).str(), attrs_of("masked_fill", {{"value", 0}}).str());
   EXPECT_NE(attrs_of("nll_loss", {{"ignore_index", 0}}).str(), attrs_of("nll_loss", json::object()).str());
+  EXPECT_NE(attrs_of("nll_loss", {{"reduction", "none"}}).str(), attrs_of("nll_loss", json::object()).str());
+  EXPECT_NE(attrs_of("cross_entropy", {{"label_smoothing", 0.1}}).str(), attrs_of("cross_entropy", json::object()).str());
+  EXPECT_NE(attrs_of("to", {{"dtype", "bfloat16"}}).str(), attrs_of("to", {{"dtype", "float16"}}).str());
+  EXPECT_NE(attrs_of("dropout", {{"p", 0.1}}).str(), attrs_of("dropout", json::object()).str());
   OpAttrs ranged = attrs_of("embedding", json::object());
   ranged.range = Chunk{2, 3};
   EXPECT_NE(ranged.str(), attrs_of("embedding", json::object()).str());
