@@ -11,7 +11,6 @@
 
 #include <rapidcheck.h>
 
-#include "core/random.h"
 #include "properties/kernel_nd.h"
 #include "properties/kernels.h"
 #include "sim/local_ops.h"
@@ -561,33 +560,6 @@ struct Row {
 };
 
 double sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
-
-// dropout, element by element: x times 1 / (1 - p) where the stream keeps the element's global
-// index (core/random.h, dropout_keeps), 0 where it drops it; its gradient g times the same factor.
-Definition dropout(Attrs a) {
-  const uint64_t key = random_stream_key(a.draw.seed, a.draw.stream, a.draw.step, a.draw.microbatch);
-  auto factor = [a, key](const Dims& shape, int64_t k) {
-    if (!a.training) return 1.0;
-    const Dims idx = multi_index(k, shape);
-    int64_t global = 0;
-    for (size_t d = 0; d < idx.size(); ++d)
-      global = a.draw.indices.empty() ? global * shape[d] + idx[d]
-                                      : global * a.draw.global[d] + a.draw.indices[d][static_cast<size_t>(idx[d])];
-    return dropout_keeps(key, static_cast<uint64_t>(global), a.p) ? 1.0 / (1.0 - a.p) : 0.0;
-  };
-  Definition d;
-  d.value = [factor](Xs xs) {
-    Nd y = zeros(xs[0].shape);
-    for (int64_t k = 0; k < count_of(y.shape); ++k) y.at(k) = xs[0].at(k) * factor(y.shape, k);
-    return y;
-  };
-  d.vjp = [factor](Xs xs, const Nd& g, size_t) {
-    Nd r = zeros(xs[0].shape);
-    for (int64_t k = 0; k < count_of(g.shape); ++k) r.at(k) = g.at(k) * factor(g.shape, k);
-    return r;
-  };
-  return d;
-}
 
 // view, reshape: the operand's elements in the shape `a.shape` (its -1 filled in).
 Definition reshape_to(Attrs a) { return view([a](const Dims& in) { return filled(a.shape, count_of(in)); }); }

@@ -227,6 +227,8 @@ Definition pick_target(const OpAttrs& a);
 // nll_loss or cross_entropy.
 Definition loss(const OpAttrs& a, bool cross_entropy);
 Definition count_targets(const std::optional<int64_t>& ignore);
+// dropout at the global indices a.draw names (core/random.h); its gradient g times the same factor.
+Definition dropout(const OpAttrs& a);
 
 // ---- the table (definitions.cpp) ----
 

@@ -49,6 +49,14 @@ Spec partial_as_replicate(Spec spec) {
   return spec;
 }
 
+// `locals` cast to `dtype` (nothing: as they are); a new tensor only where the dtype differs.
+Locals cast_locals(Locals locals, std::optional<DType> dtype) {
+  if (!dtype) return locals;
+  for (auto& l : locals)
+    if (l.defined() && l.scalar_type() != scalar_type(*dtype)) l = l.to(scalar_type(*dtype));
+  return locals;
+}
+
 }  // namespace
 
 void Recorder::add(Event e) {
@@ -288,18 +296,6 @@ Locals Runtime::to_grad_layout(Locals grads, const GradSpec& from, const GradSpe
   return grads;
 }
 
-namespace {
-
-// `locals` cast to `dtype` (nothing: as they are); a new tensor only where the dtype differs.
-Locals cast_locals(Locals locals, std::optional<DType> dtype) {
-  if (!dtype) return locals;
-  for (auto& l : locals)
-    if (l.defined() && l.scalar_type() != scalar_type(*dtype)) l = l.to(scalar_type(*dtype));
-  return locals;
-}
-
-}  // namespace
-
 DTensor Runtime::redistribute(const DTensor& x, const Spec& to_written, const std::string& out_name,
                               const MixedPrecision* cast) {
   const Spec to = normalized_target(mesh_, x, to_written);
@@ -348,12 +344,12 @@ DTensor Runtime::redistribute(const DTensor& x, const Spec& to_written, const st
                                     spec_str(from) + " result of an amax/amin over a sharded dim (PyTorch " +
                                     "differentiates it through the reduced result; meshsim would mark each " +
                                     "rank's local extremum); gather the reduced dim before the reduction");
-          return cast_locals(rt->to_grad_layout(std::move(grads), rt->grad_spec(out_name, to),
-                                                rt->accumulated_layout(in_name, {partial_as_replicate(from), 1}),
-                                                in_name, out_name, note),
-                             own_dtype);
+          grads = rt->to_grad_layout(std::move(grads), rt->grad_spec(out_name, to),
+                                     rt->accumulated_layout(in_name, {partial_as_replicate(from), 1}), in_name,
+                                     out_name, note);
+        } else {
+          grads = rt->to_cotangent(std::move(grads), rt->grad_spec(out_name, to), from, in_name, out_name, note);
         }
-        grads = rt->to_cotangent(std::move(grads), rt->grad_spec(out_name, to), from, in_name, out_name, note);
         return cast_locals(std::move(grads), own_dtype);  // the parameter's own dtype
       }, out_name);
     });

@@ -17,6 +17,7 @@
 #include "sim/data.h"
 #include "sim/interpreter.h"
 #include "sim/local_ops.h"
+#include "tests/spec_sets.h"
 
 namespace meshsim {
 namespace {
@@ -29,20 +30,15 @@ json mesh_of(const std::vector<int64_t>& shape) {
   return {{"axes", axes}, {"shape", shape}};
 }
 
-// Every spec of S(d) (d < rank), R and Rd per axis.
+// Every spec of S(d) (d < rank), R and Rd per axis, as JSON.
 std::vector<json> every_spec(size_t axes, int64_t rank) {
-  std::vector<std::string> one = {"R", "Rd"};
-  for (int64_t d = 0; d < rank; ++d) one.push_back("S(" + std::to_string(d) + ")");
-  std::vector<json> out = {json::array()};
-  for (size_t a = 0; a < axes; ++a) {
-    std::vector<json> next;
-    for (const auto& s : out)
-      for (const auto& p : one) {
-        json t = s;
-        t.push_back(p);
-        next.push_back(t);
-      }
-    out = next;
+  std::vector<Placement> one = {Placement::replicate(), Placement::reduced()};
+  for (int64_t d = 0; d < rank; ++d) one.push_back(Placement::shard(d));
+  std::vector<json> out;
+  for (const Spec& spec : testing_util::specs_over(one, static_cast<int>(axes))) {
+    json t = json::array();
+    for (const auto& p : spec) t.push_back(p.str());
+    out.push_back(t);
   }
   return out;
 }

@@ -33,14 +33,15 @@ import common
 
 
 def load_train(job: common.Job) -> tuple[dict, dict]:
-    """meshsim's files of the steps: (step, microbatch) -> input name -> {rank: entry}, and
-    (step, kind, param, state) -> entry of the mesh's value after the step."""
+    """meshsim's files of the steps: (step, microbatch) -> input name -> {rank: entry, "global":
+    entry}, and (step, kind, param, state) -> entry of the mesh's value after the step."""
     inputs: dict = {}
     after: dict = {}
     for f in job.index.get("files", []):
         kind = f["kind"]
-        if kind == "train_input_rank":
-            inputs.setdefault((f["step"], f["microbatch"]), {}).setdefault(f["value"], {})[f["rank"]] = f
+        if kind in ("train_input_rank", "train_input"):
+            key = f["rank"] if kind == "train_input_rank" else "global"
+            inputs.setdefault((f["step"], f["microbatch"]), {}).setdefault(f["value"], {})[key] = f
         elif kind in ("train_param", "train_state"):
             after[(f["step"], kind, f["value"], f.get("state", ""))] = f
     return inputs, after
@@ -115,17 +116,15 @@ class Steps:
             name = inp["name"]
             if name in env:
                 continue
-            ranks = data.get(name)
-            if not ranks:
+            ranks = data.get(name, {})
+            if 0 not in ranks:
                 raise ValueError(f"meshsim wrote no locals of input {name} for step {step}, microbatch {mb}")
-            shape = next(iter(ranks.values()))
-            glob = next((f for f in self.job.index["files"] if f["kind"] == "train_input" and f["value"] == name
-                         and f["step"] == step and f["microbatch"] == mb), None)
+            # The global shape: the assembled value's, or the declared one (a from_local input's are locals).
+            gshape = ranks["global"]["shape"] if "global" in ranks else inp["shape"]
             dtype = prog.elem_type(inp.get("dtype"))
             loc = prog.mode.rank_map(lambda r: torch.from_numpy(np.array(self.job._load(ranks[r]["path"])))
                                      .to(self.device, dtype))
-            placements = prog.placements(inp["placements"], len(glob["shape"]) if glob else len(shape["shape"]))
-            gshape = glob["shape"] if glob else inp["shape"]
+            placements = prog.placements(inp["placements"], len(gshape))
             env[name] = DTensor.from_local(loc, prog.mesh, placements, run_check=False, shape=torch.Size(gshape),
                                            stride=self.stride(gshape))
         prog.run_ops(self.job.doc["program"], env, "/program")
