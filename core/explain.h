@@ -43,6 +43,7 @@ inline constexpr const char* kHowOneOperand = "one operand: replicate";
 inline constexpr const char* kHowReplicateFirst = "norm: replicate first";
 inline constexpr const char* kHowCheapest = "cheapest";
 inline constexpr const char* kHowViewFixUp = "view fix-up";
+inline constexpr const char* kHowLayoutFixUp = "layout fix-up";  // repeat_interleave, grouped-query attention
 inline constexpr const char* kHowNoneLegal = "no legal row";
 
 struct AxisExplanation {

@@ -100,6 +100,10 @@ const std::vector<MutantInfo>& mutant_catalog() {
        "scatter_add or index_add of a replicated x with the index and src sharded alike: each rank adds its own "
        "part of src into x and the result is labelled R, not P(sum) (expert-parallel tokens added into a "
        "replicated buffer without the all_reduce)"},
+      {Mutant::SdpaSequenceShardLocal, "sdpa_sequence_shard_local",
+       "scaled_dot_product_attention with q, k and v sharded on the sequence (dim 2) keeps the shard, as PyTorch's "
+       "context-parallel rows do, without the ring that passes the k and v blocks: each rank's queries attend only "
+       "to its own block of keys, and its causal mask is built from local positions"},
       {Mutant::StrategyRegistryIgnored, "strategy_registry_ignored",
        "variance-tracking strategies (registry and static) are ignored"},
       {Mutant::StridedGatheredPlain, "strided_gathered_plain",

@@ -50,6 +50,7 @@ enum class Mutant {
   ReduceScatterBackwardWrongDim,   // local_map: reduce_scatter's backward gathers along another dim
   ReducedLabelDropped,             // the Reduced policy does not restore Rd when every operand is Rd
   ScatterAddShardedIndexReplicated,  // scatter_add/index_add: R x, index and src sharded alike -> R, not P(sum)
+  SdpaSequenceShardLocal,          // sdpa: q, k, v S(2) -> S(2) kept (context parallel without the ring): local keys only
   StrategyRegistryIgnored,         // variance-tracking strategies are ignored
   StridedGatheredPlain,            // a strided shard all_gathered in plain-shard order (no interleave)
   UncheckedInsertsMarkVarying,     // plain local code (unchecked) still marks invariant inputs varying

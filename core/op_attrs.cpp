@@ -73,7 +73,7 @@ OpAttrs resolved(const std::string& op, const OpAttrs& attrs, int64_t rank, cons
   }
   if (op == "softmax" || op == "log_softmax" || op == "cat" || op == "narrow" || op == "unflatten" || is_selection(op) ||
       op == "gather" || op == "index_select" || op == "index_add" || op == "scatter" || op == "scatter_add" ||
-      op == "cumsum") {
+      op == "cumsum" || op == "repeat_interleave") {
     need_dim();
     r.dim = wrap(*attrs.dim, "dim");
   }
@@ -145,6 +145,8 @@ std::string OpAttrs::str() const {
     << " range=" << (range ? std::to_string(range->offset) + "+" + std::to_string(range->size) : "-")
     << " divisor=" << (mean_divisor ? std::to_string(*mean_divisor) : "-") << " local_mean=" << local_mean
     << " local_shape=" << (local_shape ? list_str(*local_shape) : "-") << " p=" << p << " training=" << training
+    << " repeats=" << repeats << " is_causal=" << is_causal << " attn_scale=" << attn_scale.value_or(NAN)
+    << " enable_gqa=" << enable_gqa
     << " stream=" << draw.stream << " seed=" << draw.seed << " step=" << draw.step << " microbatch=" << draw.microbatch
     << " global=" << list_str(draw.global);
   for (const auto& idx : draw.indices) o << " indices=" << list_str(idx);
@@ -225,6 +227,11 @@ OpAttrs op_attrs(const OpDecl& decl) {
   if (decl.op == "to" && j.contains("dtype") && j["dtype"].is_string()) a.dtype = find_dtype(j["dtype"].get<std::string>());
   if (j.contains("p") && j["p"].is_number()) a.p = j["p"].get<double>();
   if (j.contains("training") && j["training"].is_boolean()) a.training = j["training"].get<bool>();
+  if (integer("repeats")) a.repeats = j["repeats"].get<int64_t>();
+  if (j.contains("is_causal") && j["is_causal"].is_boolean()) a.is_causal = j["is_causal"].get<bool>();
+  if (decl.op == "scaled_dot_product_attention" && j.contains("scale") && j["scale"].is_number())
+    a.attn_scale = j["scale"].get<double>();
+  if (j.contains("enable_gqa") && j["enable_gqa"].is_boolean()) a.enable_gqa = j["enable_gqa"].get<bool>();
   // A random op's stream (its result's name by default); other ops have none (no cache key of theirs
   // names their result).
   if (schema && (std::string_view(schema->family) == "random" || schema->gen == GenClass::RandomCreation))

@@ -339,7 +339,22 @@ std::vector<OpSchema> build() {
            {0, true, false, rsqrt_range}),
       integer_binary("remainder", "torch.remainder(x, y) (or x % value) of int64 data: x - floor_divide(x, y) * y, "
                                   "the sign of the divisor, broadcast; a zero divisor is refused; no gradient"),
+      op("repeat", data(), {{"sizes", T::Ints, true}}, "repeat", true,
+         "Tensor.repeat(*sizes): x tiled sizes[i] times along dim i (leading sizes add dims); the gradient summed "
+         "over the copies"),
+      op("repeat_interleave", data(), {{"repeats", T::Int, true}, {"dim", T::Int, true}}, "repeat_interleave", true,
+         "torch.repeat_interleave(x, repeats, dim): each entry along dim repeated `repeats` times in place; the "
+         "gradient summed over each entry's copies"),
       op("scale", x(), {{"value", T::Number, true}}, "linear_unary", true, "x * value"),
+      op("scaled_dot_product_attention", {{"q"}, {"k"}, {"v"}, {"attn_mask", kAny, true}},
+         {{"is_causal", T::Bool, false, "false"},
+          {"scale", T::Number, false, "1/sqrt(d)"},
+          {"enable_gqa", T::Bool, false, "false"}},
+         "attention", false,
+         "F.scaled_dot_product_attention(q, k, v, attn_mask, is_causal, scale, enable_gqa) of q [b, h, sq, d], k [b, hk, "
+         "sk, d], v [b, hk, sk, dv]: softmax(q k^T * scale + mask) v; attn_mask bool (true: attend) or float (added), "
+         "broadcast to [b, h, sq, sk]; is_causal: query i attends to keys j <= i (top left); enable_gqa: hk divides h, "
+         "each k/v head serving h/hk query heads"),
       op("scatter", {{"x", kAny}, {"index", kInt}, {"src", kAny}}, {{"dim", T::Int, true}}, "scatter", true,
          "torch.scatter(x, dim, index, src): x with src written at index along dim (src of the index's shape, "
          "the index no larger than x but on dim); the gradient: g zeroed where written to x, gather(g) to src"),

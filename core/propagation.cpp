@@ -267,6 +267,32 @@ ShardingDecision decide(const std::string& op, const Mesh& mesh, const std::vect
         }
     }
   }
+  // repeat_interleave's shard of its dim and attention's grouped heads stay only where each rank's
+  // chunks line up (rules/attention.cpp); elsewhere the axis takes the family's all-R row.
+  for (int a : layout_misaligned_axes(family.names.name, mesh, d.in_specs, d.out_spec, shapes, d.out_shape, a_res)) {
+    int replicate = -1;
+    for (size_t i = 0; i < rows.size() && replicate < 0; ++i) {
+      bool all = rows[i].out == Placement::replicate();
+      for (const auto& p : rows[i].ins) all = all && p == Placement::replicate();
+      if (all) replicate = static_cast<int>(i);
+    }
+    for (size_t i = 0; i < specs.size(); ++i)
+      d.in_specs[i][a] = same_for_rule(specs[i][a], Placement::replicate()) ? specs[i][a] : Placement::replicate();
+    d.out_spec[a] = Placement::replicate();
+    if (ex) {
+      AxisExplanation& ax = ex->axes[a];
+      RowCandidate& was = ax.candidates[chosen[a]];
+      was.chosen = false;
+      was.verdict = "the chunks do not line up (" + was.verdict + "): replaced by R";
+      RowCandidate& now = ax.candidates[replicate];
+      now.chosen = true;
+      now.verdict = "the chunks of " + was.row + " do not line up: replaced by R" +
+                    (now.moves.empty() ? std::string() : ", " + now.moves.front());
+      ax.how = kHowLayoutFixUp;
+      ax.chosen = replicate;
+    }
+    chosen[a] = replicate;
+  }
   for (int a = 0; a < mesh.ndim(); ++a) {
     d.rows.push_back(op + ": " + rows[chosen[a]].str());
     if (!ex && coverage_sink()) cover("forward " + op + ": " + std::string(rows[chosen[a]].rule));

@@ -66,6 +66,10 @@ struct OpAttrs {
   std::optional<DType> dtype;        // to: the dtype cast to
   double p = 0.5;                    // dropout: the probability of a zero
   bool training = true;              // dropout {training: false}: the identity
+  int64_t repeats = 1;               // repeat_interleave: the copies of each entry
+  bool is_causal = false;            // scaled_dot_product_attention: query i attends to keys j <= i
+  std::optional<double> attn_scale;  // scaled_dot_product_attention {scale} (absent: 1/sqrt(d))
+  bool enable_gqa = false;           // scaled_dot_product_attention: k and v of fewer heads
   // dropout, rand, randn: what their values are drawn from (core/random.h). The stream's name (the
   // op's `stream`, else its result's name) from the op; the run's seed (plus the rank, for local
   // code whose generator is seeded by rank) and a training step's step and microbatch set by the

@@ -79,6 +79,39 @@ Shape matmul_shape(const std::string& op, const Shape& a, const Shape& b) {
   return out;
 }
 
+// scaled_dot_product_attention(q [b, h, sq, d], k [b, hk, sk, d], v [b, hk, sk, dv], mask?): the
+// result [b, h, sq, dv]; hk is h, or (enable_gqa) divides it; the mask broadcasts to [b, h, sq, sk].
+Shape attention_shape(const std::string& op, const std::vector<Shape>& s, const OpAttrs& a) {
+  auto fail = [&](const std::string& why) { throw SemanticError(ErrorKind::ShapeMismatch, op + ": " + why); };
+  if (s.size() < 3 || s.size() > 4)
+    fail("takes q, k, v and an optional attn_mask, got " + std::to_string(s.size()) + " operand(s)");
+  const char* names[] = {"q", "k", "v"};
+  for (size_t i = 0; i < 3; ++i)
+    if (s[i].size() != 4) fail(std::string(names[i]) + " must be 4-D [b, h, s, d], got " + shape_str(s[i]));
+  const Shape &q = s[0], &k = s[1], &v = s[2];
+  const std::string all = "q " + shape_str(q) + ", k " + shape_str(k) + ", v " + shape_str(v);
+  if (k[0] != q[0] || v[0] != q[0]) fail("batch dims differ: " + all);
+  if (k[3] != q[3]) fail("q and k have different head dims: " + all);
+  if (v[2] != k[2]) fail("k and v have different sequence lengths: " + all);
+  if (v[1] != k[1]) fail("k and v have different numbers of heads: " + all);
+  if (a.enable_gqa ? (k[1] == 0 || q[1] % k[1] != 0) : k[1] != q[1])
+    fail(a.enable_gqa ? "k's heads " + std::to_string(k[1]) + " do not divide q's " + std::to_string(q[1]) + ": " + all
+                      : "q and k have different numbers of heads (enable_gqa is false): " + all);
+  const Shape out = {q[0], q[1], q[2], v[3]};
+  if (s.size() == 4 && a.is_causal)
+    fail("an attn_mask with is_causal (PyTorch refuses both: fold the causal mask into the attn_mask)");
+  if (s.size() == 4) {
+    const Shape scores = {q[0], q[1], q[2], k[2]};
+    bool fits = s[3].size() <= 4;
+    for (size_t i = 0; fits && i < s[3].size(); ++i) {
+      const int64_t e = s[3][i], want = scores[4 - s[3].size() + i];
+      fits = e == 1 || e == want;
+    }
+    if (!fits) fail("attn_mask " + shape_str(s[3]) + " does not broadcast to the scores [b, h, sq, sk] " + shape_str(scores));
+  }
+  return out;
+}
+
 }  // namespace
 
 Shape infer_shape(const std::string& op, const std::vector<Shape>& s, const OpAttrs& attrs) {
@@ -103,6 +136,24 @@ Shape infer_shape(const std::string& op, const std::vector<Shape>& s, const OpAt
     if (broadcast_shapes(op, s) != s[0]) fail("the mask " + shape_str(s[1]) + " does not broadcast to " + shape_str(s[0]));
     return s[0];
   }
+  if (family == "repeat") {  // Tensor.repeat(*sizes): leading sizes add dims
+    if (a.sizes.size() < s[0].size())
+      fail("sizes " + shape_str(a.sizes) + " has fewer entries than " + shape_str(s[0]) + " has dims");
+    Shape out = a.sizes;
+    const size_t lead = a.sizes.size() - s[0].size();
+    for (size_t i = 0; i < out.size(); ++i) {
+      if (out[i] < 0) fail("negative size in " + shape_str(a.sizes));
+      if (i >= lead) out[i] *= s[0][i - lead];
+    }
+    return out;
+  }
+  if (family == "repeat_interleave") {
+    if (a.repeats < 0) fail("repeats " + std::to_string(a.repeats) + " is negative");
+    Shape out = s[0];
+    out[static_cast<size_t>(*a.dim)] *= a.repeats;
+    return out;
+  }
+  if (family == "attention") return attention_shape(op, s, a);
   if (family == "embedding") {
     if (s[1].size() != 2) fail("the weight must be 2-D [vocab, dim], got " + shape_str(s[1]));
     Shape out = s[0];

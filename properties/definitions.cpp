@@ -662,6 +662,9 @@ const Row kRows[] = {
        return unary([](double x) { return x > 0 ? x : 0.0; }, [](double x) { return x > 0 ? 1.0 : 0.0; });
      }},
     {"remainder", draw_integer_binary, [](Attrs a, int64_t) { return integer_binary("remainder", a.value); }},
+    {"repeat", draw_repeat, [](Attrs a, int64_t) { return repeat_def(a.sizes); }},
+    {"repeat_interleave", draw_repeat_interleave,
+     [](Attrs a, int64_t rank) { return repeat_interleave_def(wrap(*a.dim, rank), a.repeats); }},
     {"reshape", draw_reshape, [](Attrs a, int64_t) { return reshape_to(a); }},
     {"rms_norm", draw_norm,
      [](Attrs a, int64_t) {
@@ -676,6 +679,7 @@ const Row kRows[] = {
        const double c = a.value;
        return unary([c](double x) { return c * x; }, [c](double) { return c; });
      }},
+    {"scaled_dot_product_attention", draw_attention, [](Attrs a, int64_t) { return attention_def(a); }},
     {"scatter", draw_scatter, [](Attrs a, int64_t rank) { return scattered("scatter", wrap(*a.dim, rank)); }},
     {"scatter_add", draw_scatter, [](Attrs a, int64_t rank) { return scattered("scatter_add", wrap(*a.dim, rank)); }},
     {"sigmoid", draw_nonlinear,

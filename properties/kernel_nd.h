@@ -230,6 +230,18 @@ Definition count_targets(const std::optional<int64_t>& ignore);
 // dropout at the global indices a.draw names (core/random.h); its gradient g times the same factor.
 Definition dropout(const OpAttrs& a);
 
+// ---- attention and its friends (kernels_attention.cpp): definitions and the drawing of cases ----
+
+// repeat {sizes}: tiles (leading sizes add dims); the gradient summed over the copies.
+Definition repeat_def(const Dims& sizes);
+// repeat_interleave {repeats} along `dim`: each entry's copies in place; the gradient summed.
+Definition repeat_interleave_def(int64_t dim, int64_t repeats);
+// scaled_dot_product_attention (q, k, v, mask?) {is_causal, scale, enable_gqa}.
+Definition attention_def(const OpAttrs& a);
+void draw_repeat(const std::string& op, Case& c);
+void draw_repeat_interleave(const std::string& op, Case& c);
+void draw_attention(const std::string& op, Case& c);
+
 // ---- the table (definitions.cpp) ----
 
 // The op's definition for these attributes and an operand 0 of rank `rank`, and a case of it

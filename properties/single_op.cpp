@@ -138,6 +138,46 @@ std::vector<Shape> draw_case(const std::string& name, size_t arity, json& attrs)
     const Shape other = std::vector<Shape>{{m, k}, {k}, {1, k}, {m, 1}, {}, {m, k}}[static_cast<size_t>(form)];
     return *rc::gen::arbitrary<bool>() ? std::vector<Shape>{{m, k}, other} : std::vector<Shape>{other, {m, k}};
   }
+  // repeat: x [m, k] (or [m, k, n]), each dim repeated once (its shard kept) or 2-3 times (gathered),
+  // a new leading dim now and then.
+  if (name == "repeat") {
+    Shape x = *rc::gen::arbitrary<bool>() ? Shape{m, k} : Shape{m, k, n};
+    Shape sizes;
+    if (*rc::gen::inRange(0, 3) == 0) sizes.push_back(*rc::gen::inRange<int64_t>(1, 3));
+    for (size_t i = 0; i < x.size(); ++i) sizes.push_back(*rc::gen::arbitrary<bool>() ? 1 : *rc::gen::inRange<int64_t>(2, 4));
+    attrs["sizes"] = sizes;
+    return {x};
+  }
+  // repeat_interleave: along a dim of 2 or 3, its extent 12 half of the time (even on every axis
+  // size drawn: the shard stays) or at full size from the first case (uneven ones are gathered).
+  if (name == "repeat_interleave") {
+    Shape x = *rc::gen::arbitrary<bool>() ? Shape{m, k} : Shape{m, k, n};
+    const auto rank = static_cast<int64_t>(x.size());
+    const int64_t d = dim(rank);
+    attrs["dim"] = d;
+    attrs["repeats"] = *rc::gen::inRange<int64_t>(1, 4);
+    x[static_cast<size_t>(d < 0 ? d + rank : d)] =
+        *rc::gen::arbitrary<bool>() ? int64_t{12} : *rc::gen::resize(100, rc::gen::inRange<int64_t>(2, 9));
+    return {x};
+  }
+  // scaled_dot_product_attention: q [b, h, sq, d], k and v [b, hk, sk, d] (hk = h, or h / 2 under
+  // enable_gqa: grouped heads, whose shard stays only where the groups line up), the sequences at
+  // full size from the first case (over one key every rank's block is the whole); causal half of
+  // the time, a scale now and then; else, half of the time, a mask (bool or float,
+  // single_op_program draws which) of the scores' shape or broadcast.
+  if (name == "scaled_dot_product_attention") {
+    auto extent = [](int64_t lo, int64_t hi) { return *rc::gen::resize(100, rc::gen::inRange<int64_t>(lo, hi + 1)); };
+    const int64_t hk = extent(1, 3), sq = extent(2, 7), sk = *rc::gen::arbitrary<bool>() ? sq : extent(2, 7), dh = extent(1, 3);
+    const bool gqa = *rc::gen::arbitrary<bool>();
+    const int64_t h = gqa ? 2 * hk : hk;
+    attrs["is_causal"] = *rc::gen::arbitrary<bool>();
+    if (gqa || *rc::gen::arbitrary<bool>()) attrs["enable_gqa"] = true;
+    if (*rc::gen::inRange(0, 4) == 0) attrs["scale"] = *rc::gen::element(0.5, 2.0);
+    std::vector<Shape> shapes = {{b, h, sq, dh}, {b, hk, sk, dh}, {b, hk, sk, extent(1, 3)}};
+    if (!attrs["is_causal"].get<bool>() && *rc::gen::inRange(0, 2) == 0)  // PyTorch takes a mask or is_causal
+      shapes.push_back(*rc::gen::elementOf(std::vector<Shape>{{b, h, sq, sk}, {sq, sk}, {b, 1, sq, sk}, {1, h, 1, sk}}));
+    return shapes;
+  }
   if (name == "mm") return {{m, k}, {k, n}};
   if (name == "bmm") return {{b + 1, m, k}, {b + 1, k, n}};
   if (name == "matmul")
@@ -294,6 +334,11 @@ int copies_of(const RuleFamily& f, const std::string& o) {
   if (o == "gather") return 13;
   if (f.name == "index") return 3;
   if (o == "cumsum") return 12;  // the planted bug cumsum_sharded_dim_local: a shard of its dim
+  // scaled_dot_product_attention: the batch, the heads (grouped or not), a mask; the planted bug
+  // sdpa_sequence_shard_local: q, k and v sharded on the sequence.
+  if (f.name == "attention") return 8;
+  if (f.name == "repeat_interleave") return 3;  // a shard of its dim, even (kept) or not (gathered)
+  if (f.name == "repeat") return 2;
   // dropout: a shard (its mask the global mask's piece) and a replica (every replica the same mask)
   // on meshes of two axes now and then: the planted bugs dropout_shard_offset_ignored and
   // dropout_replicas_rank_seeded.
@@ -393,6 +438,10 @@ json single_op_program() {
       const int64_t d = decl.attrs["dim"].get<int64_t>(), rank = static_cast<int64_t>(shapes[0].size());
       for (size_t more = rows.size(); more > 0; --more) shard_rows.push_back({Placement::shard(d < 0 ? d + rank : d)});
     }
+    // attention of q, k and v sharded on the sequence: no row takes it (gathered first, or, under
+    // the planted bug sdpa_sequence_shard_local, each rank's own block of keys), drawn as often as a row.
+    if (name == "scaled_dot_product_attention")
+      for (size_t more = rows.size(); more > 0; --more) shard_rows.push_back(std::vector<Placement>(3, Placement::shard(2)));
     // A selection of a shard of its dim: no row takes it (the dim is gathered first, or, under the
     // planted bug local_topk_sharded_dim, each rank's own top k is taken): drawn as often as a row,
     // topk's as often as its other rows together.
@@ -439,10 +488,13 @@ json single_op_program() {
   }
   json inputs = json::array(), program = json::array();
   std::vector<std::string> args;
+  const bool attention_mask = name == "scaled_dot_product_attention" && shapes.size() > 3;
+  const bool bool_mask = attention_mask && *rc::gen::arbitrary<bool>();
   const uint64_t seed = options["seed"].get<uint64_t>();
   for (size_t i = 0; i < shapes.size(); ++i) {
-    const std::string arg = std::vector<std::string>{"a", "b", "d"}.at(i);  // "c" weighs the result
-    const std::string type = operand_type(program_op, i);  // pick_target, count_targets: the loss's
+    const std::string arg = std::vector<std::string>{"a", "b", "d", "e"}.at(i);  // "c" weighs the result
+    // pick_target, count_targets: the loss's; attention's mask bool half of the time
+    const std::string type = attention_mask && i == 3 && bool_mask ? "bool" : operand_type(program_op, i);
     args.push_back(arg);
     if (type != "float") {  // no gradient, no Partial; ids in the table's vocab, targets in the classes
       specs[i] = without_partial(specs[i]);
@@ -461,7 +513,7 @@ json single_op_program() {
       continue;
     }
     const Spec& spec = specs[i];
-    bool grad = result_differentiable;
+    bool grad = result_differentiable && !(attention_mask && i == 3);  // a float mask: no gradient
     for (const auto& p : spec) grad &= !p.is_partial() || is_linear(p.op);
     // A kink at 0 (relu, abs): on randn data no value sits there (a mesh that rounds would move it
     // off). Scores of a loss: randn too, so that the ranks' maxes of a row differ (small integers

@@ -381,6 +381,9 @@ DTensor apply_program_op(Runtime& rt, const OpDecl& op, const std::vector<DTenso
                         op.path + "/value: " + op.op + ": " + nlohmann::json(attrs.value).dump() + " against the int64 \"" +
                             op.args[0] + "\": integer arithmetic takes a whole value (PyTorch would promote to float)");
   if (op.op == "floor_divide" || op.op == "remainder") check_divisor(op, attrs, args);
+  if (op.op == "scaled_dot_product_attention" && args.size() > 3 && element_type(args[3].locals.at(0)) == ElementType::Int64)
+    throw SemanticError(ErrorKind::InvalidScenario, op.path + "/args/3: " + op.op + ": \"" + op.args[3] +
+                                                        "\" is int64, expected bool or float (attn_mask)");
   if (std::string_view(op_schema(op.op).family) == "random") {
     if (op.attrs.contains("generator"))
       throw SemanticError(ErrorKind::InvalidScenario,

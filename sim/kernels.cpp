@@ -262,6 +262,41 @@ at::Tensor max_min(const at::Tensor& x, const OpAttrs& a, bool max) {
   return a.keepdim ? y : y.squeeze(dim);
 }
 
+// repeat_interleave {repeats, dim}: each entry of dim repeated in place (unsqueeze, expand, flatten,
+// as aten's repeat_interleave.self_int does), differentiable: the gradient sums each entry's copies.
+at::Tensor repeat_interleave(const at::Tensor& x, const OpAttrs& a) {
+  const int64_t d = a.dim.value_or(0) < 0 ? *a.dim + x.dim() : a.dim.value_or(0);
+  std::vector<int64_t> sizes = x.sizes().vec();
+  sizes.insert(sizes.begin() + d + 1, a.repeats);
+  return x.unsqueeze(d + 1).expand(sizes).flatten(d, d + 1).contiguous();
+}
+
+// scaled_dot_product_attention, as PyTorch's math kernel (_scaled_dot_product_attention_math):
+// grouped k and v heads repeated to q's (enable_gqa), scores q k^T * scale (1/sqrt(d) by default),
+// the causal mask (top left: query i attends to keys j <= i), a bool mask (false: masked) or a float
+// one (added), softmax over the keys, times v. A row whose every key is masked gives zeros and no
+// gradient (aten::_safe_softmax), not NaN.
+at::Tensor attention(const OpAttrs& a, const Xs& xs) {
+  at::Tensor q = xs.at(0), k = xs.at(1), v = xs.at(2);
+  if (k.size(1) > 0 && k.size(1) != q.size(1)) {
+    OpAttrs heads;
+    heads.dim = 1;
+    heads.repeats = q.size(1) / k.size(1);
+    k = repeat_interleave(k, heads);
+    v = repeat_interleave(v, heads);
+  }
+  const double scale = a.attn_scale.value_or(1.0 / std::sqrt(static_cast<double>(q.size(3))));
+  at::Tensor s = at::matmul(q, k.transpose(-2, -1)) * scale;
+  if (a.is_causal)
+    s = s.masked_fill(at::ones({q.size(2), k.size(2)}, q.options().dtype(at::kBool)).tril().logical_not(), -INFINITY);
+  if (xs.size() > 3)
+    s = xs[3].scalar_type() == at::kBool ? s.masked_fill(xs[3].logical_not(), -INFINITY) : s + xs[3];
+  if (s.numel() == 0 || s.size(-1) == 0) return at::matmul(s, v).contiguous();
+  const at::Tensor none = s.eq(-INFINITY).all(-1, /*keepdim=*/true);
+  const at::Tensor p = at::softmax(s.masked_fill(none, 0.0), -1).masked_fill(none, 0.0);
+  return at::matmul(p, v).contiguous();
+}
+
 // ---------------------------------------------------------------------------------------------
 // The rows: one per op with a kernel, by name, in the catalog's (alphabetical) order.
 
@@ -363,10 +398,13 @@ const KernelRow kRows[] = {
     {"pow", [](const OpAttrs& a, const Xs& xs) { return at::pow(xs.at(0), a.exponent); }},
     {"relu", [](const OpAttrs&, const Xs& xs) { return at::relu(xs.at(0)); }},
     {"remainder", [](const OpAttrs& a, const Xs& xs) { return at::remainder(xs.at(0), second(a, xs)); }},
+    {"repeat", [](const OpAttrs& a, const Xs& xs) { return xs.at(0).repeat(a.sizes).contiguous(); }},
+    {"repeat_interleave", [](const OpAttrs& a, const Xs& xs) { return repeat_interleave(xs.at(0), a); }},
     {"reshape", [](const OpAttrs& a, const Xs& xs) { return reshaped("reshape", a, xs); }},
     {"rms_norm", [](const OpAttrs& a, const Xs& xs) { return rms_norm(xs, a); }},
     {"rsqrt", [](const OpAttrs&, const Xs& xs) { return at::rsqrt(xs.at(0)); }},
     {"scale", [](const OpAttrs& a, const Xs& xs) { return at::mul(xs.at(0), a.value); }},
+    {"scaled_dot_product_attention", [](const OpAttrs& a, const Xs& xs) { return attention(a, xs); }},
     {"scatter",
      [](const OpAttrs& a, const Xs& xs) { return at::scatter(xs.at(0), a.dim.value_or(0), xs.at(1), xs.at(2)); }},
     {"scatter_add",

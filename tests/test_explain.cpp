@@ -90,6 +90,21 @@ std::vector<Case> cases() {
   n.start = 1;
   n.length = 3;
   out.push_back({"narrow", {m}, n});
+  OpAttrs rep;  // dim 0 repeated (gathered), dim 1 once (kept)
+  rep.sizes = {2, 1};
+  out.push_back({"repeat", {m}, rep});
+  OpAttrs ri = with_dim(0);  // [5] repeated twice: uneven chunks on 2 and 3 ranks, the layout fix-up
+  ri.repeats = 2;
+  out.push_back({"repeat_interleave", {{5, 2}}, ri});
+  out.push_back({"repeat_interleave", {m}, ri});  // 4 rows: even on 2 ranks, not on 3
+  // scaled_dot_product_attention: the batch and the heads kept, grouped heads (4 over 2: the fix-up
+  // on 3 ranks).
+  OpAttrs causal;
+  causal.is_causal = true;
+  out.push_back({"scaled_dot_product_attention", {{2, 2, 3, 2}, {2, 2, 3, 2}, {2, 2, 3, 2}}, causal});
+  OpAttrs gqa;
+  gqa.enable_gqa = true;
+  out.push_back({"scaled_dot_product_attention", {{2, 4, 3, 2}, {2, 2, 3, 2}, {2, 2, 3, 2}}, gqa});
   for (const char* op : {"sum", "mean", "amax", "amin", "softmax", "log_softmax"}) out.push_back({op, {m}, with_dim(1)});
   out.push_back({"sum", {m}, {}});
   out.push_back({"where", {m, m, m}, {}});
@@ -166,7 +181,7 @@ void check_axis(const AxisExplanation& ax, const std::string& decided_row, const
     EXPECT_EQ(best.changed, 0) << where;
     EXPECT_EQ(best.verdict, "fits the operands as they are") << where;
   }
-  if (ax.how != kHowExactFit && ax.how != kHowViewFixUp) {
+  if (ax.how != kHowExactFit && ax.how != kHowViewFixUp && ax.how != kHowLayoutFixUp) {
     for (const auto& c : ax.candidates) EXPECT_FALSE(c.legal && c.bytes == 0 && c.changed == 0) << where << ": " << c.row << " fits";
   }
   if (ax.how == kHowCheapest)
@@ -247,7 +262,7 @@ TEST(Explain, DecidesAsPropagateForEveryFamilyOpAndPlacement) {
   // Every op of every family was explained at least once, and every way of choosing occurred.
   for (const auto& f : rule_families())
     for (const auto& op : f.ops) EXPECT_TRUE(ops_explained.count(op)) << op << " was never explained";
-  for (const char* how : {kHowExactFit, kHowOneOperand, kHowReplicateFirst, kHowCheapest, kHowViewFixUp})
+  for (const char* how : {kHowExactFit, kHowOneOperand, kHowReplicateFirst, kHowCheapest, kHowViewFixUp, kHowLayoutFixUp})
     EXPECT_GT(hows[how], 0) << "no case chose by \"" << how << "\"";
   RecordProperty("cases", static_cast<int>(runs));
 }

@@ -138,6 +138,14 @@ std::vector<OpConfig> configs(const std::string& op) {
     return {{op, {{"dim", 0}}, {tall, {7, 3}}}, {op, {{"dim", -1}}, {tall, {5, 2}}}, {op, {{"dim", 1}}, {cube, {2, 4, 2}}}};
   if (op == "index_select")
     return {{op, {{"dim", 0}}, {tall, {4}}}, {op, {{"dim", -1}}, {tall, {7}}}, {op, {{"dim", 1}}, {cube, {3}}}};
+  // repeat (a dim repeated is gathered, one repeated once keeps its shard), repeat_interleave (its
+  // dim's shard kept where the chunks line up), scaled_dot_product_attention (causal, grouped heads;
+  // the mask: tests/test_ops_attention.cpp).
+  if (op == "repeat") return {{op, {{"sizes", {2, 1}}}, {tall}}, {op, {{"sizes", {2, 1, 2}}}, {cube}}};
+  if (op == "repeat_interleave") return {{op, {{"repeats", 2}, {"dim", 0}}, {tall}}, {op, {{"repeats", 3}, {"dim", -1}}, {cube}}};
+  if (op == "scaled_dot_product_attention")
+    return {{op, {{"is_causal", true}}, {{3, 5, 5, 2}, {3, 5, 5, 2}, {3, 5, 5, 3}}},
+            {op, {{"enable_gqa", true}}, {{3, 4, 5, 2}, {3, 2, 7, 2}, {3, 2, 7, 2}}}};
   // cumsum along each dim (the dim gathered where sharded; [5, 3] uneven on [3] and [4]).
   if (op == "cumsum") return {{op, {{"dim", 0}}, {tall}}, {op, {{"dim", -1}}, {tall}}, {op, {{"dim", 1}}, {cube}}};
   // floor_divide, remainder of int64 data: alike or broadcast either way (the scalar value:
@@ -862,7 +870,8 @@ TEST(OpAttrsText, EveryFieldIsInTheKey) {
             "dim=1 dims=[] dims_given=0 keepdim=1 value=1 scalar=0 dim0=0 dim1=0 shape=[] sizes=[] start_dim=0 end_dim=-1 "
             "start=0 length=0 split_size=0 chunks=0 tanh=0 exponent=1 diagonal=0 normalized_shape=[] eps=- sum_reduction=0 "
             "no_reduction=0 label_smoothing=0 ignore_index=- fill=0 k=1 largest=1 descending=0 float32=0 ord=2 dtype=- "
-            "range=- divisor=- local_mean=0 local_shape=- p=0.5 training=1 stream= seed=0 step=-1 microbatch=-1 global=[]");
+            "range=- divisor=- local_mean=0 local_shape=- p=0.5 training=1 repeats=1 is_causal=0 attn_scale=nan "
+            "enable_gqa=0 stream= seed=0 step=-1 microbatch=-1 global=[]");
   EXPECT_NE(attrs_of("topk", {{"k", 2}}).str(), attrs_of("topk", {{"k", 3}}).str());
   EXPECT_NE(attrs_of("topk", {{"k", 2}, {"largest", false}}).str(), attrs_of("topk", {{"k", 2}}).str());
   EXPECT_NE(attrs_of("sort", {{"descending", true}}).str(), attrs_of("sort", json::object()).str());
@@ -882,6 +891,13 @@ TEST(OpAttrsText, EveryFieldIsInTheKey) {
   EXPECT_NE(ranged.str(), attrs_of("embedding", json::object()).str());
   EXPECT_NE(attrs_of("permute", {{"dims", {0, 1}}}).str(), attrs_of("permute", {{"dims", {1, 0}}}).str());
   EXPECT_NE(attrs_of("view", {{"shape", {2, 3}}}).str(), attrs_of("view", {{"shape", {3, 2}}}).str());
+  EXPECT_NE(attrs_of("repeat_interleave", {{"repeats", 2}}).str(), attrs_of("repeat_interleave", {{"repeats", 3}}).str());
+  EXPECT_NE(attrs_of("scaled_dot_product_attention", {{"is_causal", true}}).str(),
+            attrs_of("scaled_dot_product_attention", json::object()).str());
+  EXPECT_NE(attrs_of("scaled_dot_product_attention", {{"scale", 0.5}}).str(),
+            attrs_of("scaled_dot_product_attention", {{"scale", 0.50000001}}).str());
+  EXPECT_NE(attrs_of("scaled_dot_product_attention", {{"enable_gqa", true}}).str(),
+            attrs_of("scaled_dot_product_attention", json::object()).str());
 }
 
 }  // namespace

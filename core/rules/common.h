@@ -13,6 +13,7 @@
 //   rules/indexing.cpp      index (gather, index_select), scatter (scatter, scatter_add, index_add)
 //   rules/selection.cpp     select (max, min, sort, topk), select_index (argmax, argmin,
 //                           argsort), compare (eq, ne, lt, le, gt, ge, logical_and/not/or)
+//   rules/attention.cpp     repeat, repeat_interleave, attention (scaled_dot_product_attention)
 //   rules/registry.cpp      the registry: one entry per family, in the order of rule_families()
 //   rules/coverage.cpp      propagation_coverage(): every key the tables can give
 //   op_attrs.cpp            op_attrs(), OpAttrs::str(), the attributes resolved for an operand
@@ -271,6 +272,23 @@ std::vector<RuleRow> index_rows(const RowCtx& c);
 Grad index_gradient(const AxisGrad& x);
 std::vector<RuleRow> scatter_rows(const RowCtx& c);
 Grad scatter_gradient(const AxisGrad& x);
+
+// attention.cpp
+std::vector<RuleRow> repeat_rows(const RowCtx& c);
+std::vector<RuleRow> repeat_interleave_rows(const RowCtx& c);
+std::vector<RuleRow> attention_rows(const RowCtx& c);
+Grad repeat_gradient(const AxisGrad& x);
+Grad repeat_interleave_gradient(const AxisGrad& x);
+Grad attention_gradient(const AxisGrad& x);
+
+// The mesh axes of a decision whose kept shard does not line up with the operand's chunks: for
+// repeat_interleave, a shard of its dim where a rank's chunk repeated is not its chunk of the
+// result; for attention with grouped-query heads, a shard of the heads where a rank's q heads are
+// not the groups of its k and v heads. Empty for every other family; propagate() replaces such an
+// axis's row by the family's all-R row (the operands gathered there first).
+std::vector<int> layout_misaligned_axes(const std::string& family, const Mesh& mesh, const std::vector<Spec>& in_specs,
+                                        const Spec& out_spec, const std::vector<Shape>& shapes, const Shape& out_shape,
+                                        const OpAttrs& a);
 
 // selection.cpp
 std::vector<RuleRow> select_rows(const RowCtx& c);

@@ -164,6 +164,24 @@ std::vector<CoverageCase> coverage_cases(const std::string& family, const std::s
                 a.ord = ord;
               }));
       }
+  } else if (family == "repeat") {
+    // Each dim repeated once or twice, with a new leading dim or not.
+    for (int64_t r = 1; r <= 3; ++r)
+      for (int mix = 0; mix < (1 << r); ++mix)
+        for (int64_t lead = 0; lead <= 1; ++lead)
+          add({cube(r)}, with([&](OpAttrs& a) {
+                a.sizes.assign(static_cast<size_t>(lead), 2);
+                for (int64_t d = 0; d < r; ++d) a.sizes.push_back((mix >> d) & 1 ? 2 : 1);
+              }));
+  } else if (family == "repeat_interleave") {
+    for (int64_t r = 1; r <= 3; ++r)
+      for (int64_t d = 0; d < r; ++d) add({cube(r)}, with([&](OpAttrs& a) { a.dim = d; a.repeats = 2; }));
+  } else if (family == "attention") {
+    // q, k, v of one shape, grouped k and v heads, and a mask of the scores' shape or broadcast.
+    const Shape q = {2, 2, 2, 2};
+    add({q, q, q});
+    add({{2, 4, 2, 2}, q, q}, with([](OpAttrs& a) { a.enable_gqa = true; }));
+    for (const Shape& m : std::vector<Shape>{q, {2, 2}, {2, 1, 2, 2}, {1, 2, 1, 2}}) add({q, q, q, m});
   } else if (family == "pick_target") {
     add({cube(2), cube(1)});
   } else if (family == "mm") {
@@ -275,7 +293,11 @@ std::vector<CoverageRow> propagation_coverage() {
         for (const auto& sh : c.shapes) most = std::max(most, sh.size());
         // (triangle: a shard of a batch dim needs a third dim before the two it keeps whole.)
         const bool needs_three = f.names.name == "matmul" || f.names.name == "view" || f.names.name == "permute" ||
-                                 f.names.name == "stack" || f.names.name == "expand" || f.names.name == "triangle";
+                                 f.names.name == "stack" || f.names.name == "expand" || f.names.name == "triangle" ||
+                                 f.names.name == "repeat" || f.names.name == "repeat_interleave" ||
+                                 f.names.name == "attention";
+        // attention's mask has no gradient, and its keys are those of q, k and v alone.
+        if (f.names.name == "attention" && c.shapes.size() > 3) continue;
         if (most > 2 && !needs_three) continue;
         const std::vector<Placement> placements = all_placements(static_cast<int64_t>(std::max<size_t>(most, 1)));
         AxisGrad x;

@@ -352,6 +352,9 @@ OPS = {
     "add": _binary(jnp.add), "sub": _binary(jnp.subtract), "mul": _binary(jnp.multiply),
     "floor_divide": _binary(jnp.floor_divide), "remainder": _binary(jnp.remainder),
     "cumsum": lambda xs, op: jnp.cumsum(xs[0], axis=op["dim"]),
+    "repeat": lambda xs, op: jnp.tile(xs[0], op["sizes"]),
+    "repeat_interleave": lambda xs, op: jnp.repeat(xs[0], op["repeats"], axis=op["dim"]),
+    "scaled_dot_product_attention": lambda xs, op: _attention(xs, op),
     "div": _binary(jnp.divide),
     "to": lambda xs, op: xs[0].astype(JAX_DTYPES[op["dtype"]]),
     "neg": lambda xs, op: -xs[0], "exp": lambda xs, op: jnp.exp(xs[0]), "tanh": lambda xs, op: jnp.tanh(xs[0]),
@@ -406,6 +409,32 @@ OPS = {
     "logical_or": lambda xs, op: jnp.logical_or(xs[0], xs[1]),
     "logical_not": lambda xs, op: jnp.logical_not(xs[0]),
 }
+
+
+def _attention(xs, op: dict):
+    """torch's F.scaled_dot_product_attention (its math reference) on [b, h, s, d]: grouped k/v heads
+    repeated (enable_gqa), scores times scale (1/sqrt(d)), the causal mask top left, a bool mask
+    (true: attend) or a float one added, softmax over the keys (a row with no key: zeros, as torch's
+    _safe_softmax), times v. jax.nn.dot_product_attention takes [b, s, h, d] and gives a row with
+    no key the mean of the values, so it is written out here."""
+    q, k, v = xs[0], xs[1], xs[2]
+    if k.shape[1] != q.shape[1]:
+        group = q.shape[1] // k.shape[1]
+        k, v = jnp.repeat(k, group, axis=1), jnp.repeat(v, group, axis=1)
+    scale = op["scale"] if op.get("scale") is not None else 1.0 / math.sqrt(q.shape[-1])
+    s = jnp.einsum("bhqd,bhkd->bhqk", q, k) * scale
+    keep = jnp.ones(s.shape, dtype=bool)
+    if op.get("is_causal", False):
+        keep = keep & jnp.tril(jnp.ones((q.shape[2], k.shape[2]), dtype=bool))
+    if len(xs) > 3:
+        if xs[3].dtype == jnp.bool_:
+            keep = keep & xs[3]
+        else:
+            s = s + xs[3]
+    s = jnp.where(keep, s, -jnp.inf)
+    none = jnp.all(jnp.isneginf(s), axis=-1, keepdims=True)
+    p = jnp.where(none, 0.0, jax.nn.softmax(jnp.where(none, 0.0, s), axis=-1))
+    return jnp.einsum("bhqk,bhkd->bhqd", p, v)
 
 
 def _created(op: dict, float_dtype):

@@ -661,6 +661,11 @@ OPS = {
     "add": binary(torch.add), "sub": binary(torch.sub), "mul": binary(torch.mul), "div": binary(torch.div),
     "floor_divide": binary(torch.floor_divide), "remainder": binary(torch.remainder),
     "cumsum": lambda p, op, x: torch.cumsum(x, op["dim"]),
+    "repeat": lambda p, op, x: x.repeat(op["sizes"]),
+    "repeat_interleave": lambda p, op, x: torch.repeat_interleave(x, op["repeats"], dim=op["dim"]),
+    "scaled_dot_product_attention": lambda p, op, q, k, v, m=None: F.scaled_dot_product_attention(
+        q, k, v, attn_mask=m, is_causal=bool(op.get("is_causal", False)),
+        scale=None if op.get("scale") is None else float(op["scale"]), enable_gqa=bool(op.get("enable_gqa", False))),
     "neg": lambda p, op, x: torch.neg(x),
     "to": lambda p, op, x: x.to(DTYPES[op["dtype"]]),
     "exp": lambda p, op, x: torch.exp(x),
