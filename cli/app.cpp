@@ -1,5 +1,7 @@
-// meshsim: the command line (DESIGN.md, contract 1), as meshsim::main so that a binary of the
-// user's own (their Functions built in) runs the same command line (include/meshsim/meshsim.h).
+// meshsim: the command line (DESIGN.md, contract 1), defined once for `meshsim` (cli/front.cpp,
+// without libtorch) and the full command (meshsim::main, cli/tensor_commands.cpp: meshsim-torch and
+// a user's own binary with their Functions built in, include/meshsim/meshsim.h); each passes the
+// commands that compute with tensors as it has them (cli/app.h).
 #include <cerrno>
 #include <cstdlib>
 #include <iostream>
@@ -7,6 +9,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "cli/app.h"
 #include "cli/commands.h"
 #include "core/error.h"
 #include "core/files.h"
@@ -15,10 +18,9 @@
 #include "cli/emit.h"
 #include "cli/explain.h"
 #include "cli/import.h"
-#include "cli/plugin.h"
-#include "meshsim/meshsim.h"
+#include "core/error.h"
 
-namespace meshsim {
+namespace meshsim::cli {
 
 namespace {
 
@@ -98,7 +100,8 @@ void add_input_limit(CLI::App* sub, std::string& max_input) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int command_line(int argc, char** argv, const TensorCommands& tensors) {
+  set_scenario_tracer(tensors.trace_scenario);
   CLI::App app{"meshsim: a deterministic simulator and testing harness for distributed tensor semantics"};
   app.set_version_flag("--version", std::string(MESHSIM_VERSION));
   app.require_subcommand(1);
@@ -109,7 +112,7 @@ int main(int argc, char** argv) {
 
   ResourceLimits limits;
   std::string max_memory, max_input;
-  cli::RunArgs run;
+  RunArgs run;
   auto* run_cmd =
       app.add_subcommand("run", "Run scenarios on the fake mesh and check them against the single-device oracle");
   run_cmd->add_option("files", run.files,
@@ -144,7 +147,7 @@ int main(int argc, char** argv) {
   add_limits(run_cmd, limits, max_memory);
   add_input_limit(run_cmd, max_input);
 
-  cli::CheckArgs check;
+  CheckArgs check;
   auto* check_cmd = app.add_subcommand("check", "Run the property suite");
   check_cmd->add_option("--cases", check.cases, "Cases per property")->check(whole_number(1, 100000000));
   check_cmd->add_option("--seed", check.seed, "Seed (printed before the run starts)")->check(seed_number());
@@ -168,7 +171,7 @@ int main(int argc, char** argv) {
   check_cmd->add_flag("--coverage", check.coverage,
                       "Report how many cases exercised each rule row, backward rule and redistribution "
                       "transition; fail when a reachable one was never exercised");
-  cli::EmitArgs emit;
+  EmitArgs emit;
   check_cmd
       ->add_option("--emit", emit.dir,
                    "Write --cases generated programs (the property generators' in turn) as scenario files into "
@@ -190,7 +193,7 @@ int main(int argc, char** argv) {
       ->delimiter(',')
       ->needs(check_cmd->get_option("--emit"));
 
-  cli::ReplayArgs replay;
+  ReplayArgs replay;
   auto* replay_cmd = app.add_subcommand("replay", "Re-run a trace and compare it event by event");
   replay_cmd->add_option("trace", replay.trace, "Trace file (meshsim.trace/1)")->required();
   replay_cmd->add_option("--scenario", replay.scenario_out,
@@ -199,7 +202,7 @@ int main(int argc, char** argv) {
   add_limits(replay_cmd, limits, max_memory);
   add_input_limit(replay_cmd, max_input);
 
-  cli::RenderArgs render;
+  RenderArgs render;
   auto* render_cmd = app.add_subcommand("render", "Draw a scenario or a trace as a dataflow diagram");
   render_cmd->add_option("file", render.file, "Scenario or trace file")->required();
   render_cmd->add_option("-o,--out", render.out, "Output file: .svg, .png or .dot")->required();
@@ -222,7 +225,7 @@ int main(int argc, char** argv) {
   add_limits(render_cmd, limits, max_memory);
   add_input_limit(render_cmd, max_input);
 
-  cli::ExploreArgs explore;
+  ExploreArgs explore;
   auto* explore_cmd = app.add_subcommand(
       "explore", "Write one self-contained HTML page to explore a run: the program folded by layer, values and "
                  "their blocks per rank, the run step by step, its collectives; two traces side by side");
@@ -235,7 +238,7 @@ int main(int argc, char** argv) {
   add_limits(explore_cmd, limits, max_memory);
   add_input_limit(explore_cmd, max_input);
 
-  cli::OpsArgs ops;
+  OpsArgs ops;
   auto* ops_cmd = app.add_subcommand(
       "ops", "Print the op catalog: every op with its operands, attributes, rule family and what it computes");
   auto* ops_json = ops_cmd->add_flag("--json", ops.json, "Print the catalog as JSON (meshsim.ops/1)");
@@ -245,7 +248,7 @@ int main(int argc, char** argv) {
                  "scripts/gen_op_table.sh writes it there)")
       ->excludes(ops_json);
 
-  cli::ExplainArgs explain;
+  ExplainArgs explain;
   auto* explain_cmd = app.add_subcommand(
       "explain",
       "Explain an op's placements (per mesh axis: the rule row chosen, every candidate with its cost and why it "
@@ -308,11 +311,12 @@ int main(int argc, char** argv) {
     const double bytes = parse_byte_size(max_input);  // "1e30" is as good as no limit
     set_max_input_bytes(bytes >= 0x1p62 ? uint64_t{1} << 62 : std::max<uint64_t>(1, static_cast<uint64_t>(bytes)));
   }
-  cli::set_resource_limits(limits);
-  if (!(*validate_cmd && validate.rank >= 0)) cli::install_progress_line();  // a worker has no terminal of its own
+  set_resource_limits(limits);
+  if (!(*validate_cmd && validate.rank >= 0)) tensors.install_progress_line();  // a worker has no terminal of its own
   struct Erase {
-    ~Erase() { cli::erase_progress_line(); }
-  } erase;
+    const TensorCommands& t;
+    ~Erase() { t.erase_progress_line(); }
+  } erase{tensors};
   // With --json, an error that stops the command is a document on stdout too (status "error"), in
   // the command's own format, besides its line on stderr.
   auto json_error = [&](ErrorKind kind, const std::string& message, const std::string& file, const std::string& path) {
@@ -328,34 +332,33 @@ int main(int argc, char** argv) {
     std::cout << doc.dump(2) << "\n";
   };
   try {
-    cli::load_plugins(cli::plugins_from_environment());
-    cli::load_plugins(plugins);
-    if (*run_cmd) return cli::cmd_run(run);
+    tensors.load_plugins(plugins);
+    if (*run_cmd) return tensors.run(run);
     if (*check_cmd) {
       check.seed_given = check_cmd->count("--seed") > 0;
       if (check_cmd->count("--emit")) {
         emit.cases = check.cases;
         emit.seed = check.seed_given ? check.seed : std::random_device{}() * 4294967296ULL + std::random_device{}();
-        return cli::cmd_emit(emit, std::cout);
+        return tensors.emit(emit, std::cout);
       }
-      return cli::cmd_check(check, std::cout);
+      return tensors.check(check, std::cout);
     }
-    if (*replay_cmd) return cli::cmd_replay(replay);
-    if (*ops_cmd) return cli::cmd_ops(ops, std::cout);
-    if (*render_cmd) return cli::cmd_render(render);
-    if (*explore_cmd) return cli::cmd_explore(explore);
-    if (*explain_cmd) return cli::cmd_explain(explain, std::cout);
-    if (*validate_cmd) return cli::cmd_validate(validate);
-    if (*import_cmd) return cli::cmd_import(import_cmd->remaining());
+    if (*replay_cmd) return tensors.replay(replay);
+    if (*ops_cmd) return cmd_ops(ops, std::cout);
+    if (*render_cmd) return cmd_render(render);
+    if (*explore_cmd) return cmd_explore(explore);
+    if (*explain_cmd) return tensors.explain(explain, std::cout);
+    if (*validate_cmd) return tensors.validate(validate);
+    if (*import_cmd) return cmd_import(import_cmd->remaining());
   } catch (const InputError& e) {
     std::cerr << "meshsim: " << e.what() << "\n";
     json_error(ErrorKind::InvalidScenario, e.detail(), e.file(), e.json_path());
     return 2;
-  } catch (const cli::UsageError& e) {  // plugins that cannot be loaded included
+  } catch (const UsageError& e) {  // plugins that cannot be loaded included
     std::cerr << "meshsim: " << e.what() << "\n";
     json_error(ErrorKind::InvalidScenario, e.what(), "", "");
     return 2;
-  } catch (const cli::WorkerError& e) {
+  } catch (const WorkerError& e) {
     std::cerr << "meshsim: " << e.what();
     return 1;
   } catch (const SemanticError& e) {
@@ -365,7 +368,7 @@ int main(int argc, char** argv) {
                              : *replay_cmd ? replay.trace
                              : *explain_cmd ? explain.file
                              : *check_cmd && check.scenarios.size() == 1 ? check.scenarios.front() : "";
-    std::cerr << cli::error_line(file, e.path(), error_kind_name(e.kind()), e.what()) << "\n";
+    std::cerr << error_line(file, e.path(), error_kind_name(e.kind()), e.what()) << "\n";
     json_error(e.kind(), e.what(), file, e.path());
     return exit_code_for(e.kind());
   } catch (const std::exception& e) {
@@ -379,4 +382,4 @@ int main(int argc, char** argv) {
   return 2;
 }
 
-}  // namespace meshsim
+}  // namespace meshsim::cli

@@ -31,26 +31,11 @@
 
 namespace meshsim::cli {
 
-Scenario scenario_of_trace(const Trace& t, const std::string& file) {
-  try {
-    return parse_scenario(t.scenario, file);
-  } catch (const InputError& e) {
-    if (e.file() != file) throw;
-    throw InputError(file, "/scenario" + (e.json_path() == "/" ? std::string() : e.json_path()), e.detail(), e.kind());
-  }
-}
-
 namespace fs = std::filesystem;
 
 RunOptions options_with_overrides(const Scenario& sc, const std::vector<std::string>& overrides) {
   return with_overrides(sc.options, overrides);
 }
-
-namespace {
-ResourceLimits g_limits;
-}  // namespace
-
-void set_resource_limits(const ResourceLimits& limits) { g_limits = limits; }
 
 namespace {
 
@@ -86,7 +71,6 @@ void erase_progress_line() {
   if (g_progress.shown) std::cerr << "\r\033[K" << std::flush;
   g_progress = {};
 }
-const ResourceLimits& resource_limits() { return g_limits; }
 
 namespace {
 
@@ -381,7 +365,7 @@ FileRun run_file(Runnable r, const RunArgs& args) {
   f.options = with_overrides(r.options, args.options);
   if (args.no_implicit) f.options.implicit = ImplicitPolicy::Error;
   if (args.localize) f.options.localize = Localize::Always;
-  check_resources(f.sc, f.options, g_limits);
+  check_resources(f.sc, f.options, resource_limits());
   f.run = check_scenario(f.sc, f.options, /*keep_values=*/!args.values_dir.empty());
   f.exit_code = f.run.exit_code;
   if (f.expect) {
@@ -460,13 +444,6 @@ Report report_of(const std::string& file, const SemanticError& e) {
 }
 
 }  // namespace
-
-std::string error_line(const std::string& file, const std::string& path, const std::string& kind, std::string message) {
-  message = first_line(message);
-  // Messages of the rules often lead with their JSON path already: said once, first.
-  if (!path.empty() && message.rfind(path + ": ", 0) == 0) message = message.substr(path.size() + 2);
-  return "meshsim: " + (file.empty() ? "" : file + ": ") + (path.empty() ? "" : path + ": ") + kind + ": " + message;
-}
 
 namespace {
 
@@ -673,7 +650,7 @@ int cmd_replay(const ReplayArgs& args) {
   if (!args.scenario_out.empty()) return write_trace_scenario(recorded, args.trace, args.scenario_out);
   RunOptions options;
   Scenario sc = scenario_from_trace(recorded, args.trace, options);
-  check_resources(sc, options, g_limits);
+  check_resources(sc, options, resource_limits());
   CheckedRun run = check_scenario(sc, options);
   Divergence d = compare_events(recorded.events, run.events);
   if (!d.diverged && recorded.result.is_object() && recorded.result.value("status", "") != run.result.value("status", "")) {
@@ -692,60 +669,6 @@ int cmd_replay(const ReplayArgs& args) {
   if (run.result.value("status", "") == "error")
     std::cout << "  recorded error: " << run.result["error"]["message"].get<std::string>() << "\n";
   return 0;
-}
-
-// The exit code of the run a diagram draws, as `meshsim run` would give it (contract 1): 0 for a
-// run that passed (or met its expect block), 1 failed, 2 or 3 refused, 6 out of memory.
-int exit_of_drawn(const nlohmann::json& result, const std::optional<Expectation>& expect) {
-  if (!result.is_object()) return 0;  // a trace without its result: nothing to judge
-  const std::string status = result.value("status", "");
-  int code = status == "fail" ? 1 : 0;
-  if (status == "error") {
-    const std::string kind = result.contains("error") ? result["error"].value("kind", "") : "";
-    code = 3;
-    for (ErrorKind k : {ErrorKind::InvalidScenario, ErrorKind::ShapeMismatch, ErrorKind::UnsupportedOp,
-                        ErrorKind::ResourceLimit, ErrorKind::OutOfMemory})
-      if (kind == error_kind_name(k)) code = exit_code_for(k);
-  }
-  if (expect) return unmet_expectations(*expect, result, code).empty() ? 0 : 1;
-  return code;
-}
-
-int cmd_render(const RenderArgs& args) {
-  refuse_output_over_input("--out", args.out, {args.file});
-  nlohmann::json doc = read_json_file(args.file);
-  Trace trace;
-  std::optional<Expectation> expect;
-  if (is_trace_document(doc)) {
-    trace = trace_from_json(doc, args.file);
-    doc = nullptr;  // the trace holds what is drawn
-    expect = parse_expectation(scenario_of_trace(trace, args.file));
-  } else {
-    Scenario sc = parse_scenario(std::move(doc), args.file);
-    expect = parse_expectation(sc);
-    check_resources(sc, sc.options, g_limits);
-    trace = trace_of(sc, sc.options, check_scenario(sc, sc.options));
-  }
-  RenderOptions options;
-  options.view = parse_render_view(args.view);
-  options.fold = args.fold ? FoldMode::Always : args.no_fold ? FoldMode::Never : FoldMode::Auto;
-  options.ops = args.ops;
-  if (!args.ops.empty()) {
-    try {
-      parse_op_range(trace, args.ops);  // a bad range is bad usage, said before anything is drawn
-    } catch (const std::invalid_argument& e) {
-      throw UsageError(std::string("render: ") + e.what());
-    }
-  }
-  render_to_file(trace, args.out, options);
-  std::cout << "wrote " << args.out << "\n";
-  // The diagram is written either way; the exit says whether the run it draws passed, so that CI
-  // tells a failing program from its picture.
-  const int code = exit_of_drawn(trace.result, expect);
-  if (code != 0)
-    std::cerr << "meshsim: render: the run it draws is not a pass: status " << trace.result.value("status", "?")
-              << " (exit " << code << ")\n";
-  return code;
 }
 
 }  // namespace meshsim::cli

@@ -30,6 +30,13 @@ class UsageError : public std::runtime_error {
 RunOptions options_with_overrides(const Scenario& sc, const std::vector<std::string>& overrides);
 
 
+// How render and explore run a scenario they are given instead of a trace: its checked run's trace
+// (cli/app.h's TensorCommands::trace_scenario, which command_line sets).
+using ScenarioTracer = Trace (*)(const Scenario& sc);
+void set_scenario_tracer(ScenarioTracer tracer);
+// The trace of the scenario's checked run, refused (check_resources) past the resource limits.
+Trace trace_of_scenario(const Scenario& sc);
+
 // A trace's scenario, parsed: its errors at the trace file's paths ("/scenario/program/0", not
 // "/program/0"). For replay, run of a trace and explore.
 Scenario scenario_of_trace(const Trace& t, const std::string& file);

@@ -5,14 +5,12 @@
 #include <utility>
 #include <vector>
 
-#include "api/trace_of.h"
 #include "cli/commands.h"
 #include "cli/expect.h"
 #include "core/error.h"
 #include "core/files.h"
 #include "core/resources.h"
 #include "core/scenario.h"
-#include "oracles/check.h"
 #include "traces/explore.h"
 #include "traces/trace.h"
 
@@ -36,8 +34,7 @@ std::pair<ExploreRun, int> load_run(const std::string& file) {
   } else {
     Scenario sc = parse_scenario(std::move(doc), file);
     expect = parse_expectation(sc);
-    check_resources(sc, sc.options, resource_limits());
-    run.trace = trace_of(sc, sc.options, check_scenario(sc, sc.options));
+    run.trace = trace_of_scenario(sc);
   }
   const int code = exit_of_drawn(run.trace.result, expect);
   return {std::move(run), code};

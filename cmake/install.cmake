@@ -12,12 +12,13 @@ set_target_properties(meshsim_api PROPERTIES EXPORT_NAME meshsim)
 set_target_properties(meshsim_cli PROPERTIES EXPORT_NAME main)
 set_target_properties(meshsim_properties PROPERTIES EXPORT_NAME properties)
 set_target_properties(meshsim_plugin_interface PROPERTIES EXPORT_NAME plugin)
-foreach(lib core traces sim oracles values validate)
+foreach(lib core traces sim oracles values validate cli_front)
   set_target_properties(meshsim_${lib} PROPERTIES EXPORT_NAME internal_${lib})
 endforeach()
 
 install(TARGETS meshsim RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
-install(TARGETS meshsim_api meshsim_cli meshsim_properties meshsim_plugin_interface meshsim_torch
+install(TARGETS meshsim_torch_command RUNTIME DESTINATION ${CMAKE_INSTALL_LIBEXECDIR}/meshsim)
+install(TARGETS meshsim_api meshsim_cli meshsim_cli_front meshsim_properties meshsim_plugin_interface meshsim_torch
                 meshsim_core meshsim_traces meshsim_sim meshsim_oracles meshsim_values meshsim_validate
         EXPORT meshsimTargets
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
@@ -56,7 +57,7 @@ add_custom_command(OUTPUT ${PROJECT_BINARY_DIR}/meshsim.1
 add_custom_target(meshsim_manpage ALL DEPENDS ${PROJECT_BINARY_DIR}/meshsim.1)
 # Everything `cmake --install` and cpack install, and nothing else (no test): what the README's main
 # job builds (scripts/setup.sh examples), so that its install routes work from that build.
-add_custom_target(meshsim_installable DEPENDS meshsim meshsim_manpage meshsim_api meshsim_cli meshsim_properties)
+add_custom_target(meshsim_installable DEPENDS meshsim meshsim_torch_command meshsim_manpage meshsim_api meshsim_cli meshsim_properties)
 # install (and cpack, which runs it) needs what is installed, not every target of the build: the
 # tests' targets take most of a clean build's time.
 set(CMAKE_SKIP_INSTALL_ALL_DEPENDENCY ON)

@@ -23,7 +23,7 @@ elseif(NOT TORCH_DEPENDS AND step_output MATCHES "libtorch")
 endif()
 step("unpack" dpkg -x ${deb} ${WORK}/root)
 set(root ${WORK}/root/usr)
-foreach(f bin/meshsim include/meshsim/meshsim.h share/man/man1/meshsim.1 share/doc/meshsim/README.md
+foreach(f bin/meshsim libexec/meshsim/meshsim-torch include/meshsim/meshsim.h share/man/man1/meshsim.1 share/doc/meshsim/README.md
           share/meshsim/examples/fsdp_reduced.json lib/pkgconfig/meshsim.pc)
   if(NOT EXISTS ${root}/${f})
     message(FATAL_ERROR "the package lacks /usr/${f}")
