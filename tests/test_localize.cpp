@@ -84,6 +84,7 @@ const Where kWhere[] = {
     {"partial_plus_replicate_undivided", "forward", "/program/0", "sub", "", ""},
     {"psum_from_replicate_no_divide", "forward", "/program/0", "sub", "", ""},
     {"scatter_add_sharded_index_replicated", "forward", "/program/0", "scatter_add", "", ""},
+    {"sdpa_sequence_shard_local", "forward", "/program/0", "scaled_dot_product_attention", "", ""},
     {"strided_gathered_plain", "forward", "/program/1", "redistribute", "", ""},
     {"vocab_lookup_unmasked", "forward", "/program/1", "embedding", "", ""},
     {"uneven_array_split", "forward", "/inputs/1", "input", "", ""},

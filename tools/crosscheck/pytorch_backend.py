@@ -647,6 +647,34 @@ def reduce_scatter(p: Program, op: dict, x: torch.Tensor) -> torch.Tensor:
     return funcol.reduce_scatter_tensor_autograd(x, "sum", scatter_dim=op["dim"] % x.ndim, group=p.group(op))
 
 
+def sdpa(p: Program, op: dict, q, k, v, m=None):
+    """F.scaled_dot_product_attention. On DTensors it is written out as its math kernel's parts
+    (repeat_interleave of grouped k/v heads, matmul, scale, the causal and given masks, softmax,
+    matmul), each placed by DTensor: on CPU PyTorch 2.15 cannot run it whole on DTensors (the fused
+    aten._scaled_dot_product_flash_attention_for_cpu has no sharding strategy, and the math backend
+    adds its causal mask as a plain tensor to DTensor scores: "got mixed torch.Tensor and DTensor").
+    The causal mask is a replicated DTensor here. A row with no key gives NaN in these parts (zeros
+    in torch's fused kernels and in meshsim): the examples keep a key in every row."""
+    causal = bool(op.get("is_causal", False))
+    scale = 1.0 / math.sqrt(q.shape[-1]) if op.get("scale") is None else float(op["scale"])
+    if not isinstance(q, DTensor):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=m, is_causal=causal, scale=scale,
+                                              enable_gqa=bool(op.get("enable_gqa", False)))
+    p.note("scaled_dot_product_attention on DTensors runs as its math kernel's parts (the CPU flash kernel has "
+           "no DTensor strategy): DTensor places each part")
+    if k.shape[1] != q.shape[1]:
+        group = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    scores = torch.matmul(q, k.transpose(-2, -1)) * scale
+    if causal:
+        keep = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool).tril()
+        keep = distribute_tensor(keep, q.device_mesh, [Replicate()] * q.device_mesh.ndim)
+        scores = scores.masked_fill(keep.logical_not(), float("-inf"))
+    if m is not None:
+        scores = scores.masked_fill(m.logical_not(), float("-inf")) if m.dtype == torch.bool else scores + m
+    return torch.matmul(torch.softmax(scores, dim=-1), v)
+
+
 def squeeze(p: Program, op: dict, x):
     return x.squeeze() if op.get("dim") is None else x.squeeze(op["dim"])
 
@@ -663,9 +691,7 @@ OPS = {
     "cumsum": lambda p, op, x: torch.cumsum(x, op["dim"]),
     "repeat": lambda p, op, x: x.repeat(op["sizes"]),
     "repeat_interleave": lambda p, op, x: torch.repeat_interleave(x, op["repeats"], dim=op["dim"]),
-    "scaled_dot_product_attention": lambda p, op, q, k, v, m=None: F.scaled_dot_product_attention(
-        q, k, v, attn_mask=m, is_causal=bool(op.get("is_causal", False)),
-        scale=None if op.get("scale") is None else float(op["scale"]), enable_gqa=bool(op.get("enable_gqa", False))),
+    "scaled_dot_product_attention": lambda p, op, q, k, v, m=None: sdpa(p, op, q, k, v, m),
     "neg": lambda p, op, x: torch.neg(x),
     "to": lambda p, op, x: x.to(DTYPES[op["dtype"]]),
     "exp": lambda p, op, x: torch.exp(x),
