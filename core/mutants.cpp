@@ -68,6 +68,9 @@ const std::vector<MutantInfo>& mutant_catalog() {
       {Mutant::GradAccumulationMixedLayouts, "grad_accumulation_mixed_layouts",
        "pytorch semantics: a gradient contribution laid out otherwise than the value's first one is added to it "
        "unmoved (a P(sum) and an R contribution summed locally)"},
+      {Mutant::ItemOfPartialUnreduced, "item_of_partial_unreduced",
+       "item of a Partial DTensor reads each rank's own part and labels it replicated, without the all_reduce "
+       "first (DTensor.item() before PyTorch's fix: a clip-grad-norm or loss logged from a partial sum)"},
       {Mutant::LocalTopkShardedDim, "local_topk_sharded_dim",
        "topk over a sharded dim: each rank takes the top k of its own shard and the results are labelled "
        "replicated, taken for the global top k (no all_gather of the dim first)"},

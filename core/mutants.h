@@ -35,6 +35,7 @@ enum class Mutant {
   GatherShardExtentsUnchecked,     // gather: x and index S(d) -> S(d) kept where the index is shorter than x on d
   GeluTanhDerivative,              // gelu {approximate: none} differentiated as the tanh approximation
   GradAccumulationMixedLayouts,    // pytorch semantics: a gradient contribution in another layout added unmoved
+  ItemOfPartialUnreduced,          // item of a Partial DTensor: each rank reads its own part, labelled replicated
   LocalTopkShardedDim,             // topk over a sharded dim: each rank's own top k labelled replicated
   LossParallelLocalMax,            // loss parallel: each rank shifts its logits by its own max (no all_reduce(max))
   MarkVaryingForReduced,           // local_map: mark_varying instead of the reduced -> varying cast

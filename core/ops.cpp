@@ -154,6 +154,12 @@ OpSchema integer_binary(const char* name, const char* summary) {
   return s;
 }
 
+// An op whose result never requires grad (detach, item): no backward through it.
+OpSchema without_gradient(OpSchema s) {
+  s.differentiable = false;
+  return s;
+}
+
 OpSchema with(OpSchema s, GenClass gen, ValueRules values = {}) {
   s.gen = gen;
   s.values = std::move(values);
@@ -188,7 +194,7 @@ std::vector<OpSchema> build() {
               "the smallest element over dims; the gradient split evenly among ties"),
            GenClass::Extremum),
       with(handled(op("arange", {}, creation_attrs(false, false), "", false, "0, 1, 2, ... in row-major order, of a shape"),
-                   kProgram),
+                   kEverywhere),
            GenClass::Creation),
       giving(with(op("argmax", x(), along(true, {{"keepdim", T::Bool, false, "false"}}), "select_index", true,
               "int64 index of the largest element along dim (the first of ties); no gradient"),
@@ -217,6 +223,8 @@ std::vector<OpSchema> build() {
       op("cumsum", {{"x", OperandType::Number}}, {{"dim", T::Int, true}}, "scan", true,
          "torch.cumsum(x, dim): the running sums along dim, of float or int64 data; the gradient the running sums "
          "of g taken from the end"),
+      without_gradient(op("detach", data(), {}, "detach", true,
+                          "x without gradient (the result requires none), every placement kept, Partial included")),
       op("div", xy(), binary_attrs(), "div", false, "x / y (or x / value), broadcast"),
       op("dropout", x(),
          {{"p", T::Number, false, "0.5"},
@@ -240,7 +248,7 @@ std::vector<OpSchema> build() {
               kProgram),
       integer_binary("floor_divide", "torch.floor_divide(x, y) (or x // value) of int64 data: the quotient rounded "
                                      "down (towards -inf), broadcast; a zero divisor is refused; no gradient"),
-      with(handled(op("full", {}, creation_attrs(true), "", false, "value everywhere, of a shape"), kProgram),
+      with(handled(op("full", {}, creation_attrs(true), "", false, "value everywhere, of a shape"), kEverywhere),
            GenClass::Creation),
       op("gather", {{"x", kAny}, {"index", kInt}}, {{"dim", T::Int, true}}, "index", true,
          "torch.gather(x, dim, index): x at index along dim, index of x's rank and no larger on the other dims "
@@ -256,6 +264,9 @@ std::vector<OpSchema> build() {
       op("index_select", {{"x", kAny}, {"index", kInt}}, {{"dim", T::Int, true}}, "index", true,
          "torch.index_select(x, dim, index): the entries of x at the 1-D index along dim; the gradient "
          "index_added back to x"),
+      without_gradient(op("item", data(), {}, "item", true,
+                          "the number a value of one element holds, as a 0-d value without gradient; on a DTensor "
+                          "replicated first (a Partial reduced, a shard gathered); in local code each rank's own")),
       with(op("layer_norm", {{"x"}, {"weight", OperandType::Float, true}, {"bias", OperandType::Float, true}},
               norm_attrs("1e-5"), "norm", false, "normalize the trailing normalized_shape dims, then weight and bias"),
            GenClass::Norm),
@@ -312,7 +323,7 @@ std::vector<OpSchema> build() {
               "negative log likelihood of target classes (dim 1), weighted by class (weight [C]); decomposed into "
               "pick_target and count_targets"),
            GenClass::Loss),
-      with(handled(op("ones", {}, creation_attrs(false), "", false, "ones, of a shape"), kProgram), GenClass::Creation),
+      with(handled(op("ones", {}, creation_attrs(false), "", false, "ones, of a shape"), kEverywhere), GenClass::Creation),
       op("permute", data(), {{"dims", T::Ints, true}}, "permute", true, "dims reordered"),
       op("pick_target", {{"log_probs"}, {"target", kInt}}, {{"ignore_index", T::Int, false}}, "pick_target", false,
          "each row's element at its target class, 0 where ignored (nll_loss's part)"),
@@ -407,7 +418,7 @@ std::vector<OpSchema> build() {
       with(op("view", data(), {{"shape", T::Ints, true}}, "view", true, "the elements in another shape (-1 inferred)"),
            GenClass::Reshape),
       op("where", {{"cond", kBool}, {"x", kAny}, {"y", kAny}}, {}, "where", false, "x where cond, else y (broadcast)"),
-      with(handled(op("zeros", {}, creation_attrs(false), "", false, "zeros, of a shape"), kProgram), GenClass::Creation),
+      with(handled(op("zeros", {}, creation_attrs(false), "", false, "zeros, of a shape"), kEverywhere), GenClass::Creation),
       // Collectives of local code: a local_map body's, or a DTensor program's between to_local and
       // from_local. Their placements are tracked by the LTensor rules (SEMANTICS.md section 5).
       local_code(op("all_gather", x(),

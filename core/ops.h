@@ -126,6 +126,9 @@ struct OpSchema {
   // The element type of the result where the op fixes it (Bool: comparisons and logic; Int64:
   // argmax, argmin, argsort): never differentiable. Any: the operands' (float for the float ops).
   OperandType result = OperandType::Any;
+  // false: the result never requires grad whatever its operands (detach, item), as a bool or int64
+  // result's; the op's rule family has no backward.
+  bool differentiable = true;
   // A binary op whose second operand may be the scalar attribute `value` instead.
   bool scalar_second() const;
   int min_args() const;  // fewest tensor operands (a scalar `value` aside)

@@ -134,6 +134,7 @@ struct Walk {
     }
     h.numel = numel_of(h.shape);
     if (op.attrs.contains("placements")) h.copies = copies_of(sc.mesh, spec_attr(op.attrs["placements"]));
+    else h.copies = static_cast<double>(sc.mesh.size());  // a body's: the same local on every rank
     add(op.out, op.path, h);
   }
 

@@ -413,7 +413,19 @@ class ScenarioParser {
                                        std::to_string(args.size()));
     if (min_args > 0 && max_args < 0 && args.empty())  // cat and stack take one or more
       r_.fail(child(path, "args"), decl.op + " takes one or more arguments, got none");
-    for (const auto& attr : rule.attrs) check_attr(op, path, attr, decl);
+    // A creation op in a local_map body makes a local tensor, alike on every rank (invariant), of its
+    // shape; in a reference, a global tensor of its shape: neither has placements. In a program, one
+    // without placements is local code's (after to_local: the interpreter refuses it before).
+    const bool placed = !is_creation_op(decl.op) || (region == Region::Program && op.contains("placements")) ||
+                        (region == Region::Program && find_op(decl.op)->gen == GenClass::RandomCreation);
+    if (!placed && op.contains("placements"))
+      r_.fail(child(path, "placements"),
+              decl.op + (region == Region::Body ? " in a local_map body makes a local tensor of its shape, the same on "
+                                                  "every rank (invariant over every mesh axis): it takes no placements"
+                                                : " in a local_map reference makes a global tensor of its shape: it "
+                                                  "takes no placements"));
+    for (const auto& attr : rule.attrs)
+      if (placed || std::string_view(attr.key) != "placements") check_attr(op, path, attr, decl);
     check_choices(op, path, decl.op);
     decl.attrs = op;
     if (decl.op == "local_map") {

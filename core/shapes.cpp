@@ -226,6 +226,10 @@ Shape infer_shape(const std::string& op, const std::vector<Shape>& s, const OpAt
     }
     return out;
   }
+  if (family == "item") {  // the one element's number, 0-d
+    if (numel(s[0]) != 1) fail("a value of one element has a number, got " + shape_str(s[0]) + " (" + std::to_string(numel(s[0])) + " elements)");
+    return {};
+  }
   if (family == "triangle" && rank < 2) fail("needs at least 2 dims, got " + shape_str(s[0]));
   if (f.arity >= 2) return broadcast_shapes(op, s);  // pointwise
   if (family == "transpose") {

@@ -120,7 +120,7 @@ std::string join_names(const std::vector<std::string>& names) {
 
 // A local_map's `reference`: the same computation on global tensors. Without one, its results
 // are unknown (undefined tensors), and so is everything computed from them.
-std::vector<at::Tensor> reference(const OpDecl& op, const std::vector<at::Tensor>& args, uint64_t seed) {
+std::vector<at::Tensor> reference(const OpDecl& op, const std::vector<at::Tensor>& args, uint64_t seed, DType dtype) {
   std::map<std::string, at::Tensor> env;
   bool known = !op.reference.empty() || !op.returns.empty();
   for (size_t i = 0; i < args.size(); ++i) {
@@ -145,6 +145,10 @@ std::vector<at::Tensor> reference(const OpDecl& op, const std::vector<at::Tensor
                                 ") nor an earlier op of its reference define");
       xs.push_back(env.at(a));
       defined &= env.at(a).defined();
+    }
+    if (is_creation_op(r.op)) {  // zeros, ones, full, arange: the value of its shape, no operand
+      env[r.out] = created_value(r, dtype);
+      continue;
     }
     if (is_split_op(r.op)) {
       const auto pieces = defined ? split_as_narrows(r, xs.at(0).sizes().vec()) : std::vector<OpAttrs>(r.outs.size());
@@ -206,7 +210,7 @@ OracleRun run_oracle(const Scenario& sc, const std::map<std::string, at::Tensor>
       continue;
     }
     if (op.op == "local_map") {
-      std::vector<at::Tensor> outs = reference(op, xs, seed);
+      std::vector<at::Tensor> outs = reference(op, xs, seed, dtype);
       for (size_t j = 0; j < outs.size(); ++j) run.values[op.outs[j]] = same_value(outs[j]);
       continue;
     }

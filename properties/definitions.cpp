@@ -134,6 +134,12 @@ void draw_pointwise(const std::string&, Case& c) {
   add_operand(c, draw_shape(draw_in(0, 3)));
 }
 
+// detach: an operand of any shape; item: one of one element (0-d, or every extent 1).
+void draw_detached(const std::string& op, Case& c) {
+  const int64_t rank = draw_in(0, 3);
+  add_operand(c, op == "item" ? Dims(static_cast<size_t>(rank), 1) : draw_shape(rank));
+}
+
 // to: a dtype, and an operand of up to 13 significant bits (k + 1/2) / 512, so that bfloat16 (8
 // bits) and float16 (11) round it, ties to even included, where float32 and float64 hold it.
 void draw_cast(const std::string&, Case& c) {
@@ -586,6 +592,9 @@ const Row kRows[] = {
     {"count_targets", draw_loss, [](Attrs a, int64_t) { return count_targets(a.ignore_index); }},
     {"cross_entropy", draw_loss, [](Attrs a, int64_t) { return loss(a, true); }},
     {"cumsum", draw_scan, [](Attrs a, int64_t rank) { return scan(wrap(*a.dim, rank)); }},
+    // detach and item: the data as they are (item: as a 0-d value); no gradient (the kernel's result
+    // requires none).
+    {"detach", draw_detached, [](Attrs, int64_t) { return view([](const Dims& s) { return s; }); }},
     {"div", draw_binary,
      [](Attrs a, int64_t) {
        return elementwise(a.value, [](double x, double y) { return x / y; },
@@ -617,6 +626,7 @@ const Row kRows[] = {
     {"gt", draw_comparison, [](Attrs a, int64_t) { return comparison("gt", a.value); }},
     {"index_add", draw_scatter, [](Attrs a, int64_t rank) { return scattered("index_add", wrap(*a.dim, rank)); }},
     {"index_select", draw_indexing, [](Attrs a, int64_t rank) { return indexed("index_select", wrap(*a.dim, rank)); }},
+    {"item", draw_detached, [](Attrs, int64_t) { return view([](const Dims&) { return Dims{}; }); }},
     {"layer_norm", draw_norm,
      [](Attrs a, int64_t) { return norm(true, a.normalized_shape.size(), a.eps.value_or(1e-5)); }},
     {"le", draw_comparison, [](Attrs a, int64_t) { return comparison("le", a.value); }},

@@ -20,11 +20,69 @@ namespace meshsim::gen::body {
 
 using namespace parts;
 
+bool LocalMapBuilder::no_gradient_kind(int pick, const BodyValue& x) {
+  const size_t rank = x.shape.size();
+  const auto r = static_cast<int64_t>(rank);
+  if (pick == 12) {  // detach(x), then x times its detached copy (plus, for a Partial axis: linear)
+    BodyValue d = renamed(x);
+    if (!local_unary(d, "detach", x, {}, x.bound)) return false;
+    const BodyValue dv = pool.back();
+    BodyValue y = renamed(x);
+    return x.has_partial() ? local_binary(y, "add", x, dv, 2 * x.bound) : local_binary(y, "mul", x, dv, x.bound * x.bound);
+  }
+  if (pick == 13) {  // item of x's sum (0-d) where every axis reads x whole, scaling a value of the pool
+    for (auto reading : x.reading)
+      if (reading != Reading::Replicated) return false;
+    BodyValue s = renamed(x);
+    s.shape = {};
+    double count = 1;
+    for (int64_t e : x.shape) count *= static_cast<double>(e);
+    if (!local_unary(s, "sum", x, {}, x.bound * std::max(1.0, count))) return false;
+    const BodyValue sv = pool.back();
+    BodyValue i = renamed(sv);
+    if (!local_unary(i, "item", sv, {}, sv.bound)) return false;
+    const BodyValue iv = pool.back();
+    const BodyValue z = any();
+    BodyValue y = renamed(z);
+    return local_binary(y, "mul", z, iv, z.bound * iv.bound);
+  }
+  // zeros, ones, full or arange (picks 14-17) of a local shape (x's where no axis shards it, else
+  // its last dim where none shards that, else 0-d): the same on every rank, invariant; then x times it.
+  const std::string name = std::vector<std::string>{"zeros", "ones", "full", "arange"}.at(static_cast<size_t>(pick - 14));
+  Shape shape;
+  if (unsharded(x) && *rc::gen::arbitrary<bool>()) shape = x.shape;
+  else if (rank >= 1 && !sharded(x, r - 1)) shape = {x.shape.back()};
+  json extra = {{"shape", shape}};
+  BodyValue c = renamed(x);
+  c.shape = shape;
+  c.reading.assign(x.reading.size(), Reading::Replicated);
+  c.shard_dim.assign(x.reading.size(), -1);
+  c.label.assign(x.reading.size(), Label::None);
+  c.rounded = false;
+  double value = 0;
+  if (name == "full") extra["value"] = value = *rc::gen::element(-2.0, 0.5, 3.0);
+  double count = 1;
+  for (int64_t e : shape) count *= static_cast<double>(e);
+  c.bound = name == "ones" ? 1.0 : name == "full" ? std::abs(value) : name == "arange" ? std::max(0.0, count - 1) : 0.0;
+  c.floor = name == "ones" ? 1.0 : name == "full" && value > 0 ? value : 0.0;
+  body.push_back(op(c.name, name, {}, extra));
+  reference.push_back(op(c.name, name, {}, extra));
+  json placed = extra;
+  placed["placements"] = spec_json(Spec(static_cast<size_t>(mesh.ndim()), Placement::replicate()));
+  twin_ops.push_back(op("d_" + c.name, name, {}, placed));
+  c.ref = c.name;
+  c.twin = "d_" + c.name;
+  pool.push_back(c);
+  BodyValue y = renamed(x);
+  return local_binary(y, "mul", x, c, x.bound * std::max(1.0, c.bound));
+}
+
 bool LocalMapBuilder::try_layer_kind(const BodyValue& x) {
   const size_t rank = x.shape.size();
   const auto r = static_cast<int64_t>(rank);
   BodyValue y = renamed(x);
-  const int pick = *rc::gen::inRange(0, 12);
+  const int pick = *rc::gen::inRange(0, 18);
+  if (pick >= 12) return no_gradient_kind(pick, x);
   if (pick == 11 && rank >= 1) {  // chunk in two along a dim no axis shards; the first piece goes on
     const int64_t d = *rc::gen::inRange<int64_t>(0, r);
     if (sharded(x, d)) return false;

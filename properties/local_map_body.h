@@ -136,6 +136,10 @@ struct LocalMapBuilder {
   // alike; matmul and bmm by mm's rows; amax and amin (like mean) over dims no axis shards, of a
   // value with no Partial axis.
   bool try_layer_kind(const BodyValue& x);
+  // Values without gradient (try_layer_kind's picks 12-17): detach of x, then x times (or plus)
+  // it; item of the sum of an x every axis reads whole, scaling a value of the pool; zeros, ones,
+  // full or arange of a local shape (invariant), then x times it.
+  bool no_gradient_kind(int pick, const BodyValue& x);
   // Selection and comparisons (kind 18), where the local result is the global op's: max, min,
   // sort, topk along a dim no axis shards; a mask of a comparison (of x, or of argmax, argmin or
   // argsort along such a dim), combined by logical_not, _and or _or now and then, picking x or a

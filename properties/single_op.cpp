@@ -138,6 +138,8 @@ std::vector<Shape> draw_case(const std::string& name, size_t arity, json& attrs)
     const Shape other = std::vector<Shape>{{m, k}, {k}, {1, k}, {m, 1}, {}, {m, k}}[static_cast<size_t>(form)];
     return *rc::gen::arbitrary<bool>() ? std::vector<Shape>{{m, k}, other} : std::vector<Shape>{other, {m, k}};
   }
+  // item: a value of one element, 0-d (replicated or Partial) or [1] (a shard of it: rank 0's) or [1, 1].
+  if (name == "item") return {*rc::gen::element(Shape{}, Shape{1}, Shape{1, 1})};
   // repeat: x [m, k] (or [m, k, n]), each dim repeated once (its shard kept) or 2-3 times (gathered),
   // a new leading dim now and then.
   if (name == "repeat") {
@@ -347,7 +349,10 @@ int copies_of(const RuleFamily& f, const std::string& o) {
   // the planted bug scatter_add_sharded_index_replicated, R); scatter has fewer rows.
   if (f.name == "scatter") return o == "scatter" ? 4 : o == "scatter_add" ? 9 : 8;
   if (f.name == "triangle") return 2;  // a batch dim's shard needs a third dim
-  if (f.name == "cast") return 4;       // every placement passes: four kinds of Partial
+  if (f.name == "cast" || f.name == "detach") return 4;  // every placement passes: four kinds of Partial
+  // item: a Partial read whole (its all_reduce first; the planted bug item_of_partial_unreduced reads
+  // each rank's part), a shard of its one element gathered.
+  if (f.name == "item") return 10;
   // amax, amin: their gradient's split among ties shows only where the extremum ties.
   if (op_schema(o).gen == GenClass::Extremum) return 4;
   if (f.name == "vector_norm") return 24;  // seven ords, each over a shard of a reduced dim or a kept one
@@ -477,7 +482,7 @@ json single_op_program() {
   }
   // A bool or int64 result (comparisons, indices): no gradient, the result compared alone.
   const bool integral = op_schema(name).result != OperandType::Any;
-  bool result_differentiable = !integral;
+  bool result_differentiable = !integral && op_schema(name).differentiable;  // detach, item: none
   if (op_schema(name).gen == GenClass::Extremum || op_schema(name).gen == GenClass::VectorNorm) {
     try {
       for (const auto& p : propagate(name, mesh, specs, shapes, op_attrs(decl)).out_spec)

@@ -357,9 +357,10 @@ std::optional<RedistributeMode> op_redistribute_mode(const OpDecl& op) {
 DTensor apply_program_op(Runtime& rt, const OpDecl& op, const std::vector<DTensor>& args) {
   if (is_creation_op(op.op)) return create(rt, op);
   check_operand_types(op, args);
-  // A bool or int64 result (comparisons, indices) has no gradient: no autograd node for it.
+  // A bool or int64 result (comparisons, indices), and detach's and item's, has no gradient: no
+  // autograd node for it.
   std::optional<at::NoGradGuard> no_grad;
-  if (op_schema(op.op).result != OperandType::Any) no_grad.emplace();
+  if (op_schema(op.op).result != OperandType::Any || !op_schema(op.op).differentiable) no_grad.emplace();
   OpAttrs attrs = op_attrs(op);
   attrs.local_mean = op.op == "mean" && rt.follows(Difference::MeanPartialAvg);
   if (op.op == "embedding") {
@@ -461,6 +462,16 @@ void check_replicas(Runtime& rt, const OpDecl& op, const DTensor& y) {
 }  // namespace
 
 bool run_local_code(BodyContext& ctx, const OpDecl& op, SimRun& run, std::map<std::string, LTensor>& locals) {
+  // zeros, ones, full, arange without placements: a plain tensor of local code, alike on every rank.
+  if (is_creation_op(op.op) && !op.attrs.contains("placements")) {
+    if (locals.empty())
+      throw SemanticError(ErrorKind::InvalidScenario,
+                          op.path + "/placements: " + op.op + " without placements makes a local tensor of local code "
+                                    "(after to_local); a DTensor program's " + op.op + " names its placements");
+    LTensor t = ctx.created(op);
+    locals[op.out] = std::move(t);
+    return true;
+  }
   bool any_local = false, any_dtensor = false;
   for (const auto& a : op.args) (locals.count(a) ? any_local : any_dtensor) = true;
   if (op.op == "to_local") {

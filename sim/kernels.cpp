@@ -334,6 +334,8 @@ const KernelRow kRows[] = {
        return nll_loss(at::log_softmax(xs.at(0), 1), xs.at(1), a, weight);
      }},
     {"cumsum", [](const OpAttrs& a, const Xs& xs) { return at::cumsum(xs.at(0), a.dim.value_or(0)); }},
+    // detach: the same data without autograd history (sharing storage, as torch's).
+    {"detach", [](const OpAttrs&, const Xs& xs) { return xs.at(0).detach(); }},
     {"div", [](const OpAttrs& a, const Xs& xs) { return at::div(xs.at(0), second(a, xs)); }},
     // dropout: x times its factor (1 / (1 - p) where kept, 0 where dropped) at each element's global
     // index (OpAttrs::draw); training false: x.
@@ -357,6 +359,13 @@ const KernelRow kRows[] = {
      [](const OpAttrs& a, const Xs& xs) { return at::index_add(xs.at(0), a.dim.value_or(0), xs.at(1), xs.at(2)); }},
     {"index_select",
      [](const OpAttrs& a, const Xs& xs) { return at::index_select(xs.at(0), a.dim.value_or(0), xs.at(1)); }},
+    // item: the one element as a 0-d value of its dtype, without autograd history (torch's
+    // _local_scalar_dense refuses any other count with this message).
+    {"item",
+     [](const OpAttrs&, const Xs& xs) {
+       TORCH_CHECK(xs.at(0).numel() == 1, "a Tensor with ", xs.at(0).numel(), " elements cannot be converted to Scalar");
+       return xs.at(0).detach().reshape({}).clone();
+     }},
     {"layer_norm",
      [](const OpAttrs& a, const Xs& xs) {
        const at::Tensor w = xs.size() > 1 ? xs[1] : at::Tensor(), b = xs.size() > 2 ? xs[2] : at::Tensor();

@@ -641,6 +641,13 @@ std::vector<LTensor> BodyContext::call_on_groups(const std::string& key, const s
   return result;
 }
 
+LTensor BodyContext::created(const OpDecl& op) {
+  if (!is_creation_op(op.op) || op_schema(op.op).gen != GenClass::Creation)
+    throw SemanticError(ErrorKind::InvalidScenario, op.path + ": " + op.op + " is not supported in local code");
+  Locals locals(static_cast<size_t>(rt_.mesh().size()), created_value(op, rt_.options().dtype));
+  return wrap("op", op.op, op.out, std::move(locals), {}, {}, {});
+}
+
 // ---------------------------------------------------------------------------------------------
 // A body op of a scenario
 
@@ -674,6 +681,7 @@ std::vector<LTensor> BodyContext::run_all(const OpDecl& op, const std::map<std::
     return {all_to_all_split(args[0], args[1], args[2], axis(), op.out, op.path)};
   }
   if (op.op == "mark_varying") return {mark_varying(args[0], axis(), op.out)};
+  if (is_creation_op(op.op)) return {created(op)};
   if (op.op == "call") {
     const std::string fn = at.at("function").get<std::string>();
     const FunctionInvoker* invoke = find_scenario_function(fn);

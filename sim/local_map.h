@@ -42,6 +42,11 @@ class BodyContext {
   LTensor op(const std::string& op, const nlohmann::json& attrs, std::vector<LTensor> args,
              const std::string& out);
 
+  // A creation op (zeros, ones, full, arange) in local code: its value, of its shape, as every rank's
+  // local (shared), invariant over every mesh axis (JAX: a constant in shard_map varies over no
+  // axis); no gradient.
+  LTensor created(const OpDecl& op);
+
   // Collectives (an input invariant on the axis is made varying first).
   LTensor all_reduce(const LTensor& x, int axis, ReduceOp op, const std::string& out);
   LTensor all_gather(const LTensor& x, int axis, int64_t dim, bool to_reduced, const std::string& out);

@@ -126,6 +126,8 @@ std::vector<Case> cases() {
   OpAttrs cast;
   cast.dtype = DType::BFloat16;
   out.push_back({"to", {m}, cast});  // every placement kept, a Partial of any kind included
+  out.push_back({"detach", {m}, {}});  // every placement kept, as to's
+  out.push_back({"item", {{1}}, {}});  // its one element read whole: gathered, a Partial reduced
   // linalg_vector_norm over dim 1 (a shard of it gives the norm partial) and over every dim.
   out.push_back({"linalg_vector_norm", {m}, with_dim(1)});
   out.push_back({"linalg_vector_norm", {m}, {}});

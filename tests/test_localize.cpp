@@ -77,6 +77,7 @@ const Where kWhere[] = {
     {"dropout_replicas_rank_seeded", "forward", "/program/0", "dropout", "", ""},
     {"dropout_shard_offset_ignored", "forward", "/program/0", "dropout", "", ""},
     {"gather_shard_extents_unchecked", "forward", "/program/0", "gather", "", ""},
+    {"item_of_partial_unreduced", "forward", "/program/0", "item", "", ""},
     {"local_topk_sharded_dim", "forward", "/program/0", "topk", "", ""},
     {"loss_parallel_local_max", "forward", "/program/0", "log_softmax", "", ""},
     {"mm_s1_s0_labelled_r", "forward", "/program/0", "mm", "", ""},

@@ -111,6 +111,8 @@ std::vector<OpConfig> configs(const std::string& op) {
             {op, none, {{2, 5, 3}, {3, 4}}}, {op, none, {{1, 5, 3}, {2, 3, 4}}}, {op, none, {{5, 3}, {2, 3, 4}}}};
   // to: a cast of the float64 run's values (the oracle's float64 reference, the dtypes' tolerance).
   if (op == "to") return {{op, {{"dtype", "bfloat16"}}, {tall}}, {op, {{"dtype", "float32"}}, {cube}}};
+  // item: a value of one element, [1] (a shard: rank 0's) and [1, 1] (0-d: tests/test_ops_item.cpp).
+  if (op == "item") return {{op, none, {{1}}}, {op, none, {{1, 1}}}};
   if (op == "cat") return {{op, {{"dim", 0}}, {tall, {2, 3}}}, {op, {{"dim", -1}}, {tall, {5, 2}}}};
   if (op == "stack") return {{op, {{"dim", 0}}, {tall, tall}}, {op, {{"dim", 2}}, {wide, wide}}};
   if (op == "log_softmax") {

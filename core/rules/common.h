@@ -2,11 +2,11 @@
 // Each op family's table and backward function lives in the file of its group:
 //   rules/common.cpp        the row text (parse_rows, S()), the row cost, the backward helpers
 //   rules/pointwise.cpp     linear_binary, linear_unary, nonlinear_unary, mul, div,
-//                           integer_binary, cast, where, masked_fill, triangle
+//                           integer_binary, cast, detach, where, masked_fill, triangle
 //   rules/matmul.cpp        mm, matmul (bmm, matmul as einsums)
 //   rules/views.cpp         transpose, permute, view, expand, narrow
 //   rules/joins.cpp         cat, stack (and split_pieces, split and chunk as narrows)
-//   rules/reductions.cpp    reduction (sum, mean), amax, amin, softmax, scan (cumsum)
+//   rules/reductions.cpp    reduction (sum, mean), amax, amin, softmax, scan (cumsum), item
 //   rules/norms_losses.cpp  norm (layer_norm, rms_norm), vector_norm (linalg_vector_norm),
 //                           pick_target, count_targets
 //   rules/embedding.cpp     embedding
@@ -197,6 +197,7 @@ std::vector<RuleRow> mul_rows(const RowCtx& c);
 std::vector<RuleRow> div_rows(const RowCtx& c);
 std::vector<RuleRow> integer_binary_rows(const RowCtx& c);
 std::vector<RuleRow> cast_rows(const RowCtx& c);
+std::vector<RuleRow> detach_rows(const RowCtx& c);
 std::vector<RuleRow> where_rows(const RowCtx& c);
 std::vector<RuleRow> masked_fill_rows(const RowCtx& c);
 std::vector<RuleRow> triangle_rows(const RowCtx& c);
@@ -210,6 +211,7 @@ Grad cast_gradient(const AxisGrad& x);
 Grad where_gradient(const AxisGrad& x);
 Grad masked_fill_gradient(const AxisGrad& x);
 Grad triangle_gradient(const AxisGrad& x);
+Grad no_gradient_result(const AxisGrad& x);  // detach, item: never asked (their results need no gradient)
 
 // matmul.cpp
 std::vector<RuleRow> mm_rows();
@@ -250,6 +252,7 @@ std::vector<RuleRow> amax_rows(const RowCtx& c);
 std::vector<RuleRow> amin_rows(const RowCtx& c);
 std::vector<RuleRow> softmax_rows(const RowCtx& c);
 std::vector<RuleRow> scan_rows(const RowCtx& c);
+std::vector<RuleRow> item_rows(const RowCtx& c);
 Grad reduction_gradient(const AxisGrad& x);
 Grad scan_gradient(const AxisGrad& x);
 

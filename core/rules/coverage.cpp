@@ -164,6 +164,10 @@ std::vector<CoverageCase> coverage_cases(const std::string& family, const std::s
                 a.ord = ord;
               }));
       }
+  } else if (family == "item") {  // a value of one element: 0-d, [1] (a shard of it: rank 0's), [1, 1]
+    add({Shape{}});
+    add({{1}});
+    add({{1, 1}});
   } else if (family == "repeat") {
     // Each dim repeated once or twice, with a new leading dim or not.
     for (int64_t r = 1; r <= 3; ++r)

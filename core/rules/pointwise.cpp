@@ -1,5 +1,5 @@
 // The pointwise families: linear_binary, linear_unary, nonlinear_unary, random, mul, div, integer_binary,
-// cast, where, masked_fill, triangle.
+// cast, detach, where, masked_fill, triangle.
 #include <string>
 #include <vector>
 
@@ -57,6 +57,13 @@ std::vector<RuleRow> random_rows(const RowCtx& c) { return pointwise_rows(c, {})
 // operand's spec. The ranks' casts reduce to the cast of the reduction up to rounding (exactly for
 // P(max), P(min): rounding is monotone).
 std::vector<RuleRow> cast_rows(const RowCtx& c) {
+  return pointwise_rows(c, {"P(sum) -> P(sum)", "P(avg) -> P(avg)", "P(max) -> P(max)", "P(min) -> P(min)"});
+}
+
+// detach: the operand's locals as they are, without gradient; every placement passes, a Partial of
+// any kind included, as PyTorch's DTensor keeps the operand's spec for aten.detach (its
+// default_strategy, _ops/_tensor_ops.py).
+std::vector<RuleRow> detach_rows(const RowCtx& c) {
   return pointwise_rows(c, {"P(sum) -> P(sum)", "P(avg) -> P(avg)", "P(max) -> P(max)", "P(min) -> P(min)"});
 }
 
@@ -164,5 +171,7 @@ Grad masked_fill_gradient(const AxisGrad& x) {
 }
 
 Grad triangle_gradient(const AxisGrad& x) { return own_table("triangle", triangle_rows(x.ctx()), x); }
+
+Grad no_gradient_result(const AxisGrad& x) { no_gradient(x, "a result without gradient (detach, item)"); }
 
 }  // namespace meshsim::rules

@@ -85,6 +85,21 @@ std::vector<RuleRow> scan_rows(const RowCtx& c) {
   return parse_rows(t);
 }
 
+// item: the number a value of one element holds (PyTorch's Tensor.item, aten._local_scalar_dense),
+// a 0-d result without gradient. The value is read whole on every rank: a shard of its one element
+// (rank 0 holds it, the others nothing) is gathered first, a Partial reduced first (an all_reduce),
+// as PyTorch's fix of DTensor.item() for Partial does (pull request 167598: a redistribution to
+// Replicate before the read; before it each rank read its own local, issues 144054 and 166638).
+// Planted bug (item_of_partial_unreduced): a Partial passes, each rank reading its own part and
+// labelling it replicated.
+std::vector<RuleRow> item_rows(const RowCtx&) {
+  std::vector<RowText> t = {"R -> R"};
+  if (mutant_on(Mutant::ItemOfPartialUnreduced))
+    for (const char* op : {"sum", "avg", "max", "min"})
+      t.emplace_back(std::string("P(") + op + ") -> R", "P -> R, each rank's own part (planted bug)");
+  return parse_rows(t);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Backward
 

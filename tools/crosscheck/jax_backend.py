@@ -357,6 +357,11 @@ OPS = {
     "scaled_dot_product_attention": lambda xs, op: _attention(xs, op),
     "div": _binary(jnp.divide),
     "to": lambda xs, op: xs[0].astype(JAX_DTYPES[op["dtype"]]),
+    "detach": lambda xs, op: jax.lax.stop_gradient(xs[0]),
+    # item: the one element's number without gradient. A traced JAX value has no item() (a
+    # concretization error under jit and shard_map); its 0-d value under stop_gradient is the same
+    # number (varying in a shard_map body where its operand is, as meshsim's local item).
+    "item": lambda xs, op: jax.lax.stop_gradient(jnp.reshape(xs[0], ())),
     "neg": lambda xs, op: -xs[0], "exp": lambda xs, op: jnp.exp(xs[0]), "tanh": lambda xs, op: jnp.tanh(xs[0]),
     "relu": lambda xs, op: jax.nn.relu(xs[0]), "sin": lambda xs, op: jnp.sin(xs[0]),
     "cos": lambda xs, op: jnp.cos(xs[0]),
@@ -438,7 +443,8 @@ def _attention(xs, op: dict):
 
 
 def _created(op: dict, float_dtype):
-    """zeros / ones / full / arange of the program (creation ops run outside bodies only)."""
+    """zeros / ones / full / arange: the program's (global), or a shard_map body's (of its local shape,
+    invariant: a constant varies over no mesh axis)."""
     dtype = {"float": float_dtype, "int64": jnp.int64, "bool": jnp.bool_, **JAX_DTYPES}[op.get("dtype", "float")]
     shape = tuple(op["shape"])
     if op["op"] == "zeros":
@@ -756,6 +762,8 @@ class Translation:
             return _collective(xs[0], op, self.sizes[op["axis"]])
         if name == "call":
             return FUNCTIONS[op["function"]](xs[0], op)
+        if name in CREATION_OPS:
+            return _created(op, self.float_dtype)
         return OPS[name](xs, op)
 
 

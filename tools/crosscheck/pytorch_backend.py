@@ -444,6 +444,8 @@ class Program:
         distribute_tensor (as torch.distributed.tensor.zeros/ones/full do)."""
         dtype = self.elem_type(op.get("dtype"))
         t = make(dtype).reshape(op["shape"])
+        if "placements" not in op:  # local code's (a local_map body, or after to_local): a plain tensor
+            return t
         return distribute_tensor(t, self.mesh, self.placements(op["placements"], len(op["shape"])))
 
 
@@ -693,6 +695,7 @@ OPS = {
     "repeat_interleave": lambda p, op, x: torch.repeat_interleave(x, op["repeats"], dim=op["dim"]),
     "scaled_dot_product_attention": lambda p, op, q, k, v, m=None: sdpa(p, op, q, k, v, m),
     "neg": lambda p, op, x: torch.neg(x),
+    "detach": lambda p, op, x: x.detach(),
     "to": lambda p, op, x: x.to(DTYPES[op["dtype"]]),
     "exp": lambda p, op, x: torch.exp(x),
     "tanh": lambda p, op, x: torch.tanh(x),
@@ -794,7 +797,10 @@ SPECIAL_OPS = {"local_map", "call"}
 RANDOM = ("meshsim draws its own counter-based stream (docs/semantics.md, Randomness), indexed by each "
           "element's global position; PyTorch's Philox values on its device are another stream, so the two "
           "agree on layout invariance, not on values")
-NOT_COMPARABLE: dict[str, str] = {"dropout": RANDOM, "rand": RANDOM, "randn": RANDOM}
+ITEM = ("Tensor.item() gives a Python number, not a tensor a DTensor program (or LocalTensorMode's per-rank "
+        "locals) goes on with; and DTensor.item() of a Partial read each rank's own local in PyTorch's releases "
+        "before pull request 167598 (issues 144054, 166638), where meshsim reduces it first")
+NOT_COMPARABLE: dict[str, str] = {"dropout": RANDOM, "rand": RANDOM, "randn": RANDOM, "item": ITEM}
 OP_TABLES = ("OPS", "SPECIAL_OPS")
 
 
