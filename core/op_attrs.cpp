@@ -150,6 +150,14 @@ std::string OpAttrs::str() const {
     << " stream=" << draw.stream << " seed=" << draw.seed << " step=" << draw.step << " microbatch=" << draw.microbatch
     << " global=" << list_str(draw.global);
   for (const auto& idx : draw.indices) o << " indices=" << list_str(idx);
+  auto bound = [&](const char* key, const std::optional<double>& v) {
+    o << " " << key << "=";
+    if (v) o << *v;
+    else o << "-";
+  };
+  bound("clamp_min", clamp_min);
+  bound("clamp_max", clamp_max);
+  o << " num_classes=" << num_classes << " minlength=" << minlength;
   return o.str();
 }
 
@@ -225,6 +233,10 @@ OpAttrs op_attrs(const OpDecl& decl) {
   if (j.contains("ord") && j["ord"].is_number()) a.ord = j["ord"].get<double>();
   if (j.contains("ord") && j["ord"].is_string()) a.ord = j["ord"] == "-inf" ? -INFINITY : INFINITY;
   if (decl.op == "to" && j.contains("dtype") && j["dtype"].is_string()) a.dtype = find_dtype(j["dtype"].get<std::string>());
+  if (decl.op == "clamp" && j.contains("min") && j["min"].is_number()) a.clamp_min = j["min"].get<double>();
+  if (decl.op == "clamp" && j.contains("max") && j["max"].is_number()) a.clamp_max = j["max"].get<double>();
+  if (integer("num_classes")) a.num_classes = j["num_classes"].get<int64_t>();
+  if (integer("minlength")) a.minlength = j["minlength"].get<int64_t>();
   if (j.contains("p") && j["p"].is_number()) a.p = j["p"].get<double>();
   if (j.contains("training") && j["training"].is_boolean()) a.training = j["training"].get<bool>();
   if (integer("repeats")) a.repeats = j["repeats"].get<int64_t>();

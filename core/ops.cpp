@@ -35,6 +35,16 @@ ValueRange rsqrt_range(ValueRange x, const nlohmann::json&) {
   if (!(x.floor > 0)) return {INFINITY, 0};
   return {1 / std::sqrt(x.floor), 1 / std::sqrt(x.bound)};
 }
+// clamp is monotone: its result lies between the clamped ends of its operand's range.
+ValueRange clamp_range(ValueRange x, const nlohmann::json& attrs) {
+  auto clamped = [&](double v) {
+    if (attrs.contains("min") && attrs["min"].is_number()) v = std::max(v, attrs["min"].get<double>());
+    if (attrs.contains("max") && attrs["max"].is_number()) v = std::min(v, attrs["max"].get<double>());
+    return v;
+  };
+  const double lo = clamped(-x.bound), hi = clamped(x.bound);
+  return {std::max(std::abs(lo), std::abs(hi)), lo > 0 ? lo : 0};
+}
 ValueRange pow_range(ValueRange x, const nlohmann::json& attrs) {
   if (!(x.floor > 0)) return {INFINITY, 0};
   const double e = attrs.value("exponent", 1.0);
@@ -82,6 +92,17 @@ std::vector<A> creation_attrs(bool value, bool bools = true) {
   a.back().choices = bools ? std::vector<const char*>{"float", "bool", "int64", "float64", "float32", "bfloat16", "float16"}
                             : std::vector<const char*>{"float", "int64", "float64", "float32", "bfloat16", "float16"};
   if (value) a.push_back({"value", T::NumberOrInf, true});
+  return a;
+}
+// arange: a shape filled with start, start + step, ... in row-major order, or torch.arange's 1-D
+// form, its length ceil((end - start) / step) (then shape may be left off).
+std::vector<A> arange_attrs() {
+  std::vector<A> a = creation_attrs(false, false);
+  a[0].required = false;
+  a[0].default_value = "[ceil((end - start) / step)]";
+  a.push_back({"start", T::Number, false, "0"});
+  a.push_back({"end", T::Number, false});
+  a.push_back({"step", T::Number, false, "1"});
   return a;
 }
 // rand and randn: a shape and placements (S, R or Rd on each axis) as the creation ops; their
@@ -193,7 +214,9 @@ std::vector<OpSchema> build() {
       with(op("amin", x(), reduction_attrs(), "amin", false,
               "the smallest element over dims; the gradient split evenly among ties"),
            GenClass::Extremum),
-      with(handled(op("arange", {}, creation_attrs(false, false), "", false, "0, 1, 2, ... in row-major order, of a shape"),
+      with(handled(op("arange", {}, arange_attrs(), "", false,
+                      "start, start + step, ... (0, 1, 2, ... by default) in row-major order, of a shape; or, with end, "
+                      "torch.arange(start, end, step) (1-D, end excluded)"),
                    kEverywhere),
            GenClass::Creation),
       giving(with(op("argmax", x(), along(true, {{"keepdim", T::Bool, false, "false"}}), "select_index", true,
@@ -206,12 +229,23 @@ std::vector<OpSchema> build() {
               "int64 indices that sort x along dim (stable: ties keep their order); no gradient. "
               "narrow(argsort {descending}, dim, 0, k) gives topk's indices"),
            GenClass::SelectIndex), kInt),
+      giving(op("bincount", {{"x", kInt}}, {{"minlength", T::Int, false, "0"}}, "bincount", true,
+                "torch.bincount(x, minlength) of 1-D int64 values in [0, minlength): how often each occurs, "
+                "[minlength]; a value at or beyond minlength is refused (the length would follow the data); no "
+                "gradient"),
+             kInt),
       op("bmm", xy(), {}, "matmul", true, "batched matrix product [b, n, k] @ [b, k, m]"),
       op("cat", many(), {{"dim", T::Int, true}}, "cat", true, "concatenation along dim"),
       with(handled(op("chunk", data(), {{"chunks", T::Int, true}, {"dim", T::Int, false, "0"}}, "", false,
                       "torch.chunk: pieces of ceil(extent / chunks) along dim (`outs` names them)"),
                    kEverywhere, 0),
            GenClass::Split),
+      with(op("clamp", {{"x", OperandType::Number}}, {{"min", T::Number, false}, {"max", T::Number, false}},
+              "nonlinear_unary", true,
+              "torch.clamp(x, min, max) of float or int64 data (at least one bound; min above max gives max "
+              "everywhere); the gradient g where min <= x <= max, bounds included (libtorch 1.13's clamp_backward; "
+              "PyTorch 2.15's gives 0 on a bound), else 0"),
+           GenClass::UnaryLayer, {0, false, true, clamp_range, {{"min", "[-1, 0]"}, {"max", "[1, 2]"}}}),
       with(op("cos", x(), {}, "nonlinear_unary", false, "cosine"), GenClass::Unary, {g, false, false, unit}),
       op("count_targets", {{"target", kInt}}, {{"ignore_index", T::Int, false}}, "count_targets", false,
          "1 where a target counts towards a mean loss (not ignore_index), else 0 (cross_entropy's parts)"),
@@ -356,6 +390,11 @@ std::vector<OpSchema> build() {
       op("repeat_interleave", data(), {{"repeats", T::Int, true}, {"dim", T::Int, true}}, "repeat_interleave", true,
          "torch.repeat_interleave(x, repeats, dim): each entry along dim repeated `repeats` times in place; the "
          "gradient summed over each entry's copies"),
+      giving(op("one_hot", {{"x", kInt}}, {{"num_classes", T::Int, true}}, "one_hot", true,
+                "torch.nn.functional.one_hot(x, num_classes) of int64 values in [0, num_classes): a new trailing dim "
+                "of num_classes, 1 at the value, else 0; num_classes -1 (inferred from the data) is refused; no "
+                "gradient"),
+             kInt),
       op("scale", x(), {{"value", T::Number, true}}, "linear_unary", true, "x * value"),
       op("scaled_dot_product_attention", {{"q"}, {"k"}, {"v"}, {"attn_mask", kAny, true}},
          {{"is_causal", T::Bool, false, "false"},

@@ -66,6 +66,9 @@ struct OpAttrs {
   std::optional<DType> dtype;        // to: the dtype cast to
   double p = 0.5;                    // dropout: the probability of a zero
   bool training = true;              // dropout {training: false}: the identity
+  std::optional<double> clamp_min, clamp_max;  // clamp {min, max} (absent: no bound there)
+  int64_t num_classes = 0;           // one_hot
+  int64_t minlength = 0;             // bincount
   int64_t repeats = 1;               // repeat_interleave: the copies of each entry
   bool is_causal = false;            // scaled_dot_product_attention: query i attends to keys j <= i
   std::optional<double> attn_scale;  // scaled_dot_product_attention {scale} (absent: 1/sqrt(d))

@@ -375,8 +375,41 @@ class ScenarioParser {
     walk(v, path, 0);
   }
 
-  void parse_op(const json& op, const std::string& path, Region region = Region::Program,
+  // arange's 1-D form {start?, end, step?}: its shape [ceil((end - start) / step)] written in, so
+  // that every reader after this one finds a shape as the other creation ops give it (a shape given
+  // beside end must be that one); int64 takes whole start, end and step.
+  json arange_filled(const json& op, const std::string& path) const {
+    if (!op.is_object() || op.value("op", json()) != "arange") return op;
+    for (const char* key : {"start", "end", "step"})
+      if (op.contains(key)) r_.number(op[key], child(path, key));
+    const double start = op.value("start", 0.0), step = op.value("step", 1.0);
+    if (op.value("dtype", json()) == "int64")
+      for (const char* key : {"start", "end", "step"})
+        if (op.contains(key) && op[key].get<double>() != std::trunc(op[key].get<double>()))
+          r_.fail(child(path, key), std::string("arange of int64 takes a whole ") + key + ", got " + op[key].dump());
+    if (step == 0) r_.fail(child(path, "step"), "arange: step must not be 0");
+    if (!op.contains("end")) {
+      if (!op.contains("shape"))
+        r_.fail(child(path, "shape"), "arange takes a shape, or end (torch.arange's 1-D form, with start and step)");
+      return op;
+    }
+    const double end = op["end"].get<double>();
+    if ((end - start) * step < 0)
+      r_.fail(child(path, "step"), "arange: from start " + json(start).dump() + " to end " + json(end).dump() +
+                                       " a step of the other sign is needed, got " + json(step).dump());
+    const auto n = static_cast<int64_t>(std::ceil((end - start) / step));
+    const json shape = json::array({n});
+    if (op.contains("shape") && op["shape"] != shape)
+      r_.fail(child(path, "shape"), "arange: shape " + op["shape"].dump() + " disagrees with start, end and step, which give " +
+                                        shape.dump());
+    json filled = op;
+    filled["shape"] = shape;
+    return filled;
+  }
+
+  void parse_op(const json& given, const std::string& path, Region region = Region::Program,
                 std::vector<OpDecl>* into = nullptr) {
+    const json op = arange_filled(given, path);
     r_.object(op, path);
     OpDecl decl;
     decl.path = path;
@@ -621,6 +654,23 @@ class ScenarioParser {
     if (is_creation_op(name)) {
       r_.shape(op["shape"], child(path, "shape"), 0);
     }
+    if (name == "clamp" && !op.contains("min") && !op.contains("max"))
+      r_.fail(child(path, "min"), "clamp takes min, max or both (torch.clamp refuses neither)");
+    if (name == "one_hot" && op.contains("num_classes") && op["num_classes"].is_number_integer() &&
+        op["num_classes"].get<int64_t>() < 1)
+      r_.fail(child(path, "num_classes"),
+              op["num_classes"] == -1
+                  ? "one_hot: num_classes -1 (torch: the data's max + 1) is refused: on a shard, or in local code, "
+                    "each rank would count its own values' max and the ranks' results would differ in shape; give "
+                    "num_classes"
+                  : "one_hot: num_classes must be at least 1, got " + op["num_classes"].dump());
+    if (name == "bincount" && !(op.contains("minlength") && op["minlength"].is_number_integer() &&
+                                op["minlength"].get<int64_t>() >= 1))
+      r_.fail(child(path, "minlength"),
+              "bincount: minlength " + op.value("minlength", json(0)).dump() +
+                  " leaves the result's length to the data (torch: max(minlength, max + 1)): on a shard each rank "
+                  "would count up to its own max and the ranks' counts would differ in length; give a minlength "
+                  "above every value");
     if (name == "dropout" && op.contains("p") && op["p"].is_number() &&
         !(op["p"].get<double>() >= 0.0 && op["p"].get<double>() <= 1.0))
       r_.fail(child(path, "p"), "dropout: p is a probability in [0, 1], got " + op["p"].dump());

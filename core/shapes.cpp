@@ -230,6 +230,17 @@ Shape infer_shape(const std::string& op, const std::vector<Shape>& s, const OpAt
     if (numel(s[0]) != 1) fail("a value of one element has a number, got " + shape_str(s[0]) + " (" + std::to_string(numel(s[0])) + " elements)");
     return {};
   }
+  if (family == "one_hot") {  // a new trailing dim of num_classes
+    if (a.num_classes < 1) fail("num_classes must be at least 1, got " + std::to_string(a.num_classes));
+    Shape out = s[0];
+    out.push_back(a.num_classes);
+    return out;
+  }
+  if (family == "bincount") {  // minlength bins (every value below it: checked on the data)
+    if (rank != 1) fail("needs 1-D values, got " + shape_str(s[0]));
+    if (a.minlength < 1) fail("minlength must be at least 1, got " + std::to_string(a.minlength));
+    return {a.minlength};
+  }
   if (family == "triangle" && rank < 2) fail("needs at least 2 dims, got " + shape_str(s[0]));
   if (f.arity >= 2) return broadcast_shapes(op, s);  // pointwise
   if (family == "transpose") {

@@ -371,6 +371,36 @@ void draw_scan(const std::string&, Case& c) {
   c.types = {"int64"};
 }
 
+// clamp: halves of float data (or small int64 values now and then) against bounds among those
+// values, so that an element sits on a bound often (its gradient passes there); min, max or both,
+// min above max now and then.
+void draw_clamp(const std::string&, Case& c) {
+  const bool ints = coin();
+  const Dims s = draw_shape(draw_in(0, 3));
+  auto bound = [&] { return ints ? static_cast<double>(draw_in(-2, 2)) : (static_cast<double>(draw_in(-3, 2)) + 0.5) / 2.0; };
+  const int64_t which = draw_in(0, 2);  // 0: min, 1: max, 2: both
+  if (which != 1) c.attrs.clamp_min = bound();
+  if (which != 0) c.attrs.clamp_max = bound();
+  if (!ints) {
+    c.xs = {draw_values(s, false)};
+    return;
+  }
+  Nd x = zeros(s);
+  for (auto& e : x.v) e = static_cast<double>(draw_in(-4, 4));
+  c.xs = {x};
+  c.types = {"int64"};
+}
+
+// one_hot of 0-3 dims of values in [0, num_classes), num_classes 1-4; bincount of 0-6 values in
+// [0, minlength), minlength 1-5 (repeats often).
+void draw_counts(const std::string& op, Case& c) {
+  const int64_t high = draw_in(1, op == "one_hot" ? 4 : 5);
+  if (op == "one_hot") c.attrs.num_classes = high;
+  else c.attrs.minlength = high;
+  c.xs = {draw_ids(op == "one_hot" ? draw_shape(draw_in(0, 3)) : Dims{draw_in(0, 6)}, high)};
+  c.types = {"int64"};
+}
+
 // Comparisons of small integers (equal often), against the scalar `value` now and then or an
 // operand broadcasting; logic of bools.
 void draw_comparison(const std::string& op, Case& c) {
@@ -585,10 +615,17 @@ const Row kRows[] = {
     {"argmax", draw_selection, [](Attrs a, int64_t rank) { return selection("argmax", a, wrap(*a.dim, rank)); }},
     {"argmin", draw_selection, [](Attrs a, int64_t rank) { return selection("argmin", a, wrap(*a.dim, rank)); }},
     {"argsort", draw_selection, [](Attrs a, int64_t rank) { return selection("argsort", a, wrap(*a.dim, rank)); }},
+    {"bincount", draw_counts, [](Attrs a, int64_t) { return counted(false, a.minlength); }},
     {"bmm", draw_bmm, [](Attrs, int64_t) { return matmul(); }},
     {"cat", draw_join, [](Attrs a, int64_t rank) { return join(wrap(*a.dim, rank), false); }},
     {"cos", draw_pointwise,
      [](Attrs, int64_t) { return unary([](double x) { return std::cos(x); }, [](double x) { return -std::sin(x); }); }},
+    {"clamp", draw_clamp,
+     [](Attrs a, int64_t) {
+       const double lo = a.clamp_min.value_or(-INFINITY), hi = a.clamp_max.value_or(INFINITY);
+       return unary([lo, hi](double x) { return std::min(std::max(x, lo), hi); },
+                    [lo, hi](double x) { return lo <= x && x <= hi ? 1.0 : 0.0; });
+     }},
     {"count_targets", draw_loss, [](Attrs a, int64_t) { return count_targets(a.ignore_index); }},
     {"cross_entropy", draw_loss, [](Attrs a, int64_t) { return loss(a, true); }},
     {"cumsum", draw_scan, [](Attrs a, int64_t rank) { return scan(wrap(*a.dim, rank)); }},
@@ -655,6 +692,7 @@ const Row kRows[] = {
     {"neg", draw_pointwise,
      [](Attrs, int64_t) { return unary([](double x) { return -x; }, [](double) { return -1.0; }); }},
     {"nll_loss", draw_loss, [](Attrs a, int64_t) { return loss(a, false); }},
+    {"one_hot", draw_counts, [](Attrs a, int64_t) { return counted(true, a.num_classes); }},
     {"permute", draw_permute,
      [](Attrs a, int64_t rank) {
        Dims perm;

@@ -207,6 +207,9 @@ Definition integer_binary(const std::string& op, double value);
 // cumsum along `dim`: each entry the sum of those before it and itself; the gradient the sums of
 // g from the end.
 Definition scan(int64_t dim);
+// one_hot (a new trailing dim of `n`, 1 at each value) or bincount (how often each of 0..n-1
+// occurs among the 1-D values) of int64 data; no gradient.
+Definition counted(bool one_hot, int64_t n);
 // Comparisons and logic (a bool result as 1 or 0), with the scalar `value` for one operand.
 Definition comparison(const std::string& op, double value);
 

@@ -624,6 +624,23 @@ Definition integer_binary(const std::string& op, double value) {
   }, [](double, double, size_t) { return 0.0; });
 }
 
+Definition counted(bool one_hot, int64_t n) {
+  Definition d;
+  d.value = [=](Xs xs) {
+    const Nd& x = xs[0];
+    Dims shape = one_hot ? x.shape : Dims{};
+    shape.push_back(n);
+    Nd y = zeros(shape);
+    for (int64_t k = 0; k < count_of(x.shape); ++k) {
+      const auto value = static_cast<int64_t>(x.at(k));
+      y.at(one_hot ? k * n + value : value) += 1;
+    }
+    return y;
+  };
+  d.vjp = [](Xs xs, const Nd&, size_t) { return zeros(xs[0].shape); };
+  return d;
+}
+
 Definition comparison(const std::string& op, double value) {
   std::function<bool(double, double)> f;
   if (op == "eq") f = [](double x, double y) { return x == y; };

@@ -520,11 +520,11 @@ bool LocalMapBuilder::indexed(const BodyValue& x, int64_t d, BodyValue& y) {
   }
   const auto replicated = std::vector<std::pair<Reading, int64_t>>(x.reading.size(), {Reading::Replicated, -1});
   const bool one_d = name == "index_select" || name == "index_add";
-  const int64_t k = name == "index_select" ? *rc::gen::inRange<int64_t>(0, 6) : n;
+  int64_t k = name == "index_select" ? *rc::gen::inRange<int64_t>(0, 6) : n;
   const Shape index_shape = one_d ? Shape{k} : x.shape;
   const auto reading = one_d ? replicated : alike(x);
   BodyValue index;
-  const int computed = *rc::gen::inRange(0, 4);  // 1: ids % n, 2: ids // 3, else the ids themselves
+  const int computed = *rc::gen::inRange(0, 4);  // 1: ids % n, 2: ids // 3, 3: counted (1-D), else the ids
   if (computed == 1 || computed == 2) {
     const BodyValue ids = region_arg(index_shape, reading, "int64", 3 * n);
     const char* op_name = computed == 1 ? "remainder" : "floor_divide";
@@ -536,6 +536,31 @@ bool LocalMapBuilder::indexed(const BodyValue& x, int64_t d, BodyValue& y) {
     twin_ops.push_back(op("d_" + index.name, op_name, {ids.twin}, {{"value", value}}));
     index.ref = index.name;
     index.twin = "d_" + index.name;
+  } else if (one_d && (computed == 3 || (computed == 0 && *rc::gen::resize(100, rc::gen::arbitrary<bool>())))) {
+    // A 1-D index computed from replicated ids as routing code counts tokens (a quarter of the 1-D
+    // draws, and half of those that take the ids as they are; drawn at full size, as the early
+    // cases' small sizes would leave index_select no positions): bincount's counts per position
+    // (minlength k, index_select's 1-5) clamped into [0, n), or (index_select, n >= 2, half the
+    // time) one_hot of ids into 2 classes, flattened: positions 0 and 1, twice as many.
+    if (name == "index_select") k = *rc::gen::resize(100, rc::gen::inRange<int64_t>(1, 6));
+    auto then = [&](BodyValue v, const std::string& suffix, const char* op_name, const json& attrs, Shape shape) {
+      const std::string out = y.name + suffix;
+      body.push_back(op(out, op_name, {v.name}, attrs));
+      reference.push_back(op(out, op_name, {v.ref}, attrs));
+      twin_ops.push_back(op("d_" + out, op_name, {v.twin}, attrs));
+      v.name = v.ref = out;
+      v.twin = "d_" + out;
+      v.shape = std::move(shape);
+      return v;
+    };
+    if (name == "index_select" && n >= 2 && *rc::gen::resize(100, rc::gen::arbitrary<bool>())) {
+      const BodyValue hot = then(region_arg({k}, replicated, "int64", 2), "_hot", "one_hot", {{"num_classes", 2}}, {k, 2});
+      index = then(hot, "_index", "flatten", json::object(), {2 * k});
+      k *= 2;
+    } else {
+      const BodyValue ids = region_arg({*rc::gen::inRange<int64_t>(0, 7)}, replicated, "int64", k);
+      index = then(then(ids, "_counts", "bincount", {{"minlength", k}}, {k}), "_index", "clamp", {{"max", n - 1}}, {k});
+    }
   } else {
     index = region_arg(index_shape, reading, "int64", n);
   }

@@ -127,6 +127,7 @@ json drawn_attrs(const std::string& name) {
     if (a && !a->required && !*rc::gen::arbitrary<bool>()) continue;
     attrs[key] = *rc::gen::elementOf(json::parse(values).get<std::vector<json>>());
   }
+  if (name == "clamp" && attrs.empty()) attrs["min"] = -1;  // clamp takes at least one bound
   return attrs;
 }
 

@@ -180,6 +180,14 @@ std::vector<Shape> draw_case(const std::string& name, size_t arity, json& attrs)
       shapes.push_back(*rc::gen::elementOf(std::vector<Shape>{{b, h, sq, sk}, {sq, sk}, {b, 1, sq, sk}, {1, h, 1, sk}}));
     return shapes;
   }
+  // one_hot, bincount: int64 values in [0, n) of n classes or bins (1-5), the values' extents at full
+  // size from the first case (over one value a rank's counts and the global ones agree too often).
+  if (name == "one_hot" || name == "bincount") {
+    attrs[name == "one_hot" ? "num_classes" : "minlength"] = *rc::gen::resize(100, rc::gen::inRange<int64_t>(1, 6));
+    const int64_t values = *rc::gen::resize(100, rc::gen::inRange<int64_t>(1, 9));
+    if (name == "bincount") return {{values}};
+    return {*rc::gen::arbitrary<bool>() ? Shape{values} : Shape{values, k}};
+  }
   if (name == "mm") return {{m, k}, {k, n}};
   if (name == "bmm") return {{b + 1, m, k}, {b + 1, k, n}};
   if (name == "matmul")
@@ -324,6 +332,7 @@ int copies_of(const RuleFamily& f, const std::string& o) {
   if (o == "embedding" || o == "pick_target") return 4;
   if (f.name == "norm") return 7;  // weight and bias, each sharded or not, over batch or sequence dims
   if (o == "log_softmax") return 8;  // loss parallel besides the rows
+  if (o == "clamp") return 2;  // min, max or both: its rows are the unary ones'
   if (attr_forms(o) > 1) return attr_forms(o);  // gelu: three forms of `approximate`
   if (o == "where") return 6;  // three operands, each whole or broadcast: the most rows
   // Comparisons of two operands: either one broadcast, or the scalar value.
@@ -509,6 +518,8 @@ json single_op_program() {
         const int64_t d = decl.attrs["dim"].get<int64_t>(), rank = static_cast<int64_t>(shapes[0].size());
         high = shapes[0][static_cast<size_t>(d < 0 ? d + rank : d)];
       }
+      if (name == "one_hot" || name == "bincount")
+        high = decl.attrs[name == "one_hot" ? "num_classes" : "minlength"].get<int64_t>();
       inputs.push_back(typed_input(arg, shapes[i], specs[i], type, high));
       if ((name == "floor_divide" || name == "remainder") && i == 1) {  // a divisor in [1, 3], laid out as drawn
         inputs.back()["init"] = {{"ids", 3}};

@@ -176,7 +176,8 @@ void check_operand_types(const OpDecl& op, const std::vector<DTensor>& args) {
 
 // Ids (or targets) in [0, high), or ignore_index: a libtorch lookup out of range is an error of the
 // scenario, named with the value, where it sits on which rank, and the range.
-void check_ids(const OpDecl& op, size_t slot, const DTensor& ids, int64_t high, std::optional<int64_t> ignore) {
+void check_ids(const OpDecl& op, size_t slot, const DTensor& ids, int64_t high, std::optional<int64_t> ignore,
+               const std::string& why = "") {
   for (size_t r = 0; r < ids.locals.size(); ++r) {
     at::Tensor t = ids.locals[r];
     if (ignore) t = t.masked_select(t.ne(*ignore));
@@ -186,7 +187,8 @@ void check_ids(const OpDecl& op, size_t slot, const DTensor& ids, int64_t high, 
     throw SemanticError(ErrorKind::InvalidScenario,
                         op.path + "/args/" + std::to_string(slot) + ": " + op.op + ": \"" + op.args[slot] + "\" holds " +
                             std::to_string(lo < 0 ? lo : hi) + " on rank " + std::to_string(r) + ", outside [0, " +
-                            std::to_string(high) + ")" + (ignore ? " and not ignore_index " + std::to_string(*ignore) : ""));
+                            std::to_string(high) + ")" + (ignore ? " and not ignore_index " + std::to_string(*ignore) : "") +
+                            why);
   }
 }
 
@@ -382,6 +384,16 @@ DTensor apply_program_op(Runtime& rt, const OpDecl& op, const std::vector<DTenso
                         op.path + "/value: " + op.op + ": " + nlohmann::json(attrs.value).dump() + " against the int64 \"" +
                             op.args[0] + "\": integer arithmetic takes a whole value (PyTorch would promote to float)");
   if (op.op == "floor_divide" || op.op == "remainder") check_divisor(op, attrs, args);
+  if (op.op == "one_hot") check_ids(op, 0, args.at(0), attrs.num_classes, std::nullopt, " (num_classes)");
+  if (op.op == "bincount")
+    check_ids(op, 0, args.at(0), attrs.minlength, std::nullopt,
+              " (minlength): the counts' length would follow the data, each rank's own max on a shard");
+  if (op.op == "clamp" && args.at(0).locals.at(0).scalar_type() == at::kLong)
+    for (const auto& [key, bound] : {std::pair{"min", attrs.clamp_min}, std::pair{"max", attrs.clamp_max}})
+      if (bound && *bound != std::trunc(*bound))
+        throw SemanticError(ErrorKind::InvalidScenario,
+                            op.path + "/" + key + ": clamp: " + nlohmann::json(*bound).dump() + " against the int64 \"" +
+                                op.args[0] + "\": an integer clamp takes whole bounds (PyTorch would promote to float)");
   if (op.op == "scaled_dot_product_attention" && args.size() > 3 && element_type(args[3].locals.at(0)) == ElementType::Int64)
     throw SemanticError(ErrorKind::InvalidScenario, op.path + "/args/3: " + op.op + ": \"" + op.args[3] +
                                                         "\" is int64, expected bool or float (attn_mask)");

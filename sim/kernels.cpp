@@ -297,6 +297,39 @@ at::Tensor attention(const OpAttrs& a, const Xs& xs) {
   return at::matmul(p, v).contiguous();
 }
 
+// clamp {min, max}: a bound of int64 data as an int64 scalar (a float one would promote the result).
+at::Tensor clamp(const at::Tensor& x, const OpAttrs& a) {
+  auto bound = [&](const std::optional<double>& v) -> c10::optional<at::Scalar> {
+    if (!v) return c10::nullopt;
+    if (x.scalar_type() == at::kLong && *v != std::trunc(*v))
+      throw SemanticError(ErrorKind::InvalidScenario, "clamp: a bound " + std::to_string(*v) +
+                                                          " against int64 data: an integer clamp takes whole bounds");
+    if (x.scalar_type() == at::kLong) return at::Scalar(static_cast<int64_t>(*v));
+    return at::Scalar(*v);
+  };
+  return at::clamp(x, bound(a.clamp_min), bound(a.clamp_max));
+}
+
+// one_hot and bincount count values in [0, high): one outside is the scenario's error (libtorch's
+// would be an abort-like c10::Error, or a longer bincount), named with the value.
+void check_counted(const at::Tensor& x, int64_t high, const char* op, const char* what) {
+  if (x.numel() == 0) return;
+  const int64_t lo = x.min().item<int64_t>(), hi = x.max().item<int64_t>();
+  if (lo >= 0 && hi < high) return;
+  throw SemanticError(ErrorKind::InvalidScenario, std::string(op) + ": a value " + std::to_string(lo < 0 ? lo : hi) +
+                                                      " outside [0, " + std::to_string(high) + ") (" + what + ")");
+}
+
+at::Tensor one_hot(const at::Tensor& x, const OpAttrs& a) {
+  check_counted(x, a.num_classes, "one_hot", "num_classes");
+  return at::one_hot(x, a.num_classes);
+}
+
+at::Tensor bincount(const at::Tensor& x, const OpAttrs& a) {
+  check_counted(x, a.minlength, "bincount", "minlength: the counts' length would follow the data");
+  return at::bincount(x, {}, a.minlength);
+}
+
 // ---------------------------------------------------------------------------------------------
 // The rows: one per op with a kernel, by name, in the catalog's (alphabetical) order.
 
@@ -317,8 +350,10 @@ const KernelRow kRows[] = {
     {"argmin", [](const OpAttrs& a, const Xs& xs) { return at::argmin(xs.at(0), a.dim.value_or(-1), a.keepdim); }},
     {"argsort",
      [](const OpAttrs& a, const Xs& xs) { return std::get<1>(stable_sort(xs.at(0), a.dim.value_or(-1), a.descending)); }},
+    {"bincount", [](const OpAttrs& a, const Xs& xs) { return bincount(xs.at(0), a); }},
     {"bmm", [](const OpAttrs&, const Xs& xs) { return at::bmm(xs.at(0), xs.at(1)); }},
     {"cat", [](const OpAttrs& a, const Xs& xs) { return at::cat(xs, a.dim.value_or(0)); }},
+    {"clamp", [](const OpAttrs& a, const Xs& xs) { return clamp(xs.at(0), a); }},
     {"cos", [](const OpAttrs&, const Xs& xs) { return at::cos(xs.at(0)); }},
     {"count_targets",
      [](const OpAttrs& a, const Xs& xs) {
@@ -402,6 +437,7 @@ const KernelRow kRows[] = {
     {"neg", [](const OpAttrs&, const Xs& xs) { return at::neg(xs.at(0)); }},
     {"nll_loss",
      [](const OpAttrs& a, const Xs& xs) { return nll_loss(xs.at(0), xs.at(1), a, xs.size() > 2 ? xs[2] : at::Tensor()); }},
+    {"one_hot", [](const OpAttrs& a, const Xs& xs) { return one_hot(xs.at(0), a); }},
     {"permute", [](const OpAttrs& a, const Xs& xs) { return xs.at(0).permute(a.dims).contiguous(); }},
     {"pick_target", [](const OpAttrs& a, const Xs& xs) { return pick_target(xs.at(0), xs.at(1), a); }},
     {"pow", [](const OpAttrs& a, const Xs& xs) { return at::pow(xs.at(0), a.exponent); }},

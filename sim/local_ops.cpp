@@ -71,7 +71,12 @@ at::Tensor created_value(const OpDecl& op, DType run_dtype) {
   if (op.op == "zeros") return at::zeros(shape, opts);
   if (op.op == "ones") return at::ones(shape, opts);
   if (op.op == "full") return at::full(shape, op_attrs(op).fill, opts);
-  return at::arange(numel(shape), opts).reshape(shape);
+  // arange: start + step * i at row-major index i, computed in int64 or float64 and then cast (as
+  // torch.arange computes a float range in double).
+  const double start = j.value("start", 0.0), step = j.value("step", 1.0);
+  if (st == at::kLong)
+    return (at::arange(numel(shape), opts) * static_cast<int64_t>(step) + static_cast<int64_t>(start)).reshape(shape);
+  return (at::arange(numel(shape), at::kDouble) * step + start).to(st).reshape(shape);
 }
 
 namespace {

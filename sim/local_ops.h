@@ -34,7 +34,8 @@ std::vector<OpAttrs> split_as_narrows(const OpDecl& decl, const std::vector<int6
 bool is_split_op(const std::string& op);
 
 // The global value a creation op (zeros, ones, full, arange) makes: its `shape`, its `dtype`
-// (float: the run's), `value` for full; arange counts 0, 1, ... in row-major order.
+// (float: the run's), `value` for full; arange counts start, start + step, ... (0, 1, ... by
+// default) in row-major order.
 at::Tensor created_value(const OpDecl& op, DType run_dtype);
 
 // The random ops (dropout, rand, randn; docs/semantics.md, "Randomness"). Each element of a block of

@@ -133,6 +133,13 @@ Locals Runtime::run_plan(const std::vector<RedistStep>& plan, const Spec& from, 
     Spec before = cur;
     cur[step.axis] = step.to;
     const int64_t bytes = step_bytes(mesh_, step, locals);
+    if (step.kind == StepKind::PartialFromReplicate && step.op == ReduceOp::Sum &&
+        step.convention == PartialFromReplicate::Divide && !locals.empty() && locals[0].scalar_type() == at::kLong)
+      throw SemanticError(ErrorKind::IllegalRedistribute,
+                          "R -> P(sum) of the int64 \"" + value + "\" over \"" + mesh_.axes()[step.axis] +
+                              "\" under partial_from_replicate divide: an integer does not divide by the group size "
+                              "(PyTorch's Partial._partition_value would give floats); reduce the other operand's "
+                              "P(sum) first, or run with partial_from_replicate rank0");
     RedistStep applied = step;
     if (mutant_on(Mutant::PsumFromReplicateNoDivide) && step.kind == StepKind::PartialFromReplicate)
       applied.kind = StepKind::Relabel;  // planted bug: the value stays whole on every rank

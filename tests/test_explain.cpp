@@ -133,6 +133,12 @@ std::vector<Case> cases() {
   out.push_back({"linalg_vector_norm", {m}, {}});
   out.push_back({"floor_divide", {m, m}, {}});
   out.push_back({"remainder", {m, {6}}, {}});
+  OpAttrs classes;  // one_hot: the shards kept, a new dim whole; bincount: S(0) -> P(sum)
+  classes.num_classes = 3;
+  out.push_back({"one_hot", {m}, classes});
+  OpAttrs bins;
+  bins.minlength = 5;
+  out.push_back({"bincount", {{6}}, bins});
   out.push_back({"pick_target", {m, {4}}, {}});
   out.push_back({"count_targets", {{4}}, {}});
   // Selection and order along dim 1 (gathered first where sharded), comparisons and logic.

@@ -81,7 +81,7 @@ std::string operand_dtype(const std::string& op, size_t i) {
     return "int64";  // the index
   if ((op == "where" && i == 0) || (op == "masked_fill" && i == 1)) return "bool";
   if (op == "logical_and" || op == "logical_or" || op == "logical_not") return "bool";
-  if (op == "floor_divide" || op == "remainder") return "int64";
+  if (op == "floor_divide" || op == "remainder" || op == "one_hot" || op == "bincount") return "int64";
   return "float";
 }
 
@@ -150,6 +150,12 @@ std::vector<OpConfig> configs(const std::string& op) {
             {op, {{"enable_gqa", true}}, {{3, 4, 5, 2}, {3, 2, 7, 2}, {3, 2, 7, 2}}}};
   // cumsum along each dim (the dim gathered where sharded; [5, 3] uneven on [3] and [4]).
   if (op == "cumsum") return {{op, {{"dim", 0}}, {tall}}, {op, {{"dim", -1}}, {tall}}, {op, {{"dim", 1}}, {cube}}};
+  // clamp: min, max or both, min above max too (on the bounds often: small integers); one_hot of ids
+  // into 3 or 4 classes; bincount of 1-D ids into minlength bins (tests/test_ops_counts.cpp: more).
+  if (op == "clamp")
+    return {{op, {{"min", -1}}, {tall}}, {op, {{"min", -1}, {"max", 1}}, {cube}}, {op, {{"min", 1}, {"max", 0}}, {tall}}};
+  if (op == "one_hot") return {{op, {{"num_classes", 3}}, {tall}}, {op, {{"num_classes", 4}}, {{7}}}};
+  if (op == "bincount") return {{op, {{"minlength", 3}}, {{7}}}, {op, {{"minlength", 5}}, {{5}}}};
   // floor_divide, remainder of int64 data: alike or broadcast either way (the scalar value:
   // test_ops_int.cpp).
   if (op == "floor_divide" || op == "remainder")
@@ -373,7 +379,9 @@ json scenario_json(const OpCase& c) {
                             : cfg.op == "gather" || cfg.op == "index_select" || cfg.op == "scatter" ||
                                     cfg.op == "scatter_add" || cfg.op == "index_add"
                                 ? indexed_extent(cfg)
-                                : cfg.shapes[0][1]}};
+                            : cfg.op == "one_hot"  ? cfg.attrs["num_classes"].get<int64_t>()
+                            : cfg.op == "bincount" ? cfg.attrs["minlength"].get<int64_t>()
+                                                   : cfg.shapes[0][1]}};
     if ((cfg.op == "floor_divide" || cfg.op == "remainder") && i == 0) in.erase("init");  // in [-4, 4]
     inputs.push_back(in);
     if ((cfg.op == "floor_divide" || cfg.op == "remainder") && i == 1) {  // a divisor in [1, 3]
@@ -873,7 +881,8 @@ TEST(OpAttrsText, EveryFieldIsInTheKey) {
             "start=0 length=0 split_size=0 chunks=0 tanh=0 exponent=1 diagonal=0 normalized_shape=[] eps=- sum_reduction=0 "
             "no_reduction=0 label_smoothing=0 ignore_index=- fill=0 k=1 largest=1 descending=0 float32=0 ord=2 dtype=- "
             "range=- divisor=- local_mean=0 local_shape=- p=0.5 training=1 repeats=1 is_causal=0 attn_scale=nan "
-            "enable_gqa=0 stream= seed=0 step=-1 microbatch=-1 global=[]");
+            "enable_gqa=0 stream= seed=0 step=-1 microbatch=-1 global=[] "
+            "clamp_min=- clamp_max=- num_classes=0 minlength=0");
   EXPECT_NE(attrs_of("topk", {{"k", 2}}).str(), attrs_of("topk", {{"k", 3}}).str());
   EXPECT_NE(attrs_of("topk", {{"k", 2}, {"largest", false}}).str(), attrs_of("topk", {{"k", 2}}).str());
   EXPECT_NE(attrs_of("sort", {{"descending", true}}).str(), attrs_of("sort", json::object()).str());
@@ -893,6 +902,10 @@ TEST(OpAttrsText, EveryFieldIsInTheKey) {
   EXPECT_NE(ranged.str(), attrs_of("embedding", json::object()).str());
   EXPECT_NE(attrs_of("permute", {{"dims", {0, 1}}}).str(), attrs_of("permute", {{"dims", {1, 0}}}).str());
   EXPECT_NE(attrs_of("view", {{"shape", {2, 3}}}).str(), attrs_of("view", {{"shape", {3, 2}}}).str());
+  EXPECT_NE(attrs_of("clamp", {{"min", 0}}).str(), attrs_of("clamp", {{"max", 0}}).str());
+  EXPECT_NE(attrs_of("clamp", {{"min", 0}, {"max", 1}}).str(), attrs_of("clamp", {{"min", 0}, {"max", 2}}).str());
+  EXPECT_NE(attrs_of("one_hot", {{"num_classes", 3}}).str(), attrs_of("one_hot", {{"num_classes", 4}}).str());
+  EXPECT_NE(attrs_of("bincount", {{"minlength", 3}}).str(), attrs_of("bincount", {{"minlength", 4}}).str());
   EXPECT_NE(attrs_of("repeat_interleave", {{"repeats", 2}}).str(), attrs_of("repeat_interleave", {{"repeats", 3}}).str());
   EXPECT_NE(attrs_of("scaled_dot_product_attention", {{"is_causal", true}}).str(),
             attrs_of("scaled_dot_product_attention", json::object()).str());

@@ -10,6 +10,7 @@
 //   rules/norms_losses.cpp  norm (layer_norm, rms_norm), vector_norm (linalg_vector_norm),
 //                           pick_target, count_targets
 //   rules/embedding.cpp     embedding
+//   rules/counts.cpp        one_hot, bincount
 //   rules/indexing.cpp      index (gather, index_select), scatter (scatter, scatter_add, index_add)
 //   rules/selection.cpp     select (max, min, sort, topk), select_index (argmax, argmin,
 //                           argsort), compare (eq, ne, lt, le, gt, ge, logical_and/not/or)
@@ -292,6 +293,11 @@ Grad attention_gradient(const AxisGrad& x);
 std::vector<int> layout_misaligned_axes(const std::string& family, const Mesh& mesh, const std::vector<Spec>& in_specs,
                                         const Spec& out_spec, const std::vector<Shape>& shapes, const Shape& out_shape,
                                         const OpAttrs& a);
+
+// counts.cpp
+std::vector<RuleRow> one_hot_rows(const RowCtx& c);
+std::vector<RuleRow> bincount_rows(const RowCtx& c);
+Grad counts_gradient(const AxisGrad& x);
 
 // selection.cpp
 std::vector<RuleRow> select_rows(const RowCtx& c);

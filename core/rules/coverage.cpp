@@ -186,6 +186,10 @@ std::vector<CoverageCase> coverage_cases(const std::string& family, const std::s
     add({q, q, q});
     add({{2, 4, 2, 2}, q, q}, with([](OpAttrs& a) { a.enable_gqa = true; }));
     for (const Shape& m : std::vector<Shape>{q, {2, 2}, {2, 1, 2, 2}, {1, 2, 1, 2}}) add({q, q, q, m});
+  } else if (family == "one_hot") {
+    for (int64_t r = 1; r <= 2; ++r) add({cube(r)}, with([](OpAttrs& a) { a.num_classes = 3; }));
+  } else if (family == "bincount") {
+    add({{4}}, with([](OpAttrs& a) { a.minlength = 3; }));
   } else if (family == "pick_target") {
     add({cube(2), cube(1)});
   } else if (family == "mm") {

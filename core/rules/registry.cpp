@@ -61,6 +61,8 @@ const Entry kEntries[] = {
     {"embedding", 2, embedding_rows, embedding_gradient},
     {"index", 2, index_rows, index_gradient},
     {"scatter", 3, scatter_rows, scatter_gradient},
+    {"one_hot", 1, one_hot_rows, counts_gradient},
+    {"bincount", 1, bincount_rows, counts_gradient},
     {"pick_target", 2, pick_target_rows, pick_target_gradient},
     {"count_targets", 1, count_targets_rows, count_targets_gradient},
     {"compare", 0, compare_rows, compare_gradient},

@@ -30,7 +30,8 @@ EXACT_OPS = {
     "reduce_scatter", "all_to_all", "mark_varying", "local_map", "abs",
     "max", "min", "argmax", "argmin", "sort", "argsort", "topk", "eq", "ne", "lt", "le", "gt", "ge",
     "logical_and", "logical_or", "logical_not", "gather", "index_select", "scatter", "scatter_add",
-    "index_add", "floor_divide", "remainder", "cumsum", "repeat", "repeat_interleave",
+    "index_add", "floor_divide", "remainder", "cumsum", "clamp", "one_hot", "bincount",
+    "repeat", "repeat_interleave",
 }
 # Relative tolerance otherwise, relative to the largest finite magnitude of meshsim's value (at
 # least 1): looser than meshsim's own 1e-12, since two libtorch versions (and XLA) may round

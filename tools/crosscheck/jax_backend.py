@@ -352,6 +352,9 @@ OPS = {
     "add": _binary(jnp.add), "sub": _binary(jnp.subtract), "mul": _binary(jnp.multiply),
     "floor_divide": _binary(jnp.floor_divide), "remainder": _binary(jnp.remainder),
     "cumsum": lambda xs, op: jnp.cumsum(xs[0], axis=op["dim"]),
+    "clamp": lambda xs, op: _clamp(xs[0], op),
+    "one_hot": lambda xs, op: jax.nn.one_hot(xs[0], op["num_classes"], dtype=xs[0].dtype),
+    "bincount": lambda xs, op: jnp.bincount(xs[0], minlength=op["minlength"], length=op["minlength"]),
     "repeat": lambda xs, op: jnp.tile(xs[0], op["sizes"]),
     "repeat_interleave": lambda xs, op: jnp.repeat(xs[0], op["repeats"], axis=op["dim"]),
     "scaled_dot_product_attention": lambda xs, op: _attention(xs, op),
@@ -446,14 +449,31 @@ def _created(op: dict, float_dtype):
     """zeros / ones / full / arange: the program's (global), or a shard_map body's (of its local shape,
     invariant: a constant varies over no mesh axis)."""
     dtype = {"float": float_dtype, "int64": jnp.int64, "bool": jnp.bool_, **JAX_DTYPES}[op.get("dtype", "float")]
-    shape = tuple(op["shape"])
+    shape = tuple(op["shape"]) if "shape" in op else None  # arange's 1-D form leaves it off
     if op["op"] == "zeros":
         return jnp.zeros(shape, dtype)
     if op["op"] == "ones":
         return jnp.ones(shape, dtype)
     if op["op"] == "full":
         return jnp.full(shape, _fill(op), dtype)
-    return jnp.arange(math.prod(shape), dtype=dtype).reshape(shape)
+    start, step = op.get("start", 0), op.get("step", 1)
+    if "end" in op:  # torch.arange(start, end, step): computed in float64 (as torch), then cast
+        return jnp.arange(start, op["end"], step, dtype=jnp.float64).astype(dtype)
+    return (jnp.arange(math.prod(shape), dtype=jnp.float64) * step + start).astype(dtype).reshape(shape)
+
+
+def _clamp(x, op: dict):
+    """torch.clamp: max(x, min) then min(., max) (min above max gives max); whole bounds of int64 data
+    as ints. Its gradient passes on the bounds, as meshsim's (libtorch 1.13's clamp_backward): jnp.clip's
+    (maximum and minimum) splits a tie in half, so the bounds are applied with where."""
+    lo, hi = op.get("min"), op.get("max")
+    cast = (lambda v: int(v)) if jnp.issubdtype(x.dtype, jnp.integer) else (lambda v: float(v))
+    y = x
+    if lo is not None:
+        y = jnp.where(x < cast(lo), jnp.asarray(cast(lo), x.dtype), y)
+    if hi is not None:
+        y = jnp.where(y > cast(hi), jnp.asarray(cast(hi), x.dtype), y)
+    return y
 
 
 CREATION_OPS = {"zeros", "ones", "full", "arange"}

@@ -189,6 +189,22 @@ def scalar(v) -> float:
     return float(v)
 
 
+def bound(v, x):
+    """clamp's min or max: absent, or of int64 data an int (a float bound would promote the result)."""
+    if v is None:
+        return None
+    return int(v) if not x.dtype.is_floating_point else float(v)
+
+
+def arange(op: dict, dtype):
+    """arange: start + step * i in row-major order (its shape's elements), or torch.arange(start, end,
+    step) where the scenario gives end (then its shape may be left off)."""
+    start, step = op.get("start", 0), op.get("step", 1)
+    if "end" in op:
+        return torch.arange(start, op["end"], step, dtype=torch.float64).to(dtype)
+    return (torch.arange(math.prod(op["shape"]), dtype=torch.float64) * step + start).to(dtype)
+
+
 # --- local collectives (plain local code: to_local results and local_map bodies) -----------------
 
 class _LocalSquare(torch.autograd.Function):
@@ -443,10 +459,12 @@ class Program:
         """A creation op: the global tensor made by `make(dtype)` on every rank, laid out by
         distribute_tensor (as torch.distributed.tensor.zeros/ones/full do)."""
         dtype = self.elem_type(op.get("dtype"))
-        t = make(dtype).reshape(op["shape"])
+        t = make(dtype)
+        shape = op.get("shape", list(t.shape))  # arange's 1-D form leaves it off
+        t = t.reshape(shape)
         if "placements" not in op:  # local code's (a local_map body, or after to_local): a plain tensor
             return t
-        return distribute_tensor(t, self.mesh, self.placements(op["placements"], len(op["shape"])))
+        return distribute_tensor(t, self.mesh, self.placements(op["placements"], len(shape)))
 
 
 def contiguous_stride(shape: list[int]) -> tuple[int, ...]:
@@ -691,6 +709,9 @@ OPS = {
     "add": binary(torch.add), "sub": binary(torch.sub), "mul": binary(torch.mul), "div": binary(torch.div),
     "floor_divide": binary(torch.floor_divide), "remainder": binary(torch.remainder),
     "cumsum": lambda p, op, x: torch.cumsum(x, op["dim"]),
+    "clamp": lambda p, op, x: torch.clamp(x, min=bound(op.get("min"), x), max=bound(op.get("max"), x)),
+    "one_hot": lambda p, op, x: F.one_hot(x, op["num_classes"]),
+    "bincount": lambda p, op, x: torch.bincount(x, minlength=op["minlength"]),
     "repeat": lambda p, op, x: x.repeat(op["sizes"]),
     "repeat_interleave": lambda p, op, x: torch.repeat_interleave(x, op["repeats"], dim=op["dim"]),
     "scaled_dot_product_attention": lambda p, op, q, k, v, m=None: sdpa(p, op, q, k, v, m),
@@ -718,7 +739,7 @@ OPS = {
     "zeros": lambda p, op: p.create(op, lambda dt: torch.zeros(math.prod(op["shape"]), dtype=dt)),
     "ones": lambda p, op: p.create(op, lambda dt: torch.ones(math.prod(op["shape"]), dtype=dt)),
     "full": lambda p, op: p.create(op, lambda dt: torch.full((math.prod(op["shape"]),), scalar(op["value"]), dtype=dt)),
-    "arange": lambda p, op: p.create(op, lambda dt: torch.arange(math.prod(op["shape"])).to(dt)),
+    "arange": lambda p, op: p.create(op, lambda dt: arange(op, dt)),
     "layer_norm": lambda p, op, x, w=None, b=None: F.layer_norm(x, op["normalized_shape"], w, b, op.get("eps", 1e-5)),
     "rms_norm": lambda p, op, x, w=None: F.rms_norm(x, op["normalized_shape"], w, op.get("eps")),
     "embedding": embedding,
@@ -978,6 +999,17 @@ CAUSES = {
         "sharded over a mesh axis), that sum is Partial(sum), and DTensor refuses an in-place masked_fill_ "
         "on a Partial (tensor/_ops/utils.py: 'in-place operations that require placement changes are not "
         "supported'), though a zero fill keeps every part's sum. meshsim masks the rows and runs it.",
+    "bincount_no_strategy":
+        "DTensor registers no sharding strategy for aten.bincount (none under tensor/_ops/), and its "
+        "propagation's fake-tensor run of bincount refuses a data-dependent length "
+        "(torch/_subclasses/fake_impls.py), so a DTensor's bincount raises on every placement; meshsim counts a "
+        "shard's own values over the same minlength bins, S(0) -> P(sum) (docs/semantics.md, 'one_hot "
+        "and bincount').",
+    "clamp_bound_gradient":
+        "PyTorch 2.15's gradient of clamp is 0 where the operand sits on a bound (torch.clamp(x, -1, 1) of "
+        "[-1, 0, 1] gives [0, 1, 0], eager and DTensor alike), where libtorch 1.13's clamp_backward, which "
+        "meshsim's kernels and its oracle run, passes g on the bounds (min <= x <= max): the two libtorch "
+        "versions differ there, DTensor places it alike (docs/semantics.md, 'clamp').",
     "inplace_update_short_shard_refused":
         "torch.optim updates a parameter in place, and DTensor refuses an in-place op no strategy of "
         "which keeps the parameter's placements (tensor/_ops/utils.py: 'in-place operations that require "
@@ -1103,6 +1135,22 @@ def program_ops(job: common.Job) -> set[str]:
     return {op["op"] for op in job.ops()}
 
 
+def clamp_bounds_only(job: common.Job, name: str, expected, data) -> bool:
+    """Whether input `name`'s gradient differs only where a clamp of `name` has it on a bound
+    (clamp_bound_gradient)."""
+    x = job.value(name)
+    if x is None or expected is None or data is None or np.shape(expected) != np.shape(data):
+        return False
+    apart = np.asarray(expected) != np.asarray(data)
+    on_bound = np.zeros(np.shape(x), dtype=bool)
+    for op in job.ops():
+        if op.get("op") == "clamp" and op.get("args", [None])[0] == name:
+            for key in ("min", "max"):
+                if key in op:
+                    on_bound |= np.asarray(x) == float(op[key])
+    return bool(apart.any()) and np.shape(on_bound) == np.shape(apart) and not (apart & ~on_bound).any()
+
+
 def explain_error(job: common.Job, d: dict, msg: str) -> dict:
     if ("The shape of the mask" in msg or "MaskBuffer has been materialized with conflicting data" in msg
             or "MaskBuffer has not been materialized" in msg
@@ -1111,6 +1159,8 @@ def explain_error(job: common.Job, d: dict, msg: str) -> dict:
     if ("masked_fill_" in msg and "Partial" in msg and "in-place operations that require placement changes" in msg
             and any(op.get("op") == "cross_entropy" and op.get("label_smoothing") for op in job.ops())):
         return with_cause(d, "label_smoothing_partial_refused")
+    if "aten.bincount" in msg:
+        return with_cause(d, "bincount_no_strategy")
     if "cannot compute the" in msg and "inf norm" in msg and "does not have an identity" in msg:
         return with_cause(d, "vector_norm_inf_empty_shard")
     if "Expected reduction dim" in msg and "non-zero size" in msg:
@@ -1327,6 +1377,10 @@ def check(job: common.Job) -> dict:
                 reduced_local.append((name, d))  # explained below if Rd's spelling is all that differs
             elif after_uneven_mean and d["oracle_agrees_with"] == "pytorch":
                 with_cause(d, "mean_uneven_replicated")
+            elif d["oracle_agrees_with"] == "meshsim" and clamp_bounds_only(job, name, expected, data):
+                with_cause(d, "clamp_bound_gradient")
+                if placement_diff is not None and "cause" not in placement_diff:  # the values agree elsewhere
+                    with_cause(placement_diff, "grad_strategy_choice")
             diffs.append(d)
     # The same program once more with one thing spelled as meshsim means it: a gradient that then
     # agrees differed by that alone. First the local collectives' backward convention, then the
