@@ -253,5 +253,27 @@ TEST(Creation, ABodysCreationOpTakesNoPlacements) {
   }
 }
 
+TEST(Creation, InLocalCodeIsEachRanksSameTensor) {
+  // Between to_local and from_local: arange [3] (no placements) scales each rank's rows of x
+  // [5, 3] S(0) on 4 ranks; the oracle reads the same arange in the global program. Before any
+  // to_local a creation op without placements is refused, named.
+  json program = {{{"out", "xl"}, {"op", "to_local"}, {"args", {"x"}}},
+                  {{"out", "b"}, {"op", "arange"}, {"shape", {3}}},
+                  {{"out", "yl"}, {"op", "mul"}, {"args", {"xl", "b"}}},
+                  {{"out", "y"}, {"op", "from_local"}, {"args", {"yl"}}, {"placements", {"S(0)"}}},
+                  {{"out", "loss"}, {"op", "sum"}, {"args", {"y"}}}};
+  const json inputs = {{{"name", "x"}, {"shape", {5, 3}}, {"placements", {"S(0)"}}, {"requires_grad", true}}};
+  const json r = run(doc_of({4}, inputs, program, "loss"));
+  ASSERT_EQ(r["status"], "pass") << r.dump(1);
+  EXPECT_EQ(r["values"]["b"]["variance"], "unchecked") << r.dump(1);
+  program.insert(program.begin(), json{{"out", "z"}, {"op", "zeros"}, {"shape", {3}}});
+  const json early = run(doc_of({4}, inputs, program, "loss"));
+  ASSERT_EQ(early["status"], "error") << early.dump(1);
+  EXPECT_NE(early["error"]["message"].get<std::string>().find("/program/0/placements: zeros without placements makes a "
+                                                              "local tensor of local code (after to_local)"),
+            std::string::npos)
+      << early.dump(1);
+}
+
 }  // namespace
 }  // namespace meshsim
