@@ -507,8 +507,36 @@ bool LocalMapBuilder::indexed(const BodyValue& x, int64_t d, BodyValue& y) {
   const int64_t n = x.shape[static_cast<size_t>(d)];
   if (n == 0) return false;
   const std::vector<const char*> ops = {"gather", "index_select", "scatter", "scatter_add", "index_add", "cumsum"};
-  const std::string name = ops.at(static_cast<size_t>(*rc::gen::inRange<int>(0, static_cast<int>(ops.size()))));
+  // The copies and attention a quarter of the time, uniformly (inRange alone narrows to the list's
+  // first ops in the early, small cases).
+  const std::vector<const char*> copying = {"repeat", "repeat_interleave", "scaled_dot_product_attention"};
+  const std::string name = *rc::gen::resize(100, rc::gen::inRange(0, 4)) == 0
+                               ? copying.at(static_cast<size_t>(*rc::gen::resize(100, rc::gen::inRange(0, 3))))
+                               : ops.at(static_cast<size_t>(*rc::gen::inRange<int>(0, static_cast<int>(ops.size()))));
   const json dim = *rc::gen::arbitrary<bool>() ? d : d - static_cast<int64_t>(x.shape.size());
+  if (name == "repeat" || name == "repeat_interleave") {  // 1-2 copies of each entry along d, or of d whole
+    const int64_t copies = *rc::gen::inRange<int64_t>(1, 3);
+    y.label = local_label({&x});
+    y.shape[static_cast<size_t>(d)] *= copies;
+    Shape sizes(x.shape.size(), 1);
+    sizes[static_cast<size_t>(d)] = copies;
+    add_local(y, name, {x}, name == "repeat" ? json{{"sizes", sizes}} : json{{"repeats", copies}, {"dim", dim}});
+    return true;
+  }
+  if (name == "scaled_dot_product_attention") {  // x [s, e] whole on every rank as q = k = v [1, 1, s, e]
+    if (x.shape.size() != 2 || sharded(x, 0) || sharded(x, 1)) return false;
+    BodyValue q = renamed(x);
+    q.label = local_label({&x});
+    q.shape = {1, 1, x.shape[0], x.shape[1]};
+    add_local(q, "reshape", {x}, {{"shape", q.shape}});
+    const BodyValue qkv = pool.back();
+    y = renamed(qkv);
+    y.label = local_label({&qkv});
+    y.floor = 0;  // each row a convex combination of v's rows: |y| <= x's bound
+    y.rounded = true;
+    add_local(y, name, {qkv, qkv, qkv}, {{"is_causal", *rc::gen::arbitrary<bool>()}});
+    return true;
+  }
   if (name == "cumsum") {  // running sums of up to n entries
     const double bound = x.bound * static_cast<double>(n);
     if (!within_bounds(name, {}, {{x.bound, x.rounded}}, bound, y.rounded)) return false;

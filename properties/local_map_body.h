@@ -145,10 +145,11 @@ struct LocalMapBuilder {
   // argsort along such a dim), combined by logical_not, _and or _or now and then, picking x or a
   // value read alike by where; of a value with no Partial axis that no rounding made.
   bool try_select_kind(const BodyValue& x);
-  // gather, index_select, scatter, scatter_add, index_add or cumsum of x along d (a dim no axis
-  // shards; a quarter of the select kind's draws) by an int64 index arg (or one computed from
+  // Along d, a dim no axis shards (a quarter of the select kind's draws): gather, index_select,
+  // scatter, scatter_add, index_add or cumsum of x by an int64 index arg (or one computed from
   // wider ids by remainder or floor_divide, or a 1-D one by bincount and clamp, or one_hot and
-  // flatten, of replicated ids): of x's shape read as x, or 1-D replicated.
+  // flatten, of replicated ids): of x's shape read as x, or 1-D replicated; repeat or
+  // repeat_interleave of x; or scaled_dot_product_attention of x [s, e] (both dims whole) as q, k, v.
   bool indexed(const BodyValue& x, int64_t d, BodyValue& y);
   // y = where(mask, x, u) with u a value of the pool that reads as x does; false out of bounds.
   bool where_of(const BodyValue& mask, const BodyValue& x, BodyValue& y);

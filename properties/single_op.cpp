@@ -347,7 +347,7 @@ int copies_of(const RuleFamily& f, const std::string& o) {
   if (o == "cumsum") return 12;  // the planted bug cumsum_sharded_dim_local: a shard of its dim
   // scaled_dot_product_attention: the batch, the heads (grouped or not), a mask; the planted bug
   // sdpa_sequence_shard_local: q, k and v sharded on the sequence.
-  if (f.name == "attention") return 8;
+  if (f.name == "attention") return 12;
   if (f.name == "repeat_interleave") return 3;  // a shard of its dim, even (kept) or not (gathered)
   if (f.name == "repeat") return 2;
   // dropout: a shard (its mask the global mask's piece) and a replica (every replica the same mask)
