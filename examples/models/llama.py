@@ -6,10 +6,10 @@ at toy size and with no weights or data downloaded: dim 8, 2 layers, 4 attention
 vocabulary 16, sequence 4, batch 2. RMSNorm, rotary embeddings, token embedding and an untied
 output projection (`ModelArgs(tied=True)` ties it to the embedding).
 
-Two choices differ from torchtitan, because meshsim does not have the op torchtitan calls:
+Two choices differ from torchtitan, because the ops torchtitan calls cannot run here:
 
 - attention is written out (matmul, scale, causal mask by `masked_fill(-inf)`, softmax, matmul) instead
-  of `F.scaled_dot_product_attention`: meshsim has no SDPA op (the importer records SDPA as these parts);
+  of `F.scaled_dot_product_attention`: PyTorch's DTensor cannot run SDPA on the CPU (docs/semantics.md);
 - the rotary embedding is the rotate-half form (Hugging Face's `rotate_half`, cos/sin computed
   from `torch.arange` in the forward) instead of torchtitan's complex `freqs_cis`: meshsim has
   no complex tensors.
@@ -141,7 +141,7 @@ class Attention(nn.Module):
         xk = keys.transpose(1, 2)
         xv = values.transpose(1, 2)
 
-        # F.scaled_dot_product_attention(xq, xk, xv, is_causal=True), written out: meshsim has no SDPA op
+        # F.scaled_dot_product_attention(xq, xk, xv, is_causal=True), written out: no DTensor SDPA on the CPU
         scores = torch.matmul(xq, xk.transpose(2, 3)) / math.sqrt(self.head_dim)
         mask = torch.ones(seqlen, seqlen, dtype=torch.bool, device=x.device).triu(1)
         scores = scores.masked_fill(mask, float("-inf"))
