@@ -101,7 +101,7 @@ void add_input_limit(CLI::App* sub, std::string& max_input) {
 }  // namespace
 
 int command_line(int argc, char** argv, const TensorCommands& tensors) {
-  set_scenario_tracer(tensors.trace_scenario);
+  set_scenario_tracer(tensors.trace_scenario, tensors.before_reading_stream);
   CLI::App app{"meshsim: a deterministic simulator and testing harness for distributed tensor semantics"};
   app.set_version_flag("--version", std::string(MESHSIM_VERSION));
   app.require_subcommand(1);

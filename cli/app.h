@@ -29,6 +29,10 @@ struct TensorCommands {
   void (*load_plugins)(const std::vector<std::string>& named);
   // render and explore of a scenario (not a trace): its checked run's trace.
   ScenarioTracer trace_scenario;
+  // Before render or explore reads a stream (a pipe, a FIFO, /dev/stdin), which can be read once:
+  // null where this executable runs whatever the stream holds; the front hands the command over
+  // unread, since a scenario there would be handed over after it was read.
+  void (*before_reading_stream)();
   void (*install_progress_line)();
   void (*erase_progress_line)();
 };

@@ -33,7 +33,9 @@ RunOptions options_with_overrides(const Scenario& sc, const std::vector<std::str
 // How render and explore run a scenario they are given instead of a trace: its checked run's trace
 // (cli/app.h's TensorCommands::trace_scenario, which command_line sets).
 using ScenarioTracer = Trace (*)(const Scenario& sc);
-void set_scenario_tracer(ScenarioTracer tracer);
+void set_scenario_tracer(ScenarioTracer tracer, void (*before_reading_stream)() = nullptr);
+// Reads a scenario or a trace that render or explore was given; before a stream, the hook above.
+nlohmann::json read_drawn_file(const std::string& file);
 // The trace of the scenario's checked run, refused (check_resources) past the resource limits.
 Trace trace_of_scenario(const Scenario& sc);
 

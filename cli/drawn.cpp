@@ -1,6 +1,8 @@
 // The commands' parts that compute nothing with tensors, so that `meshsim` (cli/front.cpp) runs
 // them without libtorch: `render` (of a trace; a scenario is run by the tracer), the exit code of a
 // drawn run, a trace's scenario, the error line and the resource limits.
+#include <sys/stat.h>
+
 #include <iostream>
 #include <optional>
 #include <string>
@@ -28,12 +30,22 @@ Scenario scenario_of_trace(const Trace& t, const std::string& file) {
 namespace {
 ResourceLimits g_limits;
 ScenarioTracer g_tracer = nullptr;
+void (*g_before_stream)() = nullptr;
 }  // namespace
 
 void set_resource_limits(const ResourceLimits& limits) { g_limits = limits; }
 const ResourceLimits& resource_limits() { return g_limits; }
 
-void set_scenario_tracer(ScenarioTracer tracer) { g_tracer = tracer; }
+void set_scenario_tracer(ScenarioTracer tracer, void (*before_reading_stream)()) {
+  g_tracer = tracer;
+  g_before_stream = before_reading_stream;
+}
+
+nlohmann::json read_drawn_file(const std::string& file) {
+  struct stat st {};
+  if (g_before_stream && ::stat(file.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) g_before_stream();
+  return read_json_file(file);
+}
 
 Trace trace_of_scenario(const Scenario& sc) {
   check_resources(sc, sc.options, g_limits);
@@ -67,7 +79,7 @@ int exit_of_drawn(const nlohmann::json& result, const std::optional<Expectation>
 
 int cmd_render(const RenderArgs& args) {
   refuse_output_over_input("--out", args.out, {args.file});
-  nlohmann::json doc = read_json_file(args.file);
+  nlohmann::json doc = read_drawn_file(args.file);
   Trace trace;
   std::optional<Expectation> expect;
   if (is_trace_document(doc)) {

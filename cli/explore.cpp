@@ -26,7 +26,7 @@ bool ends_with(const std::string& s, const std::string& tail) {
 std::pair<ExploreRun, int> load_run(const std::string& file) {
   ExploreRun run;
   run.file = file;
-  nlohmann::json doc = read_json_file(file);
+  nlohmann::json doc = read_drawn_file(file);
   std::optional<Expectation> expect;
   if (is_trace_document(doc)) {
     run.trace = trace_from_json(doc, file);

@@ -83,6 +83,7 @@ int main(int argc, char** argv) {
                                     handed_over<const meshsim::ValidateConfig&>,
                                     plugins_hand_over,
                                     scenario_hands_over,
+                                    hand_over,
                                     nothing,
                                     nothing};
   return command_line(argc, argv, front);

@@ -25,8 +25,8 @@ Trace checked_trace(const Scenario& sc) { return trace_of(sc, sc.options, check_
 const TensorCommands& tensor_commands() {
   static const TensorCommands table{cmd_run,          cmd_check,     cmd_emit,
                                     cmd_replay,       cmd_explain,   cmd_validate,
-                                    load_every_plugin, checked_trace, install_progress_line,
-                                    erase_progress_line};
+                                    load_every_plugin, checked_trace, nullptr,
+                                    install_progress_line, erase_progress_line};
   return table;
 }
 

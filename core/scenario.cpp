@@ -397,7 +397,11 @@ class ScenarioParser {
     if ((end - start) * step < 0)
       r_.fail(child(path, "step"), "arange: from start " + json(start).dump() + " to end " + json(end).dump() +
                                        " a step of the other sign is needed, got " + json(step).dump());
-    const auto n = static_cast<int64_t>(std::ceil((end - start) / step));
+    const double count = std::ceil((end - start) / step);
+    if (!(count <= 0x1p40))  // NaN too; a larger count is no tensor this machine holds
+      r_.fail(child(path, "end"), "arange: from start " + json(start).dump() + " to end " + json(end).dump() + " by step " +
+                                      json(step).dump() + " is more than 2^40 elements");
+    const auto n = static_cast<int64_t>(count);
     const json shape = json::array({n});
     if (op.contains("shape") && op["shape"] != shape)
       r_.fail(child(path, "shape"), "arange: shape " + op["shape"].dump() + " disagrees with start, end and step, which give " +

@@ -143,14 +143,16 @@ Shape infer_shape(const std::string& op, const std::vector<Shape>& s, const OpAt
     const size_t lead = a.sizes.size() - s[0].size();
     for (size_t i = 0; i < out.size(); ++i) {
       if (out[i] < 0) fail("negative size in " + shape_str(a.sizes));
-      if (i >= lead) out[i] *= s[0][i - lead];
+      if (i >= lead && __builtin_mul_overflow(out[i], s[0][i - lead], &out[i]))
+        fail("sizes " + shape_str(a.sizes) + " of " + shape_str(s[0]) + " give a dim past 2^63 elements");
     }
     return out;
   }
   if (family == "repeat_interleave") {
     if (a.repeats < 0) fail("repeats " + std::to_string(a.repeats) + " is negative");
     Shape out = s[0];
-    out[static_cast<size_t>(*a.dim)] *= a.repeats;
+    if (__builtin_mul_overflow(out[static_cast<size_t>(*a.dim)], a.repeats, &out[static_cast<size_t>(*a.dim)]))
+      fail("repeats " + std::to_string(a.repeats) + " of " + shape_str(s[0]) + " give a dim past 2^63 elements");
     return out;
   }
   if (family == "attention") return attention_shape(op, s, a);

@@ -278,6 +278,14 @@ at::Tensor repeat_interleave(const at::Tensor& x, const OpAttrs& a) {
 // gradient (aten::_safe_softmax), not NaN.
 at::Tensor attention(const OpAttrs& a, const Xs& xs) {
   at::Tensor q = xs.at(0), k = xs.at(1), v = xs.at(2);
+  // As PyTorch raises, in local code too (a program's op is checked before it runs, core/shapes.cpp).
+  if (k.size(1) != q.size(1) && !a.enable_gqa)
+    throw SemanticError(ErrorKind::ShapeMismatch, "scaled_dot_product_attention: q has " + std::to_string(q.size(1)) + " heads, k and v " +
+                                std::to_string(k.size(1)) + ": grouped heads need enable_gqa");
+  if (xs.size() > 3 && a.is_causal)
+    throw SemanticError(ErrorKind::InvalidScenario, "scaled_dot_product_attention: an attn_mask and is_causal together (PyTorch refuses both)");
+  if (xs.size() > 3 && xs[3].scalar_type() != at::kBool && !at::isFloatingType(xs[3].scalar_type()))
+    throw SemanticError(ErrorKind::InvalidScenario, "scaled_dot_product_attention: attn_mask must be bool or float");
   if (k.size(1) > 0 && k.size(1) != q.size(1)) {
     OpAttrs heads;
     heads.dim = 1;

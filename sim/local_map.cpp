@@ -423,7 +423,7 @@ namespace {
 bool linear_unary(const std::string& op) {
   static const std::set<std::string> ops = {"neg",     "scale",     "sum",   "mean",   "reshape", "view",
                                             "flatten", "unflatten", "transpose", "permute", "narrow", "squeeze",
-                                            "unsqueeze", "expand",  "tril",  "triu"};
+                                            "unsqueeze", "expand",  "tril",  "triu", "repeat", "repeat_interleave", "detach"};
   return ops.count(op) > 0;
 }
 

@@ -119,4 +119,24 @@ TEST(Front, SaysWhatTheFullCommandSays) {
   remove_fresh_dir(dir);
 }
 
+// A stream can be read once: render and explore of a pipe hand it over unread (a scenario there
+// runs in meshsim-torch), and a trace through a pipe is drawn like its file.
+TEST(Front, DrawsAScenarioOrATraceReadFromAPipe) {
+  const fs::path dir = fresh_dir("meshsim_front", "pipe");
+  const std::string scenario = q(kExamples + "tp_rowwise_partial.json");
+  ASSERT_EQ(run_process(dir, MESHSIM_BIN, "run " + scenario + " --trace t.json", 120).code, 0);
+  for (const std::string& file : {scenario, std::string("t.json")}) {
+    const std::string meshsim = q(MESHSIM_BIN);
+    const Outcome render =
+        run_process(dir, "sh", "-c " + q("cat " + file + " | " + meshsim + " render /dev/stdin -o p.dot"), 120);
+    EXPECT_EQ(render.code, 0) << file << "\n" << render;
+    EXPECT_GT(fs::file_size(dir / "p.dot"), 100u);
+    const Outcome explore =
+        run_process(dir, "sh", "-c " + q("cat " + file + " | " + meshsim + " explore /dev/stdin -o p.html"), 120);
+    EXPECT_EQ(explore.code, 0) << file << "\n" << explore;
+    fs::remove(dir / "p.dot");
+  }
+  remove_fresh_dir(dir);
+}
+
 }  // namespace

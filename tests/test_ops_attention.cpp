@@ -304,6 +304,12 @@ TEST(Attention, RefusalsNameTheShapes) {
   EXPECT_NE(m.find("an attn_mask with is_causal (PyTorch refuses both"), std::string::npos) << m;
   m = message(program("repeat", {{"sizes", {2}}}, {2}, {{2, 3}}, {{"R"}}, {2, 3}));
   EXPECT_NE(m.find("repeat: sizes [2] has fewer entries than [2, 3] has dims"), std::string::npos) << m;
+  // Sizes whose product passes int64: refused as such, not wrapped to a small shape.
+  m = message(program("repeat", {{"sizes", {int64_t{1} << 61, 1}}}, {2}, {{8, 3}}, {{"R"}}, {8, 3}));
+  EXPECT_NE(m.find("shape_mismatch"), std::string::npos) << m;
+  EXPECT_NE(m.find("give a dim past 2^63 elements"), std::string::npos) << m;
+  m = message(program("repeat_interleave", {{"repeats", int64_t{1} << 61}, {"dim", 0}}, {2}, {{8, 3}}, {{"R"}}, {8, 3}));
+  EXPECT_NE(m.find("give a dim past 2^63 elements"), std::string::npos) << m;
 }
 
 }  // namespace

@@ -242,6 +242,8 @@ TEST(Counts, RefusalsNameTheOpTheFieldAndTheNumbers) {
       "/program/0/end: arange of int64 takes a whole end, got 2.5");
   has(refused(doc_on({2}, json::array(), {{{"out", "a"}, {"op", "arange"}, {"placements", {"R"}}}})),
       "/program/0/shape: arange takes a shape, or end");
+  has(refused(doc_on({2}, json::array(), {{{"out", "a"}, {"op", "arange"}, {"end", 1e19}, {"placements", {"R"}}}})),
+      "/program/0/end: arange: from start 0.0 to end 1e+19 by step 1.0 is more than 2^40 elements");
   // Values out of range, with the rank that holds them.
   has(run_error(doc_on({2}, ids, {{{"out", "y"}, {"op", "bincount"}, {"args", {"x"}}, {"minlength", 3}}})),
       "bincount: \"x\" holds ");

@@ -33,7 +33,7 @@ std::vector<RuleRow> repeat_rows(const RowCtx& c) {
 // repeats / k), e.g. k divides n); elsewhere propagate() gathers the dim first
 // (layout_misaligned_axes). PyTorch has no strategy of its own: aten.repeat_interleave.self_int
 // decomposes into unsqueeze, expand and flatten (aten/src/ATen/native/Repeat.cpp), whose view rules
-// keep the shard of the flattened group's leading dim, whatever the layout. Copies of elements, so
+// keep the shard of the flattened group's leading dim (an uneven one is refused). Copies of elements, so
 // every Partial passes.
 std::vector<RuleRow> repeat_interleave_rows(const RowCtx& c) {
   std::vector<RowText> t;
