@@ -1239,6 +1239,12 @@ TEST(Coverage, UniverseHoldsEveryRowOnce) {
       if (f.name == "norm") shapes = {{2, 2}, {2}};
       if (f.name == "pick_target" || op == "index_select") shapes = {{2, 2}, {2}};  // index_select: a 1-D index
       if (op == "index_add") shapes = {{2, 2}, {2}, {2, 2}};                      // a 1-D index, source alike
+      if (op == "item") shapes = {{1, 1}};                                         // a value of one element
+      if (f.name == "attention") shapes = {{2, 2, 2, 2}, {2, 2, 2, 2}, {2, 2, 2, 2}};  // q, k, v [b, h, s, d]
+      if (op == "bincount") shapes = {{2}};                                          // 1-D ids
+      a.minlength = 2;
+      a.num_classes = 2;
+      a.repeats = 2;
       expect_rows(op, shapes, a);
       ++ops;
     }
