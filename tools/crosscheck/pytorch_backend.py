@@ -690,8 +690,8 @@ def sdpa(p: Program, op: dict, q, k, v, m=None):
     matmul), each placed by DTensor: on CPU PyTorch 2.15 cannot run it whole on DTensors (the fused
     aten._scaled_dot_product_flash_attention_for_cpu has no sharding strategy, and the math backend
     adds its causal mask as a plain tensor to DTensor scores: "got mixed torch.Tensor and DTensor").
-    The causal mask is a replicated DTensor here. A row with no key gives NaN in these parts (zeros
-    in torch's fused kernels and in meshsim): the examples keep a key in every row."""
+    The causal mask is a replicated DTensor here. A row with no key is zeros, as torch's math kernel
+    (its _safe_softmax) and meshsim give it: softmax of such a row alone would be NaN."""
     causal = bool(op.get("is_causal", False))
     scale = 1.0 / math.sqrt(q.shape[-1]) if op.get("scale") is None else float(op["scale"])
     if not isinstance(q, DTensor):
@@ -709,7 +709,9 @@ def sdpa(p: Program, op: dict, q, k, v, m=None):
         scores = scores.masked_fill(keep.logical_not(), float("-inf"))
     if m is not None:
         scores = scores.masked_fill(m.logical_not(), float("-inf")) if m.dtype == torch.bool else scores + m
-    return torch.matmul(torch.softmax(scores, dim=-1), v)
+    none = scores.detach().amax(dim=-1, keepdim=True) == float("-inf")  # rows with no key
+    probs = torch.softmax(scores.masked_fill(none, 0.0), dim=-1).masked_fill(none, 0.0)
+    return torch.matmul(probs, v)
 
 
 def squeeze(p: Program, op: dict, x):
