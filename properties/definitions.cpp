@@ -356,6 +356,14 @@ void draw_selection(const std::string& op, Case& c) {
   c.xs.push_back(draw_extremum_values(s));
 }
 
+// The one operand as int64 data: small whole values in [-4, 4].
+void draw_small_ints(const Dims& s, Case& c) {
+  Nd x = zeros(s);
+  for (auto& e : x.v) e = static_cast<double>(draw_in(-4, 4));
+  c.xs = {x};
+  c.types = {"int64"};
+}
+
 // cumsum along one dim of 1-3 (float data, or int64 now and then).
 void draw_scan(const std::string&, Case& c) {
   const int64_t r = draw_in(1, 3), d = draw_in(0, r - 1);
@@ -365,10 +373,7 @@ void draw_scan(const std::string&, Case& c) {
     c.xs = {draw_values(s, false)};
     return;
   }
-  Nd x = zeros(s);
-  for (auto& e : x.v) e = static_cast<double>(draw_in(-4, 4));
-  c.xs = {x};
-  c.types = {"int64"};
+  draw_small_ints(s, c);
 }
 
 // clamp: halves of float data (or small int64 values now and then) against bounds among those
@@ -385,10 +390,7 @@ void draw_clamp(const std::string&, Case& c) {
     c.xs = {draw_values(s, false)};
     return;
   }
-  Nd x = zeros(s);
-  for (auto& e : x.v) e = static_cast<double>(draw_in(-4, 4));
-  c.xs = {x};
-  c.types = {"int64"};
+  draw_small_ints(s, c);
 }
 
 // one_hot of 0-3 dims of values in [0, num_classes), num_classes 1-4; bincount of 0-6 values in
