@@ -1,6 +1,10 @@
-// One libtorch autograd node spanning the ranks: its inputs are the locals of every operand
-// (operand major, then rank), its outputs the locals of the result, its backward a function of
-// every rank's gradient at once (so collectives can run in the backward).
+// One libtorch autograd node spanning the ranks: its next edges are the locals of every operand
+// (operand major, then rank), its backward a function of every rank's gradient at once (so
+// collectives can run in the backward). Each local it makes has a node of its own, a RankGrad, which
+// hands the gradient that reaches that local to the MeshNode: the MeshNode itself takes one input
+// from autograd. libtorch's engine scans a node's inputs every time it hands the node a gradient
+// (libtorch 1.x: `Node::stream`, for a CUDA stream), so a node with one input per rank, receiving
+// one gradient per rank, cost ranks^2 per op: 20 to 30% of a 4096-rank run (issue #35 item 5).
 #pragma once
 
 #include <functional>
@@ -20,13 +24,21 @@ namespace meshsim {
 class MeshNode : public torch::autograd::Node {
  public:
   using Fn = std::function<torch::autograd::variable_list(torch::autograd::variable_list&&)>;
-  MeshNode(std::string name, Fn fn) : name_(std::move(name)), fn_(std::move(fn)) {}
-  torch::autograd::variable_list apply(torch::autograd::variable_list&& grads) override {
+  MeshNode(std::string name, Fn fn, size_t n_outputs)
+      : name_(std::move(name)), fn_(std::move(fn)), grads_(n_outputs) {
+    add_input_metadata(Node::undefined_input());  // the RankGrads' edge: no gradient flows through it
+  }
+  // The gradients of the node's outputs, one per local, as their RankGrads handed them over (an
+  // output no gradient reached stays undefined); the engine runs this node after all of them.
+  torch::autograd::variable_list apply(torch::autograd::variable_list&& /*none*/) override {
     if (!fn_)
       throw std::runtime_error(name_ + ": its backward ran already and its graph was freed (a second backward "
                                "needs the first to keep the graph)");
+    torch::autograd::variable_list grads(grads_.size());
+    grads.swap(grads_);
     return fn_(std::move(grads));
   }
+  void receive(size_t output, at::Tensor grad) { grads_[output] = std::move(grad); }
   // A backward that does not keep the graph frees what the node's backward holds once it ran (its
   // operands, the op's attributes) as libtorch's own nodes free their saved tensors: a long
   // program's graph is gone by the time the oracle runs.
@@ -36,6 +48,27 @@ class MeshNode : public torch::autograd::Node {
  private:
   std::string name_;
   Fn fn_;
+  torch::autograd::variable_list grads_;
+};
+
+// The node of one local a MeshNode made: one input (the local's gradient, which libtorch's engine
+// has already summed over the local's uses) and one edge, to its MeshNode, through which it passes
+// nothing: it hands the gradient over directly. It runs before its MeshNode (it is the MeshNode's
+// dependency) and right after the last use of its local, in the order the engine would have handed
+// that gradient to the MeshNode itself: the MeshNodes run in the same order as without it.
+class RankGrad : public torch::autograd::Node {
+ public:
+  RankGrad(MeshNode* owner, size_t output) : owner_(owner), output_(output) {}
+  torch::autograd::variable_list apply(torch::autograd::variable_list&& grads) override {
+    owner_->receive(output_, std::move(grads[0]));
+    return {at::Tensor()};
+  }
+  // libtorch's messages name the node that checks a gradient's shape: the MeshNode's name.
+  std::string name() const override { return owner_->name(); }
+
+ private:
+  MeshNode* owner_;  // alive: this node's next edge owns it
+  size_t output_;
 };
 
 // A new autograd node, owned the way libtorch owns its own: by a shared_ptr whose deleter frees a
@@ -54,9 +87,13 @@ auto make_node(Args&&... args) {
 // Makes `outputs` the results of a new MeshNode whose next edges are `inputs`.
 inline void connect(const std::string& name, const std::vector<at::Tensor>& inputs, Locals& outputs,
                     MeshNode::Fn backward) {
-  auto node = make_node<MeshNode>(name, std::move(backward));
+  auto node = make_node<MeshNode>(name, std::move(backward), outputs.size());
   node->set_next_edges(torch::autograd::collect_next_edges(inputs));
-  for (auto& o : outputs) torch::autograd::create_gradient_edge(o, node);
+  for (size_t k = 0; k < outputs.size(); ++k) {
+    auto rank = make_node<RankGrad>(node.get(), k);
+    rank->add_next_edge(torch::autograd::Edge(node, 0));
+    torch::autograd::create_gradient_edge(outputs[k], rank);
+  }
 }
 
 inline bool any_requires_grad(const std::vector<at::Tensor>& ts) {

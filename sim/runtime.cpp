@@ -17,6 +17,7 @@
 #include "sim/data.h"
 #include "sim/local_ops.h"
 #include "sim/mesh_node.h"
+#include "sim/rank_calls.h"
 
 namespace meshsim {
 
@@ -426,14 +427,6 @@ std::vector<ImplicitMove::Alternative> alternatives_of(const std::string& op, co
   return out;
 }
 
-// The operand whose dim the op's per-rank kernel needs the rank's range of, when sharded:
-// embedding's vocab rows (operand 1, dim 0), pick_target's classes (operand 0, dim 1).
-std::optional<std::pair<size_t, int64_t>> ranged_operand(const std::string& op) {
-  if (op == "embedding") return std::make_pair(size_t{1}, int64_t{0});
-  if (op == "pick_target") return std::make_pair(size_t{0}, int64_t{1});
-  return std::nullopt;
-}
-
 // Planted bug (embedding_grad_wrong_rank): each rank's contribution moved to the next rank along
 // the mesh axis that shards `dim`: its first rows (as many as the next rank holds) land there.
 Locals next_rank_along_shard(const Mesh& mesh, const Spec& spec, int64_t dim, Locals contrib) {
@@ -451,48 +444,6 @@ Locals next_rank_along_shard(const Mesh& mesh, const Spec& spec, int64_t dim, Lo
     return moved;
   }
   return contrib;
-}
-
-// A small op: its operands hold at most this many elements on every rank. Once a run keeps the
-// per-rank graphs of this many small ops times ranks (about 50 MB of libtorch's graph objects), its
-// further small ops run again in the backward instead (Runtime::apply_op).
-constexpr int64_t kSmallOpElements = 4096;
-constexpr int64_t kKeptSmallGraphs = 32768;
-
-// Per rank: an op's operands as local leaves and its result with the local graph that made it.
-struct LocalGraphs {
-  explicit LocalGraphs(size_t ranks) : leaves(ranks), results(ranks) {}
-  std::vector<std::vector<at::Tensor>> leaves;
-  Locals results;
-};
-
-// A rank's attributes for the op's per-rank kernel: mean's global count, a view's local shape,
-// the range of a sharded dim the kernel needs (ranged_operand), from the operands' specs and shapes.
-OpAttrs rank_local_attrs(const std::string& op, const OpAttrs& attrs, const Mesh& mesh, const std::vector<Spec>& specs,
-                         const std::vector<Shape>& shapes, const Spec& out_spec, const Shape& out_shape, size_t r) {
-  OpAttrs a = with_global_shape(op, attrs, shapes.at(0));
-  if (is_view_op(op)) a.local_shape = local_layout(mesh, out_spec, out_shape, static_cast<int64_t>(r)).shape;
-  if (std::string_view(op_schema(op).family) == "random") place_draw(a, mesh, out_spec, out_shape, static_cast<int64_t>(r));
-  if (const auto t = ranged_operand(op); t && shards_dim(specs[t->first], t->second)) {
-    const LocalLayout l = local_layout(mesh, specs[t->first], shapes[t->first], static_cast<int64_t>(r));
-    a.range = Chunk{l.offset[t->second], l.shape[t->second]};
-  }
-  return a;
-}
-
-// Each rank's kernel on its operands (`operands[i][r]`) as fresh local leaves, requiring grad as
-// `needs` says, with autograd: the leaves and the results with their local graphs, for the VJP.
-LocalGraphs local_graphs(const std::string& op, const OpAttrs& attrs, const Mesh& mesh, const std::vector<Spec>& specs,
-                         const std::vector<Shape>& shapes, const Spec& out_spec, const Shape& out_shape,
-                         const std::vector<Locals>& operands, const std::vector<bool>& needs) {
-  const size_t R = static_cast<size_t>(mesh.size());
-  at::AutoGradMode mode(true);
-  LocalGraphs g(R);
-  for (size_t r = 0; r < R; ++r) {
-    for (size_t i = 0; i < operands.size(); ++i) g.leaves[r].push_back(operands[i][r].detach().requires_grad_(needs[i]));
-    g.results[r] = local_op(op, rank_local_attrs(op, attrs, mesh, specs, shapes, out_spec, out_shape, r), g.leaves[r]);
-  }
-  return g;
 }
 
 }  // namespace
@@ -567,17 +518,14 @@ DTensor Runtime::apply_op(const std::string& op, const OpAttrs& attrs, const std
   std::vector<Locals> operand_locals;
   for (const auto& t : ready) operand_locals.push_back(t.locals);
   std::shared_ptr<const LocalGraphs> kept;
-  Locals outs(R);
-  if (keep) {
-    kept = std::make_shared<const LocalGraphs>(
-        local_graphs(op, attrs, mesh_, d.in_specs, shapes, out_spec, d.out_shape, operand_locals, needs));
-    outs = detached(kept->results);
-  } else {
-    at::AutoGradMode mode(false);
-    for (size_t r = 0; r < R; ++r) {
-      std::vector<at::Tensor> xs;
-      for (const auto& l : operand_locals) xs.push_back(l[r]);
-      outs[r] = local_op(op, rank_local_attrs(op, attrs, mesh_, d.in_specs, shapes, out_spec, d.out_shape, r), xs).detach();
+  Locals outs;
+  {
+    const RankCalls calls = rank_calls(op, attrs, mesh_, d.in_specs, shapes, out_spec, d.out_shape, operand_locals);
+    if (keep) {
+      kept = std::make_shared<const LocalGraphs>(local_graphs(op, calls, operand_locals, needs));
+      outs = detached(kept->results);
+    } else {
+      outs = local_results(op, calls, operand_locals);
     }
   }
   DTensor y{out_name, d.out_shape, out_spec, outs};
@@ -618,7 +566,9 @@ DTensor Runtime::apply_op(const std::string& op, const OpAttrs& attrs, const std
         Locals grads = like.defined(std::move(g));
         // A small op's graphs are made again.
         const LocalGraphs made =
-            kept ? LocalGraphs(0) : local_graphs(op, attrs, rt->mesh(), in_specs, shapes, out_spec, out_shape, operands, needs);
+            kept ? LocalGraphs(0)
+                 : local_graphs(op, rank_calls(op, attrs, rt->mesh(), in_specs, shapes, out_spec, out_shape, operands),
+                                operands, needs);
         const auto& leaves = kept ? kept->leaves : made.leaves;
         const Locals& results = kept ? kept->results : made.results;
         const GradSpec gin = rt->grad_spec(out_name, out_spec);

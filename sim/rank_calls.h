@@ -1,0 +1,57 @@
+// Each rank's call of an op's kernel on its locals, for Runtime::apply_op: the rank's attributes,
+// the calls with and without the local graphs its backward needs, and the calls ranks share.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <ATen/ATen.h>
+
+#include "core/mesh.h"
+#include "core/propagation.h"
+#include "sim/collectives.h"
+
+namespace meshsim {
+
+// A small op: its operands hold at most this many elements on every rank. Once a run keeps the
+// per-rank graphs of this many small ops times ranks (about 50 MB of libtorch's graph objects), its
+// further small ops run again in the backward instead (Runtime::apply_op).
+constexpr int64_t kSmallOpElements = 4096;
+constexpr int64_t kKeptSmallGraphs = 32768;
+
+// Per rank: an op's operands as local leaves and its result with the local graph that made it.
+// Ranks whose call is the same (same_calls) hold the same leaves and result, one graph.
+struct LocalGraphs {
+  explicit LocalGraphs(size_t ranks) : leaves(ranks), results(ranks) {}
+  std::vector<std::vector<at::Tensor>> leaves;
+  Locals results;
+};
+
+// An op's call on every rank: the kernel's attributes per rank (mean's global count, a view's local
+// shape, the range of a sharded dim the kernel needs, a draw's place), from the operands' specs
+// and shapes, and per rank the first rank whose call is the same.
+struct RankCalls {
+  std::vector<OpAttrs> attrs;
+  // Two ranks' calls are the same when their operands are the same data (the same storage, offset,
+  // shape, strides and dtype: replicated locals share storage) and their attributes are the same
+  // (a random op's never are: each rank draws its own place). Kernels are deterministic, so a rank
+  // whose call is an earlier rank's takes that rank's result (and its local graph) without running
+  // the kernel again: a TP weight gathered once per group is transposed once per group, not once
+  // per rank (a third of the memory of a 4096-rank transformer step; issue #35 item 5).
+  std::vector<size_t> same_as;
+};
+RankCalls rank_calls(const std::string& op, const OpAttrs& attrs, const Mesh& mesh, const std::vector<Spec>& specs,
+                     const std::vector<Shape>& shapes, const Spec& out_spec, const Shape& out_shape,
+                     const std::vector<Locals>& operands);
+
+// Each rank's kernel on its operands (`operands[i][r]`) as fresh local leaves, requiring grad as
+// `needs` says, with autograd: the leaves and the results with their local graphs, for the VJP.
+LocalGraphs local_graphs(const std::string& op, const RankCalls& calls, const std::vector<Locals>& operands,
+                         const std::vector<bool>& needs);
+
+// Each rank's kernel on its operands without autograd: the results, a tensor object per rank (those
+// of the same call share storage).
+Locals local_results(const std::string& op, const RankCalls& calls, const std::vector<Locals>& operands);
+
+}  // namespace meshsim
