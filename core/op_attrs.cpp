@@ -1,12 +1,16 @@
 // The attributes of an op: read from the scenario (op_attrs()), printed (OpAttrs::str()), and
 // resolved for an operand (rules::resolved(): dims wrapped by its rank).
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <iomanip>
 #include <optional>
 #include <set>
 #include <sstream>
 #include <string>
+#include <string_view>
+#include <type_traits>
+#include <unordered_map>
 #include <vector>
 
 #include "core/error.h"
@@ -161,6 +165,95 @@ std::string OpAttrs::str() const {
   return o.str();
 }
 
+namespace {
+
+// Fields appended as their bytes: equal keys are equal fields (a double's bits, a list's length
+// before its elements).
+struct KeyBytes {
+  std::string out;
+  template <class T>
+  void pod(const T& v) {
+    static_assert(std::is_trivially_copyable_v<T>);
+    out.append(reinterpret_cast<const char*>(&v), sizeof v);
+  }
+  void ints(const std::vector<int64_t>& v) {
+    pod(v.size());
+    out.append(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(int64_t));
+  }
+  template <class T>
+  void opt(const std::optional<T>& v) {
+    pod(v.has_value());
+    if (v) pod(*v);
+  }
+};
+
+}  // namespace
+
+std::string OpAttrs::key() const {
+  KeyBytes k;
+  k.out.reserve(256);
+  k.opt(dim);
+  k.ints(dims);
+  k.pod(dims_given);
+  k.pod(keepdim);
+  k.pod(value);
+  k.pod(scalar);
+  k.pod(dim0);
+  k.pod(dim1);
+  k.ints(shape);
+  k.ints(sizes);
+  k.pod(start_dim);
+  k.pod(end_dim);
+  k.pod(start);
+  k.pod(length);
+  k.pod(split_size);
+  k.pod(chunks);
+  k.pod(tanh);
+  k.pod(exponent);
+  k.pod(diagonal);
+  k.ints(normalized_shape);
+  k.opt(eps);
+  k.pod(sum_reduction);
+  k.pod(no_reduction);
+  k.pod(label_smoothing);
+  k.opt(ignore_index);
+  k.pod(fill);
+  k.pod(this->k);
+  k.pod(largest);
+  k.pod(descending);
+  k.pod(float32);
+  k.pod(ord);
+  k.opt(dtype);
+  k.pod(p);
+  k.pod(training);
+  k.opt(clamp_min);
+  k.opt(clamp_max);
+  k.pod(num_classes);
+  k.pod(minlength);
+  k.pod(repeats);
+  k.pod(is_causal);
+  k.opt(attn_scale);
+  k.pod(enable_gqa);
+  k.pod(draw.stream.size());
+  k.out += draw.stream;
+  k.pod(draw.seed);
+  k.pod(draw.step);
+  k.pod(draw.microbatch);
+  k.pod(draw.indices.size());
+  for (const auto& idx : draw.indices) k.ints(idx);
+  k.ints(draw.global);
+  k.pod(range.has_value());
+  if (range) {
+    k.pod(range->offset);
+    k.pod(range->size);
+  }
+  k.opt(mean_divisor);
+  k.pod(local_mean);
+  k.pod(local_shape.has_value());
+  if (local_shape) k.ints(*local_shape);
+  return std::move(k.out);
+}
+
 OpAttrs with_global_shape(const std::string& op, const OpAttrs& attrs, const Shape& global_in) {
   if (op != "mean") return attrs;
   OpAttrs r = attrs;
@@ -178,76 +271,115 @@ OpAttrs with_global_shape(const std::string& op, const OpAttrs& attrs, const Sha
   return r;
 }
 
+namespace {
+
+// The attribute fields op_attrs() reads, found in one pass over the op's JSON object (a lookup per
+// field in a map of a few keys was a tenth of a small op's time; issue #35 item 2).
+enum Field : int {
+  kDim, kDims, kKeepdim, kValue, kApproximate, kExponent, kDiagonal, kNormalizedShape, kEps, kReduction,
+  kLabelSmoothing, kIgnoreIndex, kDim0, kDim1, kShape, kSizes, kStartDim, kEndDim, kStart, kLength, kSize,
+  kChunks, kK, kLargest, kDescending, kOrd, kDtype, kMin, kMax, kNumClasses, kMinlength, kP, kTraining,
+  kRepeats, kIsCausal, kScale, kEnableGqa, kStream, kFields
+};
+
+const std::unordered_map<std::string_view, Field>& field_names() {
+  static const std::unordered_map<std::string_view, Field> names = {
+      {"dim", kDim}, {"dims", kDims}, {"keepdim", kKeepdim}, {"value", kValue}, {"approximate", kApproximate},
+      {"exponent", kExponent}, {"diagonal", kDiagonal}, {"normalized_shape", kNormalizedShape}, {"eps", kEps},
+      {"reduction", kReduction}, {"label_smoothing", kLabelSmoothing}, {"ignore_index", kIgnoreIndex},
+      {"dim0", kDim0}, {"dim1", kDim1}, {"shape", kShape}, {"sizes", kSizes}, {"start_dim", kStartDim},
+      {"end_dim", kEndDim}, {"start", kStart}, {"length", kLength}, {"size", kSize}, {"chunks", kChunks},
+      {"k", kK}, {"largest", kLargest}, {"descending", kDescending}, {"ord", kOrd}, {"dtype", kDtype},
+      {"min", kMin}, {"max", kMax}, {"num_classes", kNumClasses}, {"minlength", kMinlength}, {"p", kP},
+      {"training", kTraining}, {"repeats", kRepeats}, {"is_causal", kIsCausal}, {"scale", kScale},
+      {"enable_gqa", kEnableGqa}, {"stream", kStream}};
+  return names;
+}
+
+}  // namespace
+
 OpAttrs op_attrs(const OpDecl& decl) {
   OpAttrs a;
-  static const nlohmann::json kNone = nlohmann::json::object();
-  const auto& j = decl.attrs.is_object() ? decl.attrs : kNone;
-  auto integer = [&](const char* key) { return j.contains(key) && j[key].is_number_integer(); };
-  auto ints = [&](const char* key) {
+  std::array<const nlohmann::json*, kFields> f{};
+  if (decl.attrs.is_object()) {
+    const auto& names = field_names();
+    for (auto it = decl.attrs.begin(); it != decl.attrs.end(); ++it)
+      if (auto n = names.find(it.key()); n != names.end()) f[n->second] = &it.value();
+  }
+  auto has = [&](Field k) { return f[k] != nullptr; };
+  auto at = [&](Field k) -> const nlohmann::json& { return *f[k]; };
+  auto integer = [&](Field k) { return has(k) && at(k).is_number_integer(); };
+  auto number = [&](Field k) { return has(k) && at(k).is_number(); };
+  auto boolean = [&](Field k) { return has(k) && at(k).is_boolean(); };
+  auto ints = [&](Field k) {
     std::vector<int64_t> out;
-    if (j.contains(key) && j[key].is_array())
-      for (const auto& v : j[key])
+    if (has(k) && at(k).is_array())
+      for (const auto& v : at(k))
         if (v.is_number_integer()) out.push_back(v.get<int64_t>());
     return out;
   };
-  if (integer("dim")) a.dim = j["dim"].get<int64_t>();
-  if (j.contains("dim") && j["dim"].is_array()) {
-    a.dims = ints("dim");
+  // A text field, or its default when absent (a field of another type throws, as json::value does).
+  auto text = [&](Field k, const char* otherwise) { return has(k) ? at(k).get<std::string>() : std::string(otherwise); };
+  if (integer(kDim)) a.dim = at(kDim).get<int64_t>();
+  if (has(kDim) && at(kDim).is_array()) {
+    a.dims = ints(kDim);
     a.dims_given = true;
   }
-  if (j.contains("dims")) a.dims = ints("dims");  // permute
-  if (j.contains("keepdim") && j["keepdim"].is_boolean()) a.keepdim = j["keepdim"].get<bool>();
+  if (has(kDims)) a.dims = ints(kDims);  // permute
+  if (boolean(kKeepdim)) a.keepdim = at(kKeepdim).get<bool>();
   const OpSchema* schema = find_op(decl.op);
   const bool binary = schema && schema->scalar_second();
-  if (j.contains("value") && j["value"].is_number()) {
-    a.value = j["value"].get<double>();
+  if (number(kValue)) {
+    a.value = at(kValue).get<double>();
     a.scalar = binary;
   }
-  if (decl.op == "masked_fill" || decl.op == "full") {
-    if (j.contains("value") && j["value"].is_number()) a.fill = j["value"].get<double>();
-    if (j.contains("value") && j["value"].is_string()) a.fill = j["value"] == "-inf" ? -INFINITY : INFINITY;
+  if (has(kValue) && (decl.op == "masked_fill" || decl.op == "full")) {
+    if (at(kValue).is_number()) a.fill = at(kValue).get<double>();
+    if (at(kValue).is_string()) a.fill = at(kValue) == "-inf" ? -INFINITY : INFINITY;
   }
-  a.tanh = j.value("approximate", "none") == "tanh";
-  if (j.contains("exponent") && j["exponent"].is_number()) a.exponent = j["exponent"].get<double>();
-  if (integer("diagonal")) a.diagonal = j["diagonal"].get<int64_t>();
-  a.normalized_shape = ints("normalized_shape");
-  if (j.contains("eps") && j["eps"].is_number()) a.eps = j["eps"].get<double>();
-  a.sum_reduction = j.value("reduction", "mean") == "sum";
-  a.no_reduction = j.value("reduction", "mean") == "none";
-  if (j.contains("label_smoothing") && j["label_smoothing"].is_number()) a.label_smoothing = j["label_smoothing"].get<double>();
-  if (integer("ignore_index")) a.ignore_index = j["ignore_index"].get<int64_t>();
-  if (integer("dim0")) a.dim0 = j["dim0"].get<int64_t>();
-  if (integer("dim1")) a.dim1 = j["dim1"].get<int64_t>();
-  a.shape = ints("shape");
-  a.sizes = ints("sizes");
-  if (integer("start_dim")) a.start_dim = j["start_dim"].get<int64_t>();
-  if (integer("end_dim")) a.end_dim = j["end_dim"].get<int64_t>();
-  if (integer("start")) a.start = j["start"].get<int64_t>();
-  if (integer("length")) a.length = j["length"].get<int64_t>();
-  if (integer("size")) a.split_size = j["size"].get<int64_t>();
-  if (integer("chunks")) a.chunks = j["chunks"].get<int64_t>();
+  a.tanh = has(kApproximate) && text(kApproximate, "none") == "tanh";
+  if (number(kExponent)) a.exponent = at(kExponent).get<double>();
+  if (integer(kDiagonal)) a.diagonal = at(kDiagonal).get<int64_t>();
+  a.normalized_shape = ints(kNormalizedShape);
+  if (number(kEps)) a.eps = at(kEps).get<double>();
+  if (has(kReduction)) {
+    const std::string reduction = text(kReduction, "mean");
+    a.sum_reduction = reduction == "sum";
+    a.no_reduction = reduction == "none";
+  }
+  if (number(kLabelSmoothing)) a.label_smoothing = at(kLabelSmoothing).get<double>();
+  if (integer(kIgnoreIndex)) a.ignore_index = at(kIgnoreIndex).get<int64_t>();
+  if (integer(kDim0)) a.dim0 = at(kDim0).get<int64_t>();
+  if (integer(kDim1)) a.dim1 = at(kDim1).get<int64_t>();
+  a.shape = ints(kShape);
+  a.sizes = ints(kSizes);
+  if (integer(kStartDim)) a.start_dim = at(kStartDim).get<int64_t>();
+  if (integer(kEndDim)) a.end_dim = at(kEndDim).get<int64_t>();
+  if (integer(kStart)) a.start = at(kStart).get<int64_t>();
+  if (integer(kLength)) a.length = at(kLength).get<int64_t>();
+  if (integer(kSize)) a.split_size = at(kSize).get<int64_t>();
+  if (integer(kChunks)) a.chunks = at(kChunks).get<int64_t>();
   if (!a.dim && (decl.op == "sort" || decl.op == "argsort" || decl.op == "topk")) a.dim = -1;  // their default
-  if (integer("k")) a.k = j["k"].get<int64_t>();
-  a.largest = j.value("largest", true);
-  a.descending = j.value("descending", false);
-  if (j.contains("ord") && j["ord"].is_number()) a.ord = j["ord"].get<double>();
-  if (j.contains("ord") && j["ord"].is_string()) a.ord = j["ord"] == "-inf" ? -INFINITY : INFINITY;
-  if (decl.op == "to" && j.contains("dtype") && j["dtype"].is_string()) a.dtype = find_dtype(j["dtype"].get<std::string>());
-  if (decl.op == "clamp" && j.contains("min") && j["min"].is_number()) a.clamp_min = j["min"].get<double>();
-  if (decl.op == "clamp" && j.contains("max") && j["max"].is_number()) a.clamp_max = j["max"].get<double>();
-  if (integer("num_classes")) a.num_classes = j["num_classes"].get<int64_t>();
-  if (integer("minlength")) a.minlength = j["minlength"].get<int64_t>();
-  if (j.contains("p") && j["p"].is_number()) a.p = j["p"].get<double>();
-  if (j.contains("training") && j["training"].is_boolean()) a.training = j["training"].get<bool>();
-  if (integer("repeats")) a.repeats = j["repeats"].get<int64_t>();
-  if (j.contains("is_causal") && j["is_causal"].is_boolean()) a.is_causal = j["is_causal"].get<bool>();
-  if (decl.op == "scaled_dot_product_attention" && j.contains("scale") && j["scale"].is_number())
-    a.attn_scale = j["scale"].get<double>();
-  if (j.contains("enable_gqa") && j["enable_gqa"].is_boolean()) a.enable_gqa = j["enable_gqa"].get<bool>();
+  if (integer(kK)) a.k = at(kK).get<int64_t>();
+  if (has(kLargest)) a.largest = at(kLargest).get<bool>();
+  if (has(kDescending)) a.descending = at(kDescending).get<bool>();
+  if (number(kOrd)) a.ord = at(kOrd).get<double>();
+  if (has(kOrd) && at(kOrd).is_string()) a.ord = at(kOrd) == "-inf" ? -INFINITY : INFINITY;
+  if (has(kDtype) && at(kDtype).is_string() && decl.op == "to") a.dtype = find_dtype(at(kDtype).get<std::string>());
+  if (number(kMin) && decl.op == "clamp") a.clamp_min = at(kMin).get<double>();
+  if (number(kMax) && decl.op == "clamp") a.clamp_max = at(kMax).get<double>();
+  if (integer(kNumClasses)) a.num_classes = at(kNumClasses).get<int64_t>();
+  if (integer(kMinlength)) a.minlength = at(kMinlength).get<int64_t>();
+  if (number(kP)) a.p = at(kP).get<double>();
+  if (boolean(kTraining)) a.training = at(kTraining).get<bool>();
+  if (integer(kRepeats)) a.repeats = at(kRepeats).get<int64_t>();
+  if (boolean(kIsCausal)) a.is_causal = at(kIsCausal).get<bool>();
+  if (number(kScale) && decl.op == "scaled_dot_product_attention") a.attn_scale = at(kScale).get<double>();
+  if (boolean(kEnableGqa)) a.enable_gqa = at(kEnableGqa).get<bool>();
   // A random op's stream (its result's name by default); other ops have none (no cache key of theirs
   // names their result).
   if (schema && (std::string_view(schema->family) == "random" || schema->gen == GenClass::RandomCreation))
-    a.draw.stream = j.contains("stream") && j["stream"].is_string() ? j["stream"].get<std::string>() : decl.out;
+    a.draw.stream = has(kStream) && at(kStream).is_string() ? at(kStream).get<std::string>() : decl.out;
   return a;
 }
 

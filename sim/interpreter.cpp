@@ -1,5 +1,6 @@
 #include "sim/interpreter.h"
 
+#include <algorithm>
 #include <cmath>
 #include <optional>
 #include <set>
@@ -178,11 +179,28 @@ void check_operand_types(const OpDecl& op, const std::vector<DTensor>& args) {
 // scenario, named with the value, where it sits on which rank, and the range.
 void check_ids(const OpDecl& op, size_t slot, const DTensor& ids, int64_t high, std::optional<int64_t> ignore,
                const std::string& why = "") {
+  const void* checked = nullptr;  // replicated ids share one local: checked once
   for (size_t r = 0; r < ids.locals.size(); ++r) {
     at::Tensor t = ids.locals[r];
-    if (ignore) t = t.masked_select(t.ne(*ignore));
-    if (t.numel() == 0) continue;
-    const int64_t lo = t.min().item<int64_t>(), hi = t.max().item<int64_t>();
+    int64_t lo = 0, hi = -1;
+    if (t.scalar_type() == at::kLong && t.is_contiguous()) {  // one pass over the data, no libtorch calls
+      if (t.numel() == 0 || t.data_ptr() == checked) continue;
+      checked = t.data_ptr();
+      const int64_t* v = t.data_ptr<int64_t>();
+      bool any = false;
+      for (int64_t i = 0, n = t.numel(); i < n; ++i) {
+        if (ignore && v[i] == *ignore) continue;
+        lo = any ? std::min(lo, v[i]) : v[i];
+        hi = any ? std::max(hi, v[i]) : v[i];
+        any = true;
+      }
+      if (!any) continue;
+    } else {
+      if (ignore) t = t.masked_select(t.ne(*ignore));
+      if (t.numel() == 0) continue;
+      lo = t.min().item<int64_t>();
+      hi = t.max().item<int64_t>();
+    }
     if (lo >= 0 && hi < high) continue;
     throw SemanticError(ErrorKind::InvalidScenario,
                         op.path + "/args/" + std::to_string(slot) + ": " + op.op + ": \"" + op.args[slot] + "\" holds " +

@@ -207,6 +207,9 @@ at::Tensor embedding(const at::Tensor& ids, const at::Tensor& weight, const OpAt
 // -log_probs[n, target[n]], 0 where the target is ignore_index or (range) outside the rank's
 // classes.
 at::Tensor pick_target(const at::Tensor& logp, const at::Tensor& target, const OpAttrs& attrs) {
+  // Every target kept and in range: the pick alone (the same values and gradient as the masked
+  // form below, without its four masks: it was 40% of a small cross_entropy's time).
+  if (!attrs.ignore_index && !attrs.range && logp.size(1) > 0) return -logp.gather(1, target.unsqueeze(1)).squeeze(1);
   at::Tensor keep = attrs.ignore_index ? target.ne(*attrs.ignore_index) : at::ones_like(target, at::kBool);
   at::Tensor index = target;
   if (attrs.range) {

@@ -12,44 +12,39 @@ namespace meshsim {
 
 namespace {
 
-// What makes a call: every operand's data and geometry, the attributes a rank's call may differ in.
-using CallKey = std::vector<int64_t>;
-
-struct CallKeyHash {
-  size_t operator()(const CallKey& k) const noexcept {
-    uint64_t h = 1469598103934665603ull;  // FNV-1a over the words
-    for (int64_t v : k) h = (h ^ static_cast<uint64_t>(v)) * 1099511628211ull;
-    return static_cast<size_t>(h);
+// Two ranks' calls are the same: the same operand data and geometry, the same local attributes.
+bool same_call(const std::vector<Locals>& operands, const RankCalls& c, size_t r, size_t s) {
+  for (const auto& l : operands) {
+    const at::Tensor &x = l[r], &y = l[s];
+    if (x.defined() != y.defined()) return false;
+    if (!x.defined()) continue;
+    if (x.data_ptr() != y.data_ptr() || x.scalar_type() != y.scalar_type() || !x.sizes().equals(y.sizes()) ||
+        !x.strides().equals(y.strides()))
+      return false;
   }
-};
+  const OpAttrs &a = c.of(r), &b = c.of(s);
+  return &a == &b || (a.local_shape == b.local_shape && (a.range.has_value() == b.range.has_value()) &&
+                      (!a.range || (a.range->offset == b.range->offset && a.range->size == b.range->size)));
+}
 
-CallKey call_key(const std::vector<Locals>& operands, const OpAttrs& a, size_t r) {
-  CallKey k;
+// A hash of what same_call compares.
+uint64_t call_hash(const std::vector<Locals>& operands, const OpAttrs& a, size_t r) {
+  uint64_t h = 1469598103934665603ull;  // FNV-1a over words
+  auto word = [&h](uint64_t v) { h = (h ^ v) * 1099511628211ull; };
   for (const auto& l : operands) {
     const at::Tensor& t = l[r];
     if (!t.defined()) {
-      k.push_back(-1);
+      word(~0ull);
       continue;
     }
-    k.push_back(static_cast<int64_t>(reinterpret_cast<intptr_t>(t.data_ptr())));
-    k.push_back(static_cast<int64_t>(t.scalar_type()));
-    k.push_back(t.dim());
-    for (int64_t s : t.sizes()) k.push_back(s);
-    for (int64_t s : t.strides()) k.push_back(s);
+    word(static_cast<uint64_t>(reinterpret_cast<uintptr_t>(t.data_ptr())));
+    word(static_cast<uint64_t>(t.scalar_type()));
+    for (int64_t e : t.sizes()) word(static_cast<uint64_t>(e));
   }
-  if (a.local_shape) {
-    k.push_back(static_cast<int64_t>(a.local_shape->size()));
-    k.insert(k.end(), a.local_shape->begin(), a.local_shape->end());
-  } else {
-    k.push_back(-1);
-  }
-  if (a.range) {
-    k.push_back(a.range->offset);
-    k.push_back(a.range->size);
-  } else {
-    k.push_back(-1);
-  }
-  return k;
+  if (a.local_shape)
+    for (int64_t e : *a.local_shape) word(static_cast<uint64_t>(e));
+  if (a.range) word(static_cast<uint64_t>(a.range->offset) * 31 + static_cast<uint64_t>(a.range->size));
+  return h;
 }
 
 // The operand whose dim the op's per-rank kernel needs the rank's range of, when sharded:
@@ -67,23 +62,36 @@ RankCalls rank_calls(const std::string& op, const OpAttrs& attrs, const Mesh& me
                      const std::vector<Locals>& operands) {
   const size_t R = static_cast<size_t>(mesh.size());
   const bool random = std::string_view(op_schema(op).family) == "random";
-  RankCalls c;
-  c.attrs.reserve(R);
-  c.same_as.resize(R);
-  const OpAttrs global = with_global_shape(op, attrs, shapes.at(0));
+  const bool view = is_view_op(op);
   const auto ranged = ranged_operand(op);
-  std::unordered_map<CallKey, size_t, CallKeyHash> first;
-  for (size_t r = 0; r < R; ++r) {
-    OpAttrs a = global;
-    if (is_view_op(op)) a.local_shape = local_layout(mesh, out_spec, out_shape, static_cast<int64_t>(r)).shape;
-    if (random) place_draw(a, mesh, out_spec, out_shape, static_cast<int64_t>(r));
-    if (ranged && shards_dim(specs[ranged->first], ranged->second)) {
-      const LocalLayout l = local_layout(mesh, specs[ranged->first], shapes[ranged->first], static_cast<int64_t>(r));
-      a.range = Chunk{l.offset[ranged->second], l.shape[ranged->second]};
+  const bool per_rank = view || random || (ranged && shards_dim(specs[ranged->first], ranged->second));
+  RankCalls c;
+  c.attrs.push_back(with_global_shape(op, attrs, shapes.at(0)));
+  if (per_rank) {
+    c.attrs.resize(R, c.attrs[0]);
+    for (size_t r = 0; r < R; ++r) {
+      OpAttrs& a = c.attrs[r];
+      if (view) a.local_shape = local_layout(mesh, out_spec, out_shape, static_cast<int64_t>(r)).shape;
+      if (random) place_draw(a, mesh, out_spec, out_shape, static_cast<int64_t>(r));
+      if (ranged && shards_dim(specs[ranged->first], ranged->second)) {
+        const LocalLayout l = local_layout(mesh, specs[ranged->first], shapes[ranged->first], static_cast<int64_t>(r));
+        a.range = Chunk{l.offset[ranged->second], l.shape[ranged->second]};
+      }
     }
+  }
+  c.same_as.resize(R);
+  std::unordered_multimap<uint64_t, size_t> seen;
+  for (size_t r = 0; r < R; ++r) {
     c.same_as[r] = r;
-    if (!random && R > 1) c.same_as[r] = first.emplace(call_key(operands, a, r), r).first->second;
-    c.attrs.push_back(std::move(a));
+    if (random || R == 1) continue;
+    const uint64_t h = call_hash(operands, c.of(r), r);
+    auto [lo, hi] = seen.equal_range(h);
+    for (auto it = lo; it != hi; ++it)
+      if (same_call(operands, c, r, it->second)) {
+        c.same_as[r] = it->second;
+        break;
+      }
+    if (c.same_as[r] == r) seen.emplace(h, r);
   }
   return c;
 }
@@ -100,7 +108,7 @@ LocalGraphs local_graphs(const std::string& op, const RankCalls& calls, const st
       continue;
     }
     for (size_t i = 0; i < operands.size(); ++i) g.leaves[r].push_back(operands[i][r].detach().requires_grad_(needs[i]));
-    g.results[r] = local_op(op, calls.attrs[r], g.leaves[r]);
+    g.results[r] = local_op(op, calls.of(r), g.leaves[r]);
   }
   return g;
 }
@@ -116,7 +124,13 @@ Locals local_results(const std::string& op, const RankCalls& calls, const std::v
       continue;
     }
     for (size_t i = 0; i < operands.size(); ++i) xs[i] = operands[i][r];
-    outs[r] = local_op(op, calls.attrs[r], xs).detach();
+    outs[r] = local_op(op, calls.of(r), xs);
+    // A fresh result (no autograd history: no grad mode) is the rank's own as it is. A view of an
+    // operand (its autograd metadata would point at the operand), or an operand itself (a kernel
+    // that is the identity), is detached: a tensor object whose gradient edge is its own.
+    bool own = !outs[r].is_view();
+    for (size_t i = 0; i < xs.size() && own; ++i) own = outs[r].unsafeGetTensorImpl() != xs[i].unsafeGetTensorImpl();
+    if (!own) outs[r] = outs[r].detach();
   }
   return outs;
 }

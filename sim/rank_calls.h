@@ -32,7 +32,8 @@ struct LocalGraphs {
 // shape, the range of a sharded dim the kernel needs, a draw's place), from the operands' specs
 // and shapes, and per rank the first rank whose call is the same.
 struct RankCalls {
-  std::vector<OpAttrs> attrs;
+  std::vector<OpAttrs> attrs;  // one per rank, or one for every rank where no rank's differs
+  const OpAttrs& of(size_t rank) const { return attrs.size() == 1 ? attrs[0] : attrs[rank]; }
   // Two ranks' calls are the same when their operands are the same data (the same storage, offset,
   // shape, strides and dtype: replicated locals share storage) and their attributes are the same
   // (a random op's never are: each rank draws its own place). Kernels are deterministic, so a rank

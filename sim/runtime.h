@@ -10,6 +10,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "core/error.h"
@@ -239,7 +240,7 @@ class Runtime {
   std::string phase_ = "forward";
   int64_t kept_small_graphs_ = 0;  // per-rank graphs of small ops kept from their forward (apply_op)
   std::map<std::string, GradSpec> grad_specs_;
-  std::map<std::string, ShardingDecision> decisions_;
+  std::unordered_map<std::string, ShardingDecision> decisions_;
   std::map<std::string, BodyValue> body_values_;
   std::vector<std::string> body_order_;
   std::vector<std::string> untracked_;
