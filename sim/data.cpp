@@ -412,6 +412,90 @@ double max_abs_diff(const at::Tensor& a, const at::Tensor& b) {
   return worst;
 }
 
+namespace {
+
+// max_abs_diff_of over a block of `ref` (contiguous, of `ref_sizes`) at `offset` of `sizes`, against
+// `x` holding the block contiguously: one run per innermost row.
+template <typename A, typename B>
+double block_diff(const A* x, const B* ref, const std::vector<int64_t>& ref_sizes, const std::vector<int64_t>& offset,
+                  const std::vector<int64_t>& sizes) {
+  const size_t nd = sizes.size();
+  if (nd == 0) return max_abs_diff_of(x, ref, 1);
+  std::vector<int64_t> stride(nd, 1);
+  for (size_t d = nd - 1; d > 0; --d) stride[d - 1] = stride[d] * ref_sizes[d];
+  const int64_t row = sizes[nd - 1];
+  int64_t rows = 1;
+  for (size_t d = 0; d + 1 < nd; ++d) rows *= sizes[d];
+  std::vector<int64_t> at(nd, 0);  // the row's index within the block, outer dims
+  double worst = 0.0;
+  for (int64_t k = 0; k < rows; ++k) {
+    int64_t pos = offset[nd - 1];
+    for (size_t d = 0; d + 1 < nd; ++d) pos += (offset[d] + at[d]) * stride[d];
+    const double e = max_abs_diff_of(x + k * row, ref + pos, row);
+    if (std::isnan(e)) return e;
+    worst = std::max(worst, e);
+    for (size_t d = nd - 1; d-- > 0;) {  // the next row
+      if (++at[d] < sizes[d]) break;
+      at[d] = 0;
+    }
+  }
+  return worst;
+}
+
+// Bit-for-bit equal data, NaN equal to NaN (assemble's replica check).
+template <typename T>
+bool same_values(const T* a, const T* b, int64_t n) {
+  for (int64_t i = 0; i < n; ++i)
+    if (!(a[i] == b[i] || (std::isnan(static_cast<double>(a[i])) && std::isnan(static_cast<double>(b[i]))))) return false;
+  return true;
+}
+
+}  // namespace
+
+std::optional<double> max_abs_diff_laid_out(const Mesh& mesh, const Spec& spec, const Locals& locals,
+                                            const at::Tensor& reference) {
+  if (!plain_float(reference) || static_cast<int64_t>(locals.size()) != mesh.size() || locals.empty()) return std::nullopt;
+  for (const auto& p : spec)
+    if (p.is_partial() || p.is_strided()) return std::nullopt;
+  const at::ScalarType dtype = locals[0].scalar_type();
+  for (const auto& t : locals)
+    if (!t.defined() || !plain_float(t) || t.scalar_type() != dtype) return std::nullopt;
+  const Shape global = reference.sizes().vec();
+  // The first rank holding each block, and its layout.
+  std::map<std::vector<int64_t>, size_t> holder;
+  double worst = 0.0;
+  for (size_t r = 0; r < locals.size(); ++r) {
+    const LocalLayout l = local_layout(mesh, spec, global, static_cast<int64_t>(r));
+    const at::Tensor& t = locals[r];
+    if (!t.sizes().equals(l.shape)) return std::nullopt;
+    std::vector<int64_t> block = l.offset;
+    block.insert(block.end(), l.shape.begin(), l.shape.end());
+    auto [it, first] = holder.emplace(std::move(block), r);
+    if (!first) {  // a replica: equal to the block's first holder, as assemble checks
+      const at::Tensor& h = locals[it->second];
+      if (h.data_ptr() == t.data_ptr()) continue;
+      const bool same = dtype == at::kDouble ? same_values(h.data_ptr<double>(), t.data_ptr<double>(), t.numel())
+                                             : same_values(h.data_ptr<float>(), t.data_ptr<float>(), t.numel());
+      if (!same) return std::nullopt;
+      continue;
+    }
+    if (t.numel() == 0) continue;
+    double e = 0.0;
+    if (dtype == at::kDouble) {
+      e = reference.scalar_type() == at::kDouble
+              ? block_diff(t.data_ptr<double>(), reference.data_ptr<double>(), global, l.offset, l.shape)
+              : block_diff(t.data_ptr<double>(), reference.data_ptr<float>(), global, l.offset, l.shape);
+    } else {
+      e = reference.scalar_type() == at::kDouble
+              ? block_diff(t.data_ptr<float>(), reference.data_ptr<double>(), global, l.offset, l.shape)
+              : block_diff(t.data_ptr<float>(), reference.data_ptr<float>(), global, l.offset, l.shape);
+    }
+    if (std::isnan(e)) return e;
+    worst = std::max(worst, e);
+  }
+  return worst;
+}
+
 bool within(double err, double tol, const at::Tensor& reference) {
   if (std::isnan(err)) return false;
   if (tol == 0.0) return err == 0.0;

@@ -62,6 +62,15 @@ std::string tensor_hash(const at::Tensor& t);
 // the same infinity, they agree (the mean of an empty tensor is NaN on the mesh and in the oracle).
 double max_abs_diff(const at::Tensor& a, const at::Tensor& b);
 
+// max_abs_diff(assemble(mesh, spec, locals), reference) without assembling: each distinct local
+// against its block of the reference, in one pass over their data (issue #35 item 3). Only where
+// that gives the same number and the same verdict: locals laid out by a spec without Partial or
+// strided shards, float64 or float32, contiguous, in their layout's shapes, replicas equal bit for
+// bit (NaN equal to NaN), and a contiguous float reference of the global shape. Otherwise nothing,
+// and the caller assembles (which also explains a replica that differs).
+std::optional<double> max_abs_diff_laid_out(const Mesh& mesh, const Spec& spec, const Locals& locals,
+                                            const at::Tensor& reference);
+
 // Whether an error `err` (max_abs_diff) is within `tol` relative to max(1, the largest finite
 // magnitude of `reference`); tol 0 asks for no error at all, and NaN is never within.
 bool within(double err, double tol, const at::Tensor& reference);

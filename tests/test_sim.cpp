@@ -174,6 +174,44 @@ TEST(Compare, DirectAndTensorPathsAgree) {
   EXPECT_FALSE(within(nan, 1e-3, ref));
 }
 
+// Each local against its block of the reference (no assembly) gives assemble's number exactly, on
+// uneven shards over two axes with replicas; and gives nothing where assembling must explain
+// (replicas that differ, a Partial, a local of the wrong shape), so the caller assembles.
+TEST(Compare, LaidOutBlocksAgreeWithTheAssembledGlobal) {
+  const Mesh mesh({"a", "b"}, {2, 3});
+  at::Tensor ref = at::randn({7, 5}, at::kDouble);
+  ref[6][4] = std::numeric_limits<double>::quiet_NaN();
+  for (const Spec& spec : {Spec{Placement::shard(0), Placement::shard(1)}, Spec{Placement::replicate(), Placement::shard(0)},
+                           Spec{Placement::shard(1), Placement::replicate()}, Spec{Placement::replicate(), Placement::replicate()}}) {
+    SCOPED_TRACE(spec_str(spec));
+    at::Tensor got = ref + 1e-6 * at::randn({7, 5}, at::kDouble);
+    got[6][4] = std::numeric_limits<double>::quiet_NaN();
+    got[2][3] += 0.25;  // the largest difference
+    Locals locals = distribute(mesh, spec, got, nullptr);
+    for (auto& l : locals) l = l.contiguous().clone();  // each rank its own storage
+    const auto direct = max_abs_diff_laid_out(mesh, spec, locals, ref);
+    ASSERT_TRUE(direct.has_value());
+    EXPECT_EQ(*direct, max_abs_diff(assemble(mesh, spec, locals), ref));
+    EXPECT_NEAR(*direct, 0.25, 1e-5);
+    Locals f32_locals = distribute(mesh, spec, got.to(at::kFloat), nullptr);
+    for (auto& l : f32_locals) l = l.contiguous();
+    const auto f32 = max_abs_diff_laid_out(mesh, spec, f32_locals, ref.to(at::kFloat));
+    ASSERT_TRUE(f32.has_value());
+    EXPECT_EQ(*f32, max_abs_diff(got.to(at::kFloat), ref.to(at::kFloat)));
+    if (spec[0].is_replicate()) {  // rank 3 is rank 0's replica along "a": a differing replica is assemble's to explain
+      locals[3] = locals[3].clone();
+      locals[3].view(-1)[0] += 1.0;
+      EXPECT_FALSE(max_abs_diff_laid_out(mesh, spec, locals, ref).has_value());
+    }
+  }
+  EXPECT_FALSE(max_abs_diff_laid_out(mesh, {Placement::partial(), Placement::shard(0)},
+                                     distribute(mesh, {Placement::partial(), Placement::shard(0)}, ref, nullptr), ref)
+                   .has_value());
+  Locals wrong = distribute(mesh, {Placement::shard(0), Placement::shard(1)}, ref, nullptr);
+  wrong[1] = at::zeros({1, 1}, at::kDouble);
+  EXPECT_FALSE(max_abs_diff_laid_out(mesh, {Placement::shard(0), Placement::shard(1)}, wrong, ref).has_value());
+}
+
 // ---------------------------------------------------------------------------------------------
 // 1. Collectives
 
