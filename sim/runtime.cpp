@@ -375,25 +375,41 @@ DTensor Runtime::redistribute_locals(const DTensor& x, const Spec& to_written, c
   return DTensor{out_name, x.shape, to, detached(locals)};
 }
 
-ShardingDecision Runtime::decide(const std::string& op, const OpAttrs& attrs, const std::vector<Spec>& specs,
-                                 const std::vector<Shape>& shapes) {
-  // The key as bytes (formatting the attributes as text was a sixth of a small op's time).
+namespace {
+
+void append_word(std::string& key, int64_t v) { key.append(reinterpret_cast<const char*>(&v), sizeof v); }
+
+void append_spec(std::string& key, const Spec& spec) {
+  append_word(key, static_cast<int64_t>(spec.size()));
+  for (const Placement& p : spec) {
+    append_word(key, static_cast<int64_t>(p.kind));
+    append_word(key, p.dim);
+    append_word(key, static_cast<int64_t>(p.op));
+    append_word(key, p.split);
+    key.append(reinterpret_cast<const char*>(&p.norm), sizeof p.norm);
+  }
+}
+
+// A decision's cache key as bytes (formatting the attributes as text was a sixth of a small op's
+// time): the attributes, the op, each operand's spec and shape.
+std::string decision_key(const std::string& op, const OpAttrs& attrs, const std::vector<Spec>& specs,
+                         const std::vector<Shape>& shapes) {
   std::string key = attrs.key();
-  auto word = [&key](int64_t v) { key.append(reinterpret_cast<const char*>(&v), sizeof v); };
-  word(static_cast<int64_t>(op.size()));
+  append_word(key, static_cast<int64_t>(op.size()));
   key += op;
   for (size_t i = 0; i < specs.size(); ++i) {
-    word(static_cast<int64_t>(specs[i].size()));
-    for (const Placement& p : specs[i]) {
-      word(static_cast<int64_t>(p.kind));
-      word(p.dim);
-      word(static_cast<int64_t>(p.op));
-      word(p.split);
-      key.append(reinterpret_cast<const char*>(&p.norm), sizeof p.norm);
-    }
-    word(static_cast<int64_t>(shapes[i].size()));
-    for (int64_t e : shapes[i]) word(e);
+    append_spec(key, specs[i]);
+    append_word(key, static_cast<int64_t>(shapes[i].size()));
+    for (int64_t e : shapes[i]) append_word(key, e);
   }
+  return key;
+}
+
+}  // namespace
+
+ShardingDecision Runtime::decide(const std::string& op, const OpAttrs& attrs, const std::vector<Spec>& specs,
+                                 const std::vector<Shape>& shapes) {
+  const std::string key = decision_key(op, attrs, specs, shapes);
   ++stats_.propagation_requests;
   auto it = decisions_.find(key);
   if (it != decisions_.end()) {
@@ -402,6 +418,20 @@ ShardingDecision Runtime::decide(const std::string& op, const OpAttrs& attrs, co
   }
   ++stats_.propagations;
   return decisions_.emplace(key, propagate(op, mesh_, specs, shapes, attrs)).first->second;
+}
+
+BackwardDecision Runtime::backward_decision(const std::string& op, const std::vector<Spec>& in_specs,
+                                            const Spec& out_spec, const std::vector<Shape>& shapes,
+                                            const OpAttrs& attrs, const Spec& grad_in, size_t input) {
+  std::string key = decision_key(op, attrs, in_specs, shapes);
+  append_spec(key, out_spec);
+  append_spec(key, grad_in);
+  append_word(key, static_cast<int64_t>(input));
+  auto it = backward_decisions_.find(key);
+  if (it != backward_decisions_.end()) return it->second;
+  return backward_decisions_
+      .emplace(std::move(key), backward_rule(op, mesh_, in_specs, out_spec, shapes, attrs, grad_in, input))
+      .first->second;
 }
 
 // Planted bugs in the sharding rules the runtime applies (the checks use the true rules).
@@ -592,7 +622,7 @@ DTensor Runtime::apply_op(const std::string& op, const OpAttrs& attrs, const std
         std::vector<size_t> shared;
         for (size_t i = 0; i < in_specs.size(); ++i) {
           if (!needs[i]) continue;
-          decisions[i] = backward_rule(op, rt->mesh(), in_specs, out_spec, shapes, attrs, gin.spec, i);
+          decisions[i] = rt->backward_decision(op, in_specs, out_spec, shapes, attrs, gin.spec, i);
           if (decisions[i].grad_in == gin.spec) shared.push_back(i);
         }
         std::vector<Locals> ready_contrib(in_specs.size());

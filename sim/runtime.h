@@ -233,6 +233,12 @@ class Runtime {
   Event make_event(const std::string& kind, const std::string& name, const std::string& value,
                    const Locals& locals) const;
 
+  // backward_rule for an op's backward, cached as the forward's decisions are (a program's ops
+  // ask it once per operand, with the same few arguments).
+  BackwardDecision backward_decision(const std::string& op, const std::vector<Spec>& in_specs, const Spec& out_spec,
+                                     const std::vector<Shape>& shapes, const OpAttrs& attrs, const Spec& grad_in,
+                                     size_t input);
+
  private:
   Mesh mesh_;
   RunOptions options_;
@@ -241,6 +247,7 @@ class Runtime {
   int64_t kept_small_graphs_ = 0;  // per-rank graphs of small ops kept from their forward (apply_op)
   std::map<std::string, GradSpec> grad_specs_;
   std::unordered_map<std::string, ShardingDecision> decisions_;
+  std::unordered_map<std::string, BackwardDecision> backward_decisions_;
   std::map<std::string, BodyValue> body_values_;
   std::vector<std::string> body_order_;
   std::vector<std::string> untracked_;
