@@ -318,8 +318,8 @@ OpAttrs op_attrs(const OpDecl& decl) {
         if (v.is_number_integer()) out.push_back(v.get<int64_t>());
     return out;
   };
-  // A text field, or its default when absent (a field of another type throws, as json::value does).
-  auto text = [&](Field k, const char* otherwise) { return has(k) ? at(k).get<std::string>() : std::string(otherwise); };
+  // A text field that is present (a field of another type throws, as json::value does).
+  auto text = [&](Field k) { return at(k).get<std::string>(); };
   if (integer(kDim)) a.dim = at(kDim).get<int64_t>();
   if (has(kDim) && at(kDim).is_array()) {
     a.dims = ints(kDim);
@@ -337,13 +337,13 @@ OpAttrs op_attrs(const OpDecl& decl) {
     if (at(kValue).is_number()) a.fill = at(kValue).get<double>();
     if (at(kValue).is_string()) a.fill = at(kValue) == "-inf" ? -INFINITY : INFINITY;
   }
-  a.tanh = has(kApproximate) && text(kApproximate, "none") == "tanh";
+  a.tanh = has(kApproximate) && text(kApproximate) == "tanh";
   if (number(kExponent)) a.exponent = at(kExponent).get<double>();
   if (integer(kDiagonal)) a.diagonal = at(kDiagonal).get<int64_t>();
   a.normalized_shape = ints(kNormalizedShape);
   if (number(kEps)) a.eps = at(kEps).get<double>();
   if (has(kReduction)) {
-    const std::string reduction = text(kReduction, "mean");
+    const std::string reduction = text(kReduction);
     a.sum_reduction = reduction == "sum";
     a.no_reduction = reduction == "none";
   }

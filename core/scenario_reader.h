@@ -161,4 +161,8 @@ class Reader {
   std::string file_;
 };
 
+// The float dtypes' spellings for a message: "float64, float32, bfloat16 or float16"
+// (core/run_options.cpp).
+std::string dtype_choices();
+
 }  // namespace meshsim::scenario_detail

@@ -179,13 +179,13 @@ void check_operand_types(const OpDecl& op, const std::vector<DTensor>& args) {
 // scenario, named with the value, where it sits on which rank, and the range.
 void check_ids(const OpDecl& op, size_t slot, const DTensor& ids, int64_t high, std::optional<int64_t> ignore,
                const std::string& why = "") {
-  const void* checked = nullptr;  // replicated ids share one local: checked once
+  std::pair<const void*, int64_t> checked{nullptr, 0};  // replicated ids share one local: checked once
   for (size_t r = 0; r < ids.locals.size(); ++r) {
     at::Tensor t = ids.locals[r];
     int64_t lo = 0, hi = -1;
     if (t.scalar_type() == at::kLong && t.is_contiguous()) {  // one pass over the data, no libtorch calls
-      if (t.numel() == 0 || t.data_ptr() == checked) continue;
-      checked = t.data_ptr();
+      if (t.numel() == 0 || checked == std::pair<const void*, int64_t>{t.data_ptr(), t.numel()}) continue;
+      checked = {t.data_ptr(), t.numel()};
       const int64_t* v = t.data_ptr<int64_t>();
       bool any = false;
       for (int64_t i = 0, n = t.numel(); i < n; ++i) {

@@ -64,7 +64,8 @@ RankCalls rank_calls(const std::string& op, const OpAttrs& attrs, const Mesh& me
   const bool random = std::string_view(op_schema(op).family) == "random";
   const bool view = is_view_op(op);
   const auto ranged = ranged_operand(op);
-  const bool per_rank = view || random || (ranged && shards_dim(specs[ranged->first], ranged->second));
+  const bool ranged_sharded = ranged && shards_dim(specs[ranged->first], ranged->second);
+  const bool per_rank = view || random || ranged_sharded;
   RankCalls c;
   c.attrs.push_back(with_global_shape(op, attrs, shapes.at(0)));
   if (per_rank) {
@@ -73,7 +74,7 @@ RankCalls rank_calls(const std::string& op, const OpAttrs& attrs, const Mesh& me
       OpAttrs& a = c.attrs[r];
       if (view) a.local_shape = local_layout(mesh, out_spec, out_shape, static_cast<int64_t>(r)).shape;
       if (random) place_draw(a, mesh, out_spec, out_shape, static_cast<int64_t>(r));
-      if (ranged && shards_dim(specs[ranged->first], ranged->second)) {
+      if (ranged_sharded) {
         const LocalLayout l = local_layout(mesh, specs[ranged->first], shapes[ranged->first], static_cast<int64_t>(r));
         a.range = Chunk{l.offset[ranged->second], l.shape[ranged->second]};
       }

@@ -21,7 +21,7 @@ constexpr int64_t kSmallOpElements = 4096;
 constexpr int64_t kKeptSmallGraphs = 32768;
 
 // Per rank: an op's operands as local leaves and its result with the local graph that made it.
-// Ranks whose call is the same (same_calls) hold the same leaves and result, one graph.
+// Ranks whose call is the same (RankCalls::same_as) hold the same leaves and result, one graph.
 struct LocalGraphs {
   explicit LocalGraphs(size_t ranks) : leaves(ranks), results(ranks) {}
   std::vector<std::vector<at::Tensor>> leaves;
