@@ -5,12 +5,14 @@
 #include <stdexcept>
 #include <string>
 #include <tuple>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
 #include "core/coverage.h"
 #include "core/explain.h"
 #include "core/error.h"
+#include "core/mutants.h"
 #include "core/rules/common.h"
 
 // The rules themselves, by op family, are in core/rules/ (rules/common.h lists the files).
@@ -316,26 +318,108 @@ std::string describe_move(const Placement& from, const Placement& to, int64_t ax
   return head + step_kind_name(m.kind) + ", " + bytes_str(m.bytes);
 }
 
+void append_key_word(std::string& key, int64_t v) { key.append(reinterpret_cast<const char*>(&v), sizeof v); }
+
+void append_key_spec(std::string& key, const Spec& spec) {
+  append_key_word(key, static_cast<int64_t>(spec.size()));
+  for (const Placement& p : spec) {
+    append_key_word(key, static_cast<int64_t>(p.kind));
+    append_key_word(key, p.dim);
+    append_key_word(key, static_cast<int64_t>(p.op));
+    append_key_word(key, p.split);
+    key.append(reinterpret_cast<const char*>(&p.norm), sizeof p.norm);
+  }
+}
+
+std::string decision_key(const std::string& op, const OpAttrs& attrs, const std::vector<Spec>& specs,
+                         const std::vector<Shape>& shapes) {
+  std::string key = attrs.key();
+  append_key_word(key, static_cast<int64_t>(op.size()));
+  key += op;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    append_key_spec(key, specs[i]);
+    append_key_word(key, static_cast<int64_t>(shapes[i].size()));
+    for (int64_t e : shapes[i]) append_key_word(key, e);
+  }
+  return key;
+}
+
+namespace {
+
+// The rules' results remembered per thread (decision_key, above), with the coverage keys each
+// recorded, which a later call records again. A table past kMemoEntries starts over.
+constexpr size_t kMemoEntries = size_t{1} << 14;
+
+template <class V>
+class Memo {
+ public:
+  template <class F>
+  const V& get(std::string key, F&& compute) {
+    auto it = map_.find(key);
+    if (it == map_.end()) {
+      Entry e;
+      {
+        CoverageSink seen;
+        CoverageScope capture(&seen);
+        e.value = compute();
+        e.covered.assign(seen.begin(), seen.end());
+      }
+      if (map_.size() >= kMemoEntries) map_.clear();
+      it = map_.emplace(std::move(key), std::move(e)).first;
+    }
+    if (CoverageSink* sink = coverage_sink()) sink->insert(it->second.covered.begin(), it->second.covered.end());
+    return it->second.value;
+  }
+
+ private:
+  struct Entry {
+    V value;
+    std::vector<std::string> covered;
+  };
+  std::unordered_map<std::string, Entry> map_;
+};
+
+// The key of a call: its arguments, the mesh (axis names and sizes) and the planted bug.
+std::string memo_key(const std::string& op, const Mesh& mesh, const std::vector<Spec>& specs,
+                     const std::vector<Shape>& shapes, const OpAttrs& attrs) {
+  std::string key = decision_key(op, attrs, specs, shapes);
+  append_key_word(key, static_cast<int64_t>(active_mutant()));
+  for (int a = 0; a < mesh.ndim(); ++a) {
+    append_key_word(key, mesh.axis_size(a));
+    append_key_word(key, static_cast<int64_t>(mesh.axes()[a].size()));
+    key += mesh.axes()[a];
+  }
+  return key;
+}
+
+}  // namespace
+
 ShardingDecision propagate(const std::string& op, const Mesh& mesh, const std::vector<Spec>& specs,
                            const std::vector<Shape>& shapes, const OpAttrs& attrs) {
-  return decide(op, mesh, specs, shapes, attrs, nullptr);
+  thread_local Memo<ShardingDecision> memo;
+  return memo.get(memo_key(op, mesh, specs, shapes, attrs),
+                  [&] { return decide(op, mesh, specs, shapes, attrs, nullptr); });
 }
 
 PropagationExplanation explain_propagation(const std::string& op, const Mesh& mesh, const std::vector<Spec>& specs,
                                            const std::vector<Shape>& shapes, const OpAttrs& attrs) {
-  PropagationExplanation ex;
-  ex.op = op;
-  decide(op, mesh, specs, shapes, attrs, &ex);
-  return ex;
+  thread_local Memo<PropagationExplanation> memo;
+  return memo.get(memo_key(op, mesh, specs, shapes, attrs), [&] {
+    PropagationExplanation ex;
+    ex.op = op;
+    decide(op, mesh, specs, shapes, attrs, &ex);
+    return ex;
+  });
 }
 
 // ---------------------------------------------------------------------------------------------
 // Backward (the per-family functions are in core/rules/, by family)
 
-BackwardDecision backward_rule(const std::string& op, const Mesh& mesh,
-                               const std::vector<Spec>& in_specs, const Spec& out_spec,
-                               const std::vector<Shape>& shapes, const OpAttrs& attrs,
-                               const Spec& grad_in, size_t input) {
+namespace {
+
+BackwardDecision backward_of(const std::string& op, const Mesh& mesh, const std::vector<Spec>& in_specs,
+                             const Spec& out_spec, const std::vector<Shape>& shapes, const OpAttrs& attrs,
+                             const Spec& grad_in, size_t input) {
   const Family& family = family_of(op);
   AxisGrad x;
   x.input = input;
@@ -358,6 +442,21 @@ BackwardDecision backward_rule(const std::string& op, const Mesh& mesh,
     if (coverage_sink()) cover("backward " + op + " d" + std::to_string(input) + ": " + g.rule());
   }
   return d;
+}
+
+}  // namespace
+
+BackwardDecision backward_rule(const std::string& op, const Mesh& mesh,
+                               const std::vector<Spec>& in_specs, const Spec& out_spec,
+                               const std::vector<Shape>& shapes, const OpAttrs& attrs,
+                               const Spec& grad_in, size_t input) {
+  thread_local Memo<BackwardDecision> memo;
+  std::string key = memo_key(op, mesh, in_specs, shapes, attrs);
+  append_key_spec(key, out_spec);
+  append_key_spec(key, grad_in);
+  append_key_word(key, static_cast<int64_t>(input));
+  return memo.get(std::move(key),
+                  [&] { return backward_of(op, mesh, in_specs, out_spec, shapes, attrs, grad_in, input); });
 }
 
 }  // namespace meshsim

@@ -165,6 +165,17 @@ struct ShardingDecision {
 ShardingDecision propagate(const std::string& op, const Mesh& mesh, const std::vector<Spec>& specs,
                            const std::vector<Shape>& shapes, const OpAttrs& attrs);
 
+// A decision's arguments as bytes (no text formatting: it was a sixth of a small op's time): the
+// attributes (OpAttrs::key), the op, each operand's spec and shape. The key of the runtime's cache
+// of decisions per run and, with the mesh and the planted bug, of the rules' own per thread:
+// propagate(), explain_propagation() and backward_rule() are pure functions of their arguments and
+// the planted bug, so each result (and the rule coverage it records) is remembered, and a property
+// run, whose every case is a new scenario and a new Runtime, decides each distinct op once.
+std::string decision_key(const std::string& op, const OpAttrs& attrs, const std::vector<Spec>& specs,
+                         const std::vector<Shape>& shapes);
+void append_key_word(std::string& key, int64_t v);
+void append_key_spec(std::string& key, const Spec& spec);
+
 // Backward: the placement of the gradient contribution an op gives operand `input`, per axis,
 // read from the family's table with the gradient in one operand slot (rules/common.h says which),
 // given the operands' forward specs (after redistribution), the output spec and the placement of

@@ -71,15 +71,18 @@ nlohmann::json draw_options() {
 
 // The events of the fake mesh's run of a generated scenario alone (no oracle), with the planted
 // bug of the check run on and its rules covered.
-std::vector<Event> run_events(const nlohmann::json& doc) {
-  note_case_scenario(doc);
-  const Scenario sc = parse_scenario(doc, "<generated>");
+std::vector<Event> run_events(const Scenario& sc) {
   RunOptions options = sc.options;
   options.mutant = planted_mutant();
   MutantScope planted(parse_mutant(options.mutant));
   CoverageScope covered(case_coverage());
   ScopedOverride<bool> hashed(local_hashes_enabled(), true);  // its callers compare the locals' hashes
   return run_distributed(sc, options).runtime->events();
+}
+
+std::vector<Event> run_events(const nlohmann::json& doc) {
+  note_case_scenario(doc);
+  return run_events(parse_scenario(doc, "<generated>"));
 }
 
 void assert_scenario_passes(const nlohmann::json& doc) {
@@ -339,13 +342,15 @@ void determinism() {
       if (a[i].implicit != b[i].implicit) return false;
     return true;
   };
+  note_case_scenario(doc);
+  const Scenario sc = parse_scenario(doc, "<generated>");  // parsed once: the runs are the subject
   Trace t1;
-  t1.events = run_events(doc);
+  t1.events = run_events(sc);
   for (int again = 0; again < 4; ++again) {
     Trace t2;
-    t2.events = run_events(doc);
+    t2.events = run_events(sc);
     if (same_trace(t1.events, t2.events)) continue;
-    RunOptions options = parse_scenario(doc, "<generated>").options;
+    RunOptions options = sc.options;
     options.mutant = planted_mutant();
     latest_failure() = {doc, options.to_json()};
     RC_FAIL("two runs of one scenario and seed gave different traces: " + compare_events(t1.events, t2.events).message);

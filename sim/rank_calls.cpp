@@ -4,6 +4,7 @@
 #include <unordered_map>
 
 #include <c10/core/GradMode.h>
+#include <torch/csrc/autograd/autograd.h>
 
 #include "core/ops.h"
 #include "sim/local_ops.h"
@@ -112,6 +113,33 @@ LocalGraphs local_graphs(const std::string& op, const RankCalls& calls, const st
     g.results[r] = local_op(op, calls.of(r), g.leaves[r]);
   }
   return g;
+}
+
+std::vector<std::vector<at::Tensor>> rank_vjps(const LocalGraphs& g, const std::vector<size_t>& wrt, const Locals& grads) {
+  const size_t R = g.results.size();
+  std::vector<std::vector<at::Tensor>> out(R, std::vector<at::Tensor>(wrt.size()));
+  // Pass k takes, of each graph, the k-th rank holding it.
+  std::vector<std::vector<size_t>> passes;
+  std::unordered_map<const void*, size_t> holders;
+  for (size_t r = 0; r < R; ++r) {
+    if (!g.results[r].requires_grad()) continue;
+    const size_t k = holders[g.results[r].unsafeGetTensorImpl()]++;
+    if (k == passes.size()) passes.emplace_back();
+    passes[k].push_back(r);
+  }
+  for (const auto& ranks : passes) {
+    std::vector<at::Tensor> outputs, inputs, weights;
+    for (size_t r : ranks) {
+      outputs.push_back(g.results[r]);
+      weights.push_back(grads[r]);
+      for (size_t i : wrt) inputs.push_back(g.leaves[r][i]);
+    }
+    const auto got = torch::autograd::grad(outputs, inputs, weights, /*retain_graph=*/true, /*create_graph=*/false,
+                                           /*allow_unused=*/true);
+    for (size_t n = 0; n < ranks.size(); ++n)
+      for (size_t j = 0; j < wrt.size(); ++j) out[ranks[n]][j] = got[n * wrt.size() + j];
+  }
+  return out;
 }
 
 Locals local_results(const std::string& op, const RankCalls& calls, const std::vector<Locals>& operands) {

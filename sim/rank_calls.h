@@ -51,6 +51,14 @@ RankCalls rank_calls(const std::string& op, const OpAttrs& attrs, const Mesh& me
 LocalGraphs local_graphs(const std::string& op, const RankCalls& calls, const std::vector<Locals>& operands,
                          const std::vector<bool>& needs);
 
+// Each rank's VJP through its local graph: for every rank whose result requires grad, the
+// gradients of `g.results[r]` (weighted by `grads[r]`) with respect to its leaves `wrt` (indices
+// into `g.leaves[r]`); undefined where a leaf is unused or the rank's result needs none. The ranks'
+// graphs are disjoint, so one engine run serves every rank of distinct graph at once (a rank whose
+// graph is an earlier rank's, which may get another incoming gradient, runs in a later pass): one
+// run of libtorch's engine per op instead of one per rank, the same numbers.
+std::vector<std::vector<at::Tensor>> rank_vjps(const LocalGraphs& g, const std::vector<size_t>& wrt, const Locals& grads);
+
 // Each rank's kernel on its operands without autograd: the results, a tensor object per rank (those
 // of the same call share storage).
 Locals local_results(const std::string& op, const RankCalls& calls, const std::vector<Locals>& operands);

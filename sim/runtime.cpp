@@ -375,39 +375,8 @@ DTensor Runtime::redistribute_locals(const DTensor& x, const Spec& to_written, c
   return DTensor{out_name, x.shape, to, detached(locals)};
 }
 
-namespace {
 
-void append_word(std::string& key, int64_t v) { key.append(reinterpret_cast<const char*>(&v), sizeof v); }
-
-void append_spec(std::string& key, const Spec& spec) {
-  append_word(key, static_cast<int64_t>(spec.size()));
-  for (const Placement& p : spec) {
-    append_word(key, static_cast<int64_t>(p.kind));
-    append_word(key, p.dim);
-    append_word(key, static_cast<int64_t>(p.op));
-    append_word(key, p.split);
-    key.append(reinterpret_cast<const char*>(&p.norm), sizeof p.norm);
-  }
-}
-
-// A decision's cache key as bytes (formatting the attributes as text was a sixth of a small op's
-// time): the attributes, the op, each operand's spec and shape.
-std::string decision_key(const std::string& op, const OpAttrs& attrs, const std::vector<Spec>& specs,
-                         const std::vector<Shape>& shapes) {
-  std::string key = attrs.key();
-  append_word(key, static_cast<int64_t>(op.size()));
-  key += op;
-  for (size_t i = 0; i < specs.size(); ++i) {
-    append_spec(key, specs[i]);
-    append_word(key, static_cast<int64_t>(shapes[i].size()));
-    for (int64_t e : shapes[i]) append_word(key, e);
-  }
-  return key;
-}
-
-}  // namespace
-
-ShardingDecision Runtime::decide(const std::string& op, const OpAttrs& attrs, const std::vector<Spec>& specs,
+const ShardingDecision& Runtime::decide(const std::string& op, const OpAttrs& attrs, const std::vector<Spec>& specs,
                                  const std::vector<Shape>& shapes) {
   const std::string key = decision_key(op, attrs, specs, shapes);
   ++stats_.propagation_requests;
@@ -424,9 +393,9 @@ BackwardDecision Runtime::backward_decision(const std::string& op, const std::ve
                                             const Spec& out_spec, const std::vector<Shape>& shapes,
                                             const OpAttrs& attrs, const Spec& grad_in, size_t input) {
   std::string key = decision_key(op, attrs, in_specs, shapes);
-  append_spec(key, out_spec);
-  append_spec(key, grad_in);
-  append_word(key, static_cast<int64_t>(input));
+  append_key_spec(key, out_spec);
+  append_key_spec(key, grad_in);
+  append_key_word(key, static_cast<int64_t>(input));
   auto it = backward_decisions_.find(key);
   if (it != backward_decisions_.end()) return it->second;
   return backward_decisions_
@@ -435,7 +404,10 @@ BackwardDecision Runtime::backward_decision(const std::string& op, const std::ve
 }
 
 // Planted bugs in the sharding rules the runtime applies (the checks use the true rules).
-void Runtime::plant_rule_bugs(const std::string& op, const std::vector<Spec>& given, ShardingDecision& d) const {
+const ShardingDecision& Runtime::plant_rule_bugs(const std::string& op, const std::vector<Spec>& given,
+                                                 const ShardingDecision& decided, ShardingDecision& d) const {
+  if (!mutant_on(Mutant::MmS1S0LabelledR) && !mutant_on(Mutant::PartialPlusReplicateUndivided)) return decided;
+  d = decided;
   for (int a = 0; a < mesh_.ndim(); ++a) {
     if (mutant_on(Mutant::MmS1S0LabelledR) && op == "mm" && d.rows[a] == "mm: S(1), S(0) -> P(sum)")
       d.out_spec[a] = Placement::replicate();
@@ -443,6 +415,7 @@ void Runtime::plant_rule_bugs(const std::string& op, const std::vector<Spec>& gi
       for (size_t i = 0; i < given.size(); ++i)
         if (given[i][a].is_replicate() && d.in_specs[i][a].is_partial()) d.in_specs[i][a] = given[i][a];
   }
+  return d;
 }
 
 namespace {
@@ -506,8 +479,8 @@ DTensor Runtime::apply_op(const std::string& op, const OpAttrs& attrs, const std
     for (const auto& a : args) app.args.push_back(a.name);
     observer_(app);
   }
-  ShardingDecision d = decide(op, attrs, given, shapes);
-  plant_rule_bugs(op, given, d);
+  ShardingDecision planted;
+  const ShardingDecision& d = plant_rule_bugs(op, given, decide(op, attrs, given, shapes), planted);
   // Above autograd, an operand that does not fit the rule goes through a Redistribute node, whose
   // backward is Redistribute.backward. Below autograd (PyTorch today), the op's own node
   // redistributes the locals: autograd never sees it, and the op's backward sends its gradient
@@ -612,12 +585,12 @@ DTensor Runtime::apply_op(const std::string& op, const OpAttrs& attrs, const std
             kept ? LocalGraphs(0)
                  : local_graphs(op, rank_calls(op, attrs, rt->mesh(), in_specs, shapes, out_spec, out_shape, operands),
                                 operands, needs);
-        const auto& leaves = kept ? kept->leaves : made.leaves;
-        const Locals& results = kept ? kept->results : made.results;
+        const LocalGraphs& graphs = kept ? *kept : made;
+        const auto& leaves = graphs.leaves;
         const GradSpec gin = rt->grad_spec(out_name, out_spec);
         variable_list result(n_inputs);
-        // The operands whose incoming gradient needs no move share one VJP per rank (one pass
-        // through the rank's local graph instead of one per operand).
+        // The operands whose incoming gradient needs no move share one VJP (one pass through each
+        // rank's local graph instead of one per operand; one engine run for the ranks: rank_vjps).
         std::vector<BackwardDecision> decisions(in_specs.size());
         std::vector<size_t> shared;
         for (size_t i = 0; i < in_specs.size(); ++i) {
@@ -626,21 +599,16 @@ DTensor Runtime::apply_op(const std::string& op, const OpAttrs& attrs, const std
           if (decisions[i].grad_in == gin.spec) shared.push_back(i);
         }
         std::vector<Locals> ready_contrib(in_specs.size());
-        if (shared.size() > 1) {
-          for (size_t i : shared) ready_contrib[i].resize(R);
-          for (size_t r = 0; r < R; ++r) {
-            std::vector<at::Tensor> wrt;
-            for (size_t i : shared) wrt.push_back(leaves[r][i]);
-            variable_list vjp(results[r].requires_grad() ? shared.size() : 0);
-            if (!vjp.empty())
-              vjp = torch::autograd::grad({results[r]}, wrt, {grads[r]}, /*retain_graph=*/true,
-                                          /*create_graph=*/false, /*allow_unused=*/true);
-            for (size_t k = 0; k < shared.size(); ++k) {
-              const size_t i = shared[k];
-              ready_contrib[i][r] = k < vjp.size() && vjp[k].defined() ? vjp[k] : at::zeros_like(leaves[r][i]);
-            }
+        // A local result no operand reaches (an empty vocab shard's zeros) contributes zeros.
+        auto contributions = [&](const std::vector<size_t>& wrt, const Locals& g, std::vector<Locals>& into) {
+          const auto vjps = rank_vjps(graphs, wrt, g);
+          for (size_t k = 0; k < wrt.size(); ++k) {
+            Locals& c = into[wrt[k]];
+            c.resize(R);
+            for (size_t r = 0; r < R; ++r) c[r] = vjps[r][k].defined() ? vjps[r][k] : at::zeros_like(leaves[r][wrt[k]]);
           }
-        }
+        };
+        if (shared.size() > 1) contributions(shared, grads, ready_contrib);
         for (size_t i = 0; i < in_specs.size(); ++i) {
           if (!needs[i]) continue;
           const BackwardDecision& bd = decisions[i];
@@ -655,19 +623,8 @@ DTensor Runtime::apply_op(const std::string& op, const OpAttrs& attrs, const std
                                                 {rt->options().partial_from_replicate, true}),
                               gin.spec, gi, out_name, "backward of " + op + ": incoming gradient");
           }
-          Locals contrib(R);
-          for (size_t r = 0; r < R && ready_contrib[i].empty(); ++r) {
-            // A local result no operand reaches (an empty vocab shard's zeros) contributes zeros.
-            if (!results[r].requires_grad()) {
-              contrib[r] = at::zeros_like(leaves[r][i]);
-              continue;
-            }
-            auto vjp = torch::autograd::grad({results[r]}, {leaves[r][i]}, {gi[r]},
-                                             /*retain_graph=*/true, /*create_graph=*/false,
-                                             /*allow_unused=*/true);
-            contrib[r] = vjp[0].defined() ? vjp[0] : at::zeros_like(leaves[r][i]);
-          }
-          if (!ready_contrib[i].empty()) contrib = std::move(ready_contrib[i]);
+          if (ready_contrib[i].empty()) contributions({i}, gi, ready_contrib);
+          Locals contrib = std::move(ready_contrib[i]);
           if (mutant_on(Mutant::EmbeddingGradWrongRank) && op == "embedding" && i == 1)
             contrib = next_rank_along_shard(rt->mesh(), in_specs[1], 0, std::move(contrib));
           Event e = rt->make_event("grad", op, names[i], contrib);

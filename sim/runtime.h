@@ -255,8 +255,11 @@ class Runtime {
   Stats stats_;
   std::function<void(const OpApplication&)> observer_;
 
-  void plant_rule_bugs(const std::string& op, const std::vector<Spec>& given, ShardingDecision& d) const;
-  ShardingDecision decide(const std::string& op, const OpAttrs& attrs, const std::vector<Spec>& specs,
+  // The decision with the rule bugs planted (none: `d` itself; else a copy, kept in `planted`).
+  const ShardingDecision& plant_rule_bugs(const std::string& op, const std::vector<Spec>& given,
+                                          const ShardingDecision& d, ShardingDecision& planted) const;
+  // The cached decision (a reference into the cache: its entries never move).
+  const ShardingDecision& decide(const std::string& op, const OpAttrs& attrs, const std::vector<Spec>& specs,
                           const std::vector<Shape>& shapes);
   // A redistribution of the locals with no autograd node (below autograd).
   DTensor redistribute_locals(const DTensor& x, const Spec& to, const std::string& out_name);

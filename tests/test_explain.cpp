@@ -15,8 +15,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/coverage.h"
 #include "core/error.h"
 #include "core/explain.h"
+#include "core/mutants.h"
 #include "core/propagation.h"
 #include "tests/process_support.h"
 #include "tests/spec_sets.h"
@@ -351,6 +353,72 @@ TEST(Explain, APartialMaxRowIsNotReachedByMovingAReplica) {
                                          {{4, 6}, {4, 6}}, with_dim(0));
   EXPECT_EQ(there.axes.at(0).how, kHowExactFit);
   EXPECT_EQ(there.decision.out_spec, Spec{Placement::partial(ReduceOp::Max)});
+}
+
+// ---------------------------------------------------------------------------------------------
+// The rules' memo (core/propagation.h, decision_key): a remembered result is the one a fresh call
+// gives, under another planted bug, on another mesh, and records the same coverage.
+
+TEST(PropagationMemo, KeysOnThePlantedBug) {
+  const Mesh mesh({"x"}, {2});
+  const std::vector<Spec> s0 = {{Placement::shard(0)}, {Placement::shard(0)}};
+  const std::vector<Shape> shapes = {{4, 6}, {4, 6}};
+  // cat along the sharded dim moves the operands off it (S(1)); the planted bug keeps S(0).
+  const auto cat = [&] { return spec_str(propagate("cat", mesh, s0, shapes, with_dim(0)).in_specs.at(0)); };
+  const auto explained = [&] {
+    return spec_str(explain_propagation("cat", mesh, s0, shapes, with_dim(0)).decision.in_specs.at(0));
+  };
+  EXPECT_EQ(cat(), "[S(1)]");
+  {
+    MutantScope planted(Mutant::CatShardedDimNotGathered);
+    EXPECT_EQ(cat(), "[S(0)]");
+    EXPECT_EQ(explained(), "[S(0)]");
+  }
+  EXPECT_EQ(cat(), "[S(1)]");
+  EXPECT_EQ(explained(), "[S(1)]");
+
+  // add of [4, 6] S(0) and a [6] bias: the bias's contribution is the sum over the sharded dim.
+  const std::vector<Spec> ins = {{Placement::shard(0)}, {Placement::replicate()}};
+  const std::vector<Shape> add_shapes = {{4, 6}, {6}};
+  const Spec s0_out{Placement::shard(0)};
+  const auto grad = [&] { return spec_str(backward_rule("add", mesh, ins, s0_out, add_shapes, {}, s0_out, 1).grad_out); };
+  EXPECT_EQ(grad(), "[P(sum)]");
+  {
+    MutantScope planted(Mutant::BroadcastGradNotSummed);
+    EXPECT_EQ(grad(), "[R]");
+  }
+  EXPECT_EQ(grad(), "[P(sum)]");
+}
+
+TEST(PropagationMemo, KeysOnTheMeshAndRecordsItsCoverageAgain) {
+  // The same operands on meshes of 2 and 3 ranks: the explanation names the axis it was asked of.
+  const std::vector<Spec> s = {{Placement::shard(0)}, {Placement::replicate()}};
+  const std::vector<Shape> shapes = {{6, 4}, {4, 5}};
+  const auto axis_of = [&](const Mesh& m) { return explain_propagation("mm", m, s, shapes, {}).axes.at(0).axis_name; };
+  EXPECT_EQ(axis_of(Mesh({"dp"}, {2})), "dp");
+  EXPECT_EQ(axis_of(Mesh({"tp"}, {2})), "tp");
+  const auto cost_of = [&](int64_t n) {
+    const auto ex = explain_propagation("mm", Mesh({"x"}, {n}), {{Placement::replicate()}, {Placement::shard(1)}},
+                                        shapes, {});
+    int64_t most = 0;
+    for (const auto& c : ex.axes.at(0).candidates) most = std::max(most, c.bytes);
+    return most;
+  };
+  EXPECT_NE(cost_of(2), cost_of(4));  // a gather's bytes grow with the axis
+
+  const Mesh mesh({"x"}, {2});
+  CoverageSink first, second;
+  {
+    CoverageScope covered(&first);
+    propagate("mm", mesh, s, shapes, {});
+  }
+  {
+    CoverageScope covered(&second);
+    propagate("mm", mesh, s, shapes, {});  // remembered: its coverage recorded again
+  }
+  EXPECT_FALSE(first.empty());
+  EXPECT_EQ(first, second);
+  EXPECT_EQ(first.count("forward mm: S(0), R -> S(0)"), 1u) << ::testing::PrintToString(first);
 }
 
 // ---------------------------------------------------------------------------------------------
