@@ -23,6 +23,7 @@
 #include "properties/kernel_nd.h"
 #include "properties/properties.h"
 #include "sim/local_ops.h"
+#include "sim/vjps.h"
 
 namespace meshsim::kernel_nd {
 
@@ -764,17 +765,48 @@ void kernels_match_definitions() {
     name += ", its gradient strided";
   }
   const auto grads = torch::autograd::grad({y}, floats, {gt}, false, false, true);
+  // The closed-form VJP (sim/vjps.h), where the op has one for these operands: the DTensor runtime's
+  // gradient of a rank's kernel, with the planted bug of the check run on, as the kernel ran.
+  std::vector<at::Tensor> closed(xs.size());
+  {
+    MutantScope planted(parse_mutant(planted_mutant()));
+    at::NoGradGuard no_grad;
+    std::vector<at::Tensor> plain;
+    for (const auto& t : ts) plain.push_back(t.detach());
+    std::vector<size_t> wrt;
+    for (size_t i = 0; i < xs.size(); ++i)
+      if (type_of(i) == "float") wrt.push_back(i);
+    if (has_closed_vjp(schema.id, a, plain)) {
+      // All at once half of the time (as the runtime asks where no operand's gradient moves), else
+      // one by one: a row that shares work between operands must give each the same.
+      if (coin()) {
+        const auto got = closed_vjp(schema.id, a, plain, y.detach(), gt, wrt);
+        for (size_t k = 0; k < wrt.size(); ++k) closed[wrt[k]] = got[k];
+      } else {
+        for (size_t i : wrt) closed[i] = closed_vjp(schema.id, a, plain, y.detach(), gt, {i}).at(0);
+      }
+    }
+  }
+  auto check = [&](const Nd& dgot, const Nd& dwant, size_t i, const std::string& whose) {
+    if (dgot.shape != dwant.shape)
+      RC_FAIL(name + ": " + whose + " of operand " + std::to_string(i) + " has shape " + dims_str(dgot.shape) +
+              ", the operand " + dims_str(dwant.shape));
+    if (!(relative_error(dgot, dwant) <= tol))
+      RC_FAIL(name + ": " + whose + " of operand " + std::to_string(i) + " differs from the definition's " +
+              where(dgot, dwant));
+  };
   for (size_t i = 0, f = 0; i < xs.size(); ++i) {
     if (type_of(i) != "float") continue;
     const Nd dwant = def.vjp(xs, g, i);
-    const Nd dgot = grads[f].defined() ? of(grads[f]) : zeros(xs[i].shape);
+    check(grads[f].defined() ? of(grads[f]) : zeros(xs[i].shape), dwant, i, "the gradient");
     ++f;
-    if (dgot.shape != dwant.shape)
-      RC_FAIL(name + ": the gradient of operand " + std::to_string(i) + " has shape " + dims_str(dgot.shape) +
-              ", the operand " + dims_str(dwant.shape));
-    if (!(relative_error(dgot, dwant) <= tol))
-      RC_FAIL(name + ": the gradient of operand " + std::to_string(i) + " differs from the definition's " +
-              where(dgot, dwant));
+    if (closed[i].defined()) {
+      if (closed[i].scalar_type() != ts[i].scalar_type())
+        RC_FAIL(name + ": the closed-form gradient (sim/vjps.cpp) of operand " + std::to_string(i) + " is " +
+                std::string(c10::toString(closed[i].scalar_type())) + ", the operand " +
+                std::string(c10::toString(ts[i].scalar_type())));
+      check(of(closed[i]), dwant, i, "the closed-form gradient (sim/vjps.cpp)");
+    }
   }
 }
 

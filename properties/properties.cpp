@@ -755,7 +755,8 @@ const std::vector<Property>& property_catalog() {
        "every registered Function's backward (built-in and plugin) equals central finite differences of its "
        "reference on one rank, element by element; a Function without a reference is skipped (a discard)",
        function_backward_matches_reference},
-      {"kernels_match_definitions", "every op's kernel and its gradients equal the op's definition, element by element",
+      {"kernels_match_definitions",
+       "every op's kernel and its gradients (autograd's and the closed form's) equal the op's definition, element by element",
        kernels_match_definitions},
       {"local_code_verdict",
        "DTensor-mode local code (to_local ... from_local): right SPMD code passes, a user bug fails, by the "

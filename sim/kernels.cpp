@@ -17,6 +17,39 @@
 
 namespace meshsim {
 
+// ---------------------------------------------------------------------------------------------
+// Shared with the closed-form VJPs (sim/vjps.cpp)
+
+std::vector<int64_t> normalized_dims(const at::Tensor& x, const OpAttrs& attrs) {
+  std::vector<int64_t> dims;
+  for (int64_t d = x.dim() - static_cast<int64_t>(attrs.normalized_shape.size()); d < x.dim(); ++d) dims.push_back(d);
+  return dims;
+}
+
+double rms_norm_eps(const at::Tensor& x, const OpAttrs& attrs) {
+  return attrs.eps.value_or(x.scalar_type() == at::kFloat ? std::numeric_limits<float>::epsilon()
+                                                          : std::numeric_limits<double>::epsilon());
+}
+
+// Planted bug vocab_lookup_unmasked: ids outside the range are clamped into it and not masked.
+std::pair<at::Tensor, at::Tensor> local_ids(const at::Tensor& ids, const Chunk& range) {
+  at::Tensor in = (ids >= range.offset).logical_and(ids < range.offset + range.size);
+  if (mutant_on(Mutant::VocabLookupUnmasked) && range.size > 0)
+    return {(ids - range.offset).clamp(0, range.size - 1), at::ones_like(in)};
+  return {at::where(in, ids - range.offset, at::zeros_like(ids)), in};
+}
+
+std::pair<at::Tensor, at::Tensor> picked_targets(const at::Tensor& target, const OpAttrs& attrs) {
+  at::Tensor keep = attrs.ignore_index ? target.ne(*attrs.ignore_index) : at::ones_like(target, at::kBool);
+  at::Tensor index = target;
+  if (attrs.range) {
+    auto [local, in] = local_ids(target, *attrs.range);
+    keep = keep.logical_and(in);
+    index = local;
+  }
+  return {keep, at::where(keep, index, at::zeros_like(index))};
+}
+
 namespace {
 
 using Xs = std::vector<at::Tensor>;
@@ -163,31 +196,12 @@ at::Tensor gelu(const at::Tensor& x, bool tanh) {
   return y.detach() + (approx - approx.detach());
 }
 
-// The normalized (trailing) dims of a norm.
-std::vector<int64_t> normalized_dims(const at::Tensor& x, const OpAttrs& attrs) {
-  std::vector<int64_t> dims;
-  for (int64_t d = x.dim() - static_cast<int64_t>(attrs.normalized_shape.size()); d < x.dim(); ++d) dims.push_back(d);
-  return dims;
-}
-
 // rms_norm: x / sqrt(mean(x^2) + eps) * weight, eps by default the dtype's machine epsilon (as
 // torch.nn.functional.rms_norm with eps=None).
 at::Tensor rms_norm(const Xs& xs, const OpAttrs& attrs) {
   const at::Tensor& x = xs.at(0);
-  const double eps = attrs.eps.value_or(x.scalar_type() == at::kFloat ? std::numeric_limits<float>::epsilon()
-                                                                      : std::numeric_limits<double>::epsilon());
-  at::Tensor y = x * at::rsqrt(x.pow(2).mean(normalized_dims(x, attrs), /*keepdim=*/true) + eps);
+  at::Tensor y = x * at::rsqrt(x.pow(2).mean(normalized_dims(x, attrs), /*keepdim=*/true) + rms_norm_eps(x, attrs));
   return xs.size() > 1 ? y * xs[1] : y;
-}
-
-// A vocab- or class-parallel table on a rank: the ids in its range, shifted to local rows (0 for
-// the others), and the mask of those in range. Planted bug: ids outside the range are clamped
-// into it and not masked.
-std::pair<at::Tensor, at::Tensor> local_ids(const at::Tensor& ids, const Chunk& range) {
-  at::Tensor in = (ids >= range.offset).logical_and(ids < range.offset + range.size);
-  if (mutant_on(Mutant::VocabLookupUnmasked) && range.size > 0)
-    return {(ids - range.offset).clamp(0, range.size - 1), at::ones_like(in)};
-  return {at::where(in, ids - range.offset, at::zeros_like(ids)), in};
 }
 
 // embedding(ids, weight): the rows of the weight at the ids; on a vocab-sharded rank (range), the
@@ -213,15 +227,8 @@ at::Tensor pick_target(const at::Tensor& logp, const at::Tensor& target, const O
   // neg). Its ignore_index cannot match: the targets were checked to lie in [0, classes).
   if (!attrs.ignore_index && !attrs.range && logp.size(1) > 0)
     return at::nll_loss(logp, target, {}, at::Reduction::None, /*ignore_index=*/-1);
-  at::Tensor keep = attrs.ignore_index ? target.ne(*attrs.ignore_index) : at::ones_like(target, at::kBool);
-  at::Tensor index = target;
-  if (attrs.range) {
-    auto [local, in] = local_ids(target, *attrs.range);
-    keep = keep.logical_and(in);
-    index = local;
-  }
-  index = at::where(keep, index, at::zeros_like(index));
   if (logp.size(1) == 0) return at::zeros({logp.size(0)}, logp.options());
+  const auto [keep, index] = picked_targets(target, attrs);
   at::Tensor picked = logp.gather(1, index.unsqueeze(1)).squeeze(1);
   // where, not a product with the mask: a gradient of inf (a mean over no kept target) stays 0
   // where nothing was picked, as libtorch's nll_loss gives.

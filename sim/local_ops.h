@@ -3,6 +3,7 @@
 #pragma once
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <ATen/ATen.h>
@@ -26,6 +27,19 @@ bool has_kernel(OpId op);
 // The reduced dims of a reduction (sum, mean, amax, amin) of `x`: a list, one dim, or every dim
 // (none given, or an empty list), wrapped into [0, rank).
 std::vector<int64_t> reduced_dims(const at::Tensor& x, const OpAttrs& attrs);
+
+// The normalized (trailing) dims of a norm (layer_norm, rms_norm) of `x`.
+std::vector<int64_t> normalized_dims(const at::Tensor& x, const OpAttrs& attrs);
+// rms_norm's eps: the attribute, else the dtype's machine epsilon (torch.nn.functional.rms_norm
+// with eps=None).
+double rms_norm_eps(const at::Tensor& x, const OpAttrs& attrs);
+// A vocab- or class-parallel table on a rank: the ids in its range, shifted to local rows (0 for
+// the others), and the mask of those in range (the planted bug vocab_lookup_unmasked clamps and
+// masks nothing).
+std::pair<at::Tensor, at::Tensor> local_ids(const at::Tensor& ids, const Chunk& range);
+// pick_target's targets: the mask of those kept (not ignore_index; in the rank's class range,
+// when it has one) and the column each picks (0 where not kept).
+std::pair<at::Tensor, at::Tensor> picked_targets(const at::Tensor& target, const OpAttrs& attrs);
 
 // split and chunk run as one narrow per piece (core/propagation.h, split_pieces): the narrow's
 // attributes of each piece for an operand of `shape`. Throws SemanticError(ShapeMismatch) naming

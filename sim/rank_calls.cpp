@@ -8,6 +8,7 @@
 
 #include "core/ops.h"
 #include "sim/local_ops.h"
+#include "sim/vjps.h"
 
 namespace meshsim {
 
@@ -138,6 +139,27 @@ std::vector<std::vector<at::Tensor>> rank_vjps(const LocalGraphs& g, const std::
                                            /*allow_unused=*/true);
     for (size_t n = 0; n < ranks.size(); ++n)
       for (size_t j = 0; j < wrt.size(); ++j) out[ranks[n]][j] = got[n * wrt.size() + j];
+  }
+  return out;
+}
+
+std::vector<std::vector<at::Tensor>> closed_vjps(const ClosedForms& c, const std::vector<size_t>& wrt, const Locals& grads) {
+  const size_t R = c.calls.same_as.size();
+  at::AutoGradMode mode(false);
+  std::vector<std::vector<at::Tensor>> out(R, std::vector<at::Tensor>(wrt.size()));
+  std::vector<at::Tensor> xs(c.operands.size());
+  for (size_t r = 0; r < R; ++r) {
+    if (const size_t s = c.calls.same_as[r]; s != r) {
+      const at::Tensor &g = grads[r], &h = grads[s];
+      if (g.data_ptr() == h.data_ptr() && g.scalar_type() == h.scalar_type() && g.sizes().equals(h.sizes()) &&
+          g.strides().equals(h.strides())) {
+        for (size_t k = 0; k < wrt.size(); ++k) out[r][k] = out[s][k].detach();
+        continue;
+      }
+    }
+    for (size_t i = 0; i < xs.size(); ++i) xs[i] = c.operands[i][r];
+    const at::Tensor y = c.results.empty() ? at::Tensor() : c.results[r];
+    out[r] = closed_vjp(c.op, c.calls.of(r), xs, y, grads[r], wrt);
   }
   return out;
 }

@@ -9,6 +9,7 @@
 #include <ATen/ATen.h>
 
 #include "core/mesh.h"
+#include "core/ops.h"
 #include "core/propagation.h"
 #include "sim/collectives.h"
 
@@ -58,6 +59,22 @@ LocalGraphs local_graphs(const std::string& op, const RankCalls& calls, const st
 // graph is an earlier rank's, which may get another incoming gradient, runs in a later pass): one
 // run of libtorch's engine per op instead of one per rank, the same numbers.
 std::vector<std::vector<at::Tensor>> rank_vjps(const LocalGraphs& g, const std::vector<size_t>& wrt, const Locals& grads);
+
+// What an op whose VJP has a closed form (sim/vjps.h) keeps from its forward instead of local
+// graphs: its calls, its operands as the kernel took them (detached, sharing storage) and, where
+// the VJP reads it, its result.
+struct ClosedForms {
+  OpId op;
+  RankCalls calls;
+  std::vector<Locals> operands;
+  Locals results;  // empty where closed_vjp_reads_result is false
+};
+
+// rank_vjps for an op of closed form: per rank, the gradients of the operands `wrt` for the
+// incoming gradient `grads[r]`, each rank's written out (sim/vjps.h) without libtorch's autograd.
+// A rank whose call and incoming gradient are an earlier rank's (the same data) takes its
+// gradients (a tensor object of its own, sharing storage).
+std::vector<std::vector<at::Tensor>> closed_vjps(const ClosedForms& c, const std::vector<size_t>& wrt, const Locals& grads);
 
 // Each rank's kernel on its operands without autograd: the results, a tensor object per rank (those
 // of the same call share storage).

@@ -18,6 +18,7 @@
 #include "sim/local_ops.h"
 #include "sim/mesh_node.h"
 #include "sim/rank_calls.h"
+#include "sim/vjps.h"
 
 namespace meshsim {
 
@@ -528,20 +529,35 @@ DTensor Runtime::apply_op(const std::string& op, const OpAttrs& attrs, const std
     for (const auto& t : ready) n += t.locals[r].numel();
     largest = std::max(largest, n);
   }
-  const bool small = largest <= kSmallOpElements;
-  const bool keep = any && (!small || kept_small_graphs_ < kKeptSmallGraphs);
-  if (keep && small) kept_small_graphs_ += static_cast<int64_t>(R);
+  // An op whose VJP has a closed form (sim/vjps.h) keeps no graphs: its calls, its operands and,
+  // where the VJP reads it, its result, and its backward writes each rank's gradient out.
   std::vector<Locals> operand_locals;
-  for (const auto& t : ready) operand_locals.push_back(t.locals);
+  std::vector<at::Tensor> first_rank;
+  for (const auto& t : ready) {
+    operand_locals.push_back(t.locals);
+    first_rank.push_back(t.locals.at(0));
+  }
+  const OpId id = op_id(op);
+  const bool closed = any && has_closed_vjp(id, attrs, first_rank);
+  const bool small = largest <= kSmallOpElements;
+  const bool keep = any && !closed && (!small || kept_small_graphs_ < kKeptSmallGraphs);
+  if (keep && small) kept_small_graphs_ += static_cast<int64_t>(R);
   std::shared_ptr<const LocalGraphs> kept;
+  std::shared_ptr<const ClosedForms> closed_form;
   Locals outs;
   {
-    const RankCalls calls = rank_calls(op, attrs, mesh_, d.in_specs, shapes, out_spec, d.out_shape, operand_locals);
+    RankCalls calls = rank_calls(op, attrs, mesh_, d.in_specs, shapes, out_spec, d.out_shape, operand_locals);
     if (keep) {
       kept = std::make_shared<const LocalGraphs>(local_graphs(op, calls, operand_locals, needs));
       outs = detached(kept->results);
     } else {
       outs = local_results(op, calls, operand_locals);
+    }
+    if (closed) {
+      ClosedForms c{id, std::move(calls), {}, {}};
+      for (const auto& l : operand_locals) c.operands.push_back(detached(l));
+      if (closed_vjp_reads_result(id)) c.results = detached(outs);
+      closed_form = std::make_shared<const ClosedForms>(std::move(c));
     }
   }
   DTensor y{out_name, d.out_shape, out_spec, outs};
@@ -569,7 +585,7 @@ DTensor Runtime::apply_op(const std::string& op, const OpAttrs& attrs, const std
     // storage): a node holding the operands themselves would own the node that made them, and
     // freeing a long program's graph would then recurse through every op.
     std::vector<Locals> operands;
-    if (!kept)
+    if (!kept && !closed)
       for (const auto& l : operand_locals) operands.push_back(detached(l));
     const Shape out_shape = d.out_shape;
     const size_t n_inputs = inputs.size();
@@ -582,11 +598,11 @@ DTensor Runtime::apply_op(const std::string& op, const OpAttrs& attrs, const std
         Locals grads = like.defined(std::move(g));
         // A small op's graphs are made again.
         const LocalGraphs made =
-            kept ? LocalGraphs(0)
-                 : local_graphs(op, rank_calls(op, attrs, rt->mesh(), in_specs, shapes, out_spec, out_shape, operands),
-                                operands, needs);
+            kept || closed_form
+                ? LocalGraphs(0)
+                : local_graphs(op, rank_calls(op, attrs, rt->mesh(), in_specs, shapes, out_spec, out_shape, operands),
+                               operands, needs);
         const LocalGraphs& graphs = kept ? *kept : made;
-        const auto& leaves = graphs.leaves;
         const GradSpec gin = rt->grad_spec(out_name, out_spec);
         variable_list result(n_inputs);
         // The operands whose incoming gradient needs no move share one VJP (one pass through each
@@ -601,11 +617,12 @@ DTensor Runtime::apply_op(const std::string& op, const OpAttrs& attrs, const std
         std::vector<Locals> ready_contrib(in_specs.size());
         // A local result no operand reaches (an empty vocab shard's zeros) contributes zeros.
         auto contributions = [&](const std::vector<size_t>& wrt, const Locals& g, std::vector<Locals>& into) {
-          const auto vjps = rank_vjps(graphs, wrt, g);
+          const auto vjps = closed_form ? closed_vjps(*closed_form, wrt, g) : rank_vjps(graphs, wrt, g);
           for (size_t k = 0; k < wrt.size(); ++k) {
             Locals& c = into[wrt[k]];
             c.resize(R);
-            for (size_t r = 0; r < R; ++r) c[r] = vjps[r][k].defined() ? vjps[r][k] : at::zeros_like(leaves[r][wrt[k]]);
+            for (size_t r = 0; r < R; ++r)
+              c[r] = vjps[r][k].defined() ? vjps[r][k] : at::zeros_like(graphs.leaves[r][wrt[k]]);
           }
         };
         if (shared.size() > 1) contributions(shared, grads, ready_contrib);
