@@ -6,6 +6,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <functional>
 #include <optional>
@@ -89,6 +90,35 @@ inline Nd of(const at::Tensor& t) {
 }
 
 inline at::Tensor tensor_of(const Nd& a) { return at::tensor(a.v, at::kDouble).reshape(a.shape); }
+
+// The largest difference between a kernel's result and the definition's, relative to the
+// definition's magnitude (libm and libtorch's vectorized math may differ in the last bits). NaN
+// when either side has one (then it fails the tolerance).
+inline double relative_error(const Nd& got, const Nd& want) {
+  double err = 0, scale = 1;
+  for (size_t k = 0; k < want.v.size(); ++k) {
+    const double d = got.v[k] == want.v[k] ? 0.0 : std::abs(got.v[k] - want.v[k]);  // equal infinities agree
+    if (!(d <= err)) err = d;
+    if (std::isfinite(want.v[k])) scale = std::max(scale, std::abs(want.v[k]));
+  }
+  return err / scale;
+}
+
+// The position of the largest difference, as a multi-index, with both values.
+inline std::string where(const Nd& got, const Nd& want) {
+  size_t worst = 0;
+  double most = -1;
+  for (size_t k = 0; k < want.v.size(); ++k) {
+    const double d = got.v[k] == want.v[k] ? 0.0 : std::abs(got.v[k] - want.v[k]);
+    if (!(d <= most)) {
+      most = d;
+      worst = k;
+    }
+  }
+  if (want.v.empty()) return "(no elements)";
+  return "at " + dims_str(multi_index(static_cast<int64_t>(worst), want.shape)) + ": expected " +
+         std::to_string(want.v[worst]) + ", got " + std::to_string(got.v[worst]);
+}
 
 // An op's definition: its value and the gradient of sum(g * op(xs)) with respect to operand i.
 using Xs = const std::vector<Nd>&;

@@ -662,40 +662,7 @@ Definition comparison(const std::string& op, double value) {
 
 namespace meshsim {
 
-namespace {
-
 using namespace kernel_nd;
-
-// The largest difference between a kernel's result and the definition's, relative to the
-// definition's magnitude (libm and libtorch's vectorized math may differ in the last bits). NaN
-// when either side has one (then it fails the tolerance).
-double relative_error(const Nd& got, const Nd& want) {
-  double err = 0, scale = 1;
-  for (size_t k = 0; k < want.v.size(); ++k) {
-    const double d = got.v[k] == want.v[k] ? 0.0 : std::abs(got.v[k] - want.v[k]);  // equal infinities agree
-    if (!(d <= err)) err = d;
-    if (std::isfinite(want.v[k])) scale = std::max(scale, std::abs(want.v[k]));
-  }
-  return err / scale;
-}
-
-// The position of the largest difference, as a multi-index, with both values.
-std::string where(const Nd& got, const Nd& want) {
-  size_t worst = 0;
-  double most = -1;
-  for (size_t k = 0; k < want.v.size(); ++k) {
-    const double d = got.v[k] == want.v[k] ? 0.0 : std::abs(got.v[k] - want.v[k]);
-    if (!(d <= most)) {
-      most = d;
-      worst = k;
-    }
-  }
-  if (want.v.empty()) return "(no elements)";
-  return "at " + dims_str(multi_index(static_cast<int64_t>(worst), want.shape)) + ": expected " +
-         std::to_string(want.v[worst]) + ", got " + std::to_string(got.v[worst]);
-}
-
-}  // namespace
 
 void kernels_match_definitions() {
   // Every op with a kernel, in the catalog's order, and twice the ops whose kernels take the most
@@ -776,7 +743,7 @@ void kernels_match_definitions() {
     std::vector<size_t> wrt;
     for (size_t i = 0; i < xs.size(); ++i)
       if (type_of(i) == "float") wrt.push_back(i);
-    if (has_closed_vjp(schema.id, a, plain)) {
+    if (has_closed_vjp(schema.id, plain)) {
       // All at once half of the time (as the runtime asks where no operand's gradient moves), else
       // one by one: a row that shares work between operands must give each the same.
       if (coin()) {

@@ -31,6 +31,11 @@ double rms_norm_eps(const at::Tensor& x, const OpAttrs& attrs) {
                                                           : std::numeric_limits<double>::epsilon());
 }
 
+at::Tensor second_operand(const OpAttrs& attrs, const std::vector<at::Tensor>& xs) {
+  if (attrs.scalar && xs.size() == 1) return at::scalar_tensor(attrs.value, xs.at(0).options().requires_grad(false));
+  return xs.at(1);
+}
+
 // Planted bug vocab_lookup_unmasked: ids outside the range are clamped into it and not masked.
 std::pair<at::Tensor, at::Tensor> local_ids(const at::Tensor& ids, const Chunk& range) {
   at::Tensor in = (ids >= range.offset).logical_and(ids < range.offset + range.size);
@@ -146,19 +151,13 @@ at::Tensor reshaped(const char* op, const OpAttrs& attrs, const Xs& xs) {
   return xs.at(0).reshape(view_shape(op, attrs, xs.at(0))).contiguous();
 }
 
-// The second operand of a binary op: the tensor, or the scalar `value` as a 0-d tensor.
-at::Tensor second(const OpAttrs& attrs, const Xs& xs) {
-  if (attrs.scalar && xs.size() == 1) return at::scalar_tensor(attrs.value, xs.at(0).options().requires_grad(false));
-  return xs.at(1);
-}
-
-// A comparison's second operand: as second(), but a fractional scalar `value` against int64 or
+// A comparison's second operand: as second_operand(), but a fractional scalar `value` against int64 or
 // bool data stays a float64 0-d tensor, so that the comparison promotes as PyTorch's does
 // (torch.eq(ids, 0.5) is all false; the value is not truncated to the data's type).
 at::Tensor compared(const OpAttrs& attrs, const Xs& xs) {
   if (attrs.scalar && xs.size() == 1 && !at::isFloatingType(xs.at(0).scalar_type()) && attrs.value != std::trunc(attrs.value))
     return at::scalar_tensor(attrs.value, xs.at(0).options().dtype(at::kDouble).requires_grad(false));
-  return second(attrs, xs);
+  return second_operand(attrs, xs);
 }
 
 // gelu whose backward takes its incoming gradient contiguous. libtorch's CPU gelu_backward with
@@ -364,7 +363,7 @@ struct KernelRow {
 // order, whatever op made it.
 const KernelRow kRows[] = {
     {"abs", [](const OpAttrs&, const Xs& xs) { return at::abs(xs.at(0)); }},
-    {"add", [](const OpAttrs& a, const Xs& xs) { return at::add(xs.at(0), second(a, xs)); }},
+    {"add", [](const OpAttrs& a, const Xs& xs) { return at::add(xs.at(0), second_operand(a, xs)); }},
     {"amax", [](const OpAttrs& a, const Xs& xs) { return reduce_extremum(xs.at(0), a, true); }},
     {"amin", [](const OpAttrs& a, const Xs& xs) { return reduce_extremum(xs.at(0), a, false); }},
     {"argmax", [](const OpAttrs& a, const Xs& xs) { return at::argmax(xs.at(0), a.dim.value_or(-1), a.keepdim); }},
@@ -392,7 +391,7 @@ const KernelRow kRows[] = {
     {"cumsum", [](const OpAttrs& a, const Xs& xs) { return at::cumsum(xs.at(0), a.dim.value_or(0)); }},
     // detach: the same data without autograd history (sharing storage, as torch's).
     {"detach", [](const OpAttrs&, const Xs& xs) { return xs.at(0).detach(); }},
-    {"div", [](const OpAttrs& a, const Xs& xs) { return at::div(xs.at(0), second(a, xs)); }},
+    {"div", [](const OpAttrs& a, const Xs& xs) { return at::div(xs.at(0), second_operand(a, xs)); }},
     // dropout: x times its factor (1 / (1 - p) where kept, 0 where dropped) at each element's global
     // index (OpAttrs::draw); training false: x.
     {"dropout",
@@ -406,7 +405,7 @@ const KernelRow kRows[] = {
     {"expand",
      [](const OpAttrs& a, const Xs& xs) { return xs.at(0).expand(view_shape("expand", a, xs.at(0))).contiguous(); }},
     {"flatten", [](const OpAttrs& a, const Xs& xs) { return reshaped("flatten", a, xs); }},
-    {"floor_divide", [](const OpAttrs& a, const Xs& xs) { return at::floor_divide(xs.at(0), second(a, xs)); }},
+    {"floor_divide", [](const OpAttrs& a, const Xs& xs) { return at::floor_divide(xs.at(0), second_operand(a, xs)); }},
     {"gather", [](const OpAttrs& a, const Xs& xs) { return at::gather(xs.at(0), a.dim.value_or(0), xs.at(1)); }},
     {"ge", [](const OpAttrs& a, const Xs& xs) { return at::ge(xs.at(0), compared(a, xs)); }},
     {"gelu", [](const OpAttrs& a, const Xs& xs) { return gelu(xs.at(0), a.tanh); }},
@@ -448,7 +447,7 @@ const KernelRow kRows[] = {
     {"mean", [](const OpAttrs& a, const Xs& xs) { return reduce_mean(xs.at(0), a); }},
     {"min", [](const OpAttrs& a, const Xs& xs) { return max_min(xs.at(0), a, false); }},
     {"mm", [](const OpAttrs&, const Xs& xs) { return at::mm(xs.at(0), xs.at(1)); }},
-    {"mul", [](const OpAttrs& a, const Xs& xs) { return at::mul(xs.at(0), second(a, xs)); }},
+    {"mul", [](const OpAttrs& a, const Xs& xs) { return at::mul(xs.at(0), second_operand(a, xs)); }},
     {"narrow",
      [](const OpAttrs& a, const Xs& xs) {
        const int64_t d = a.dim.value_or(0), n = xs.at(0).size(d);
@@ -463,7 +462,7 @@ const KernelRow kRows[] = {
     {"pick_target", [](const OpAttrs& a, const Xs& xs) { return pick_target(xs.at(0), xs.at(1), a); }},
     {"pow", [](const OpAttrs& a, const Xs& xs) { return at::pow(xs.at(0), a.exponent); }},
     {"relu", [](const OpAttrs&, const Xs& xs) { return at::relu(xs.at(0)); }},
-    {"remainder", [](const OpAttrs& a, const Xs& xs) { return at::remainder(xs.at(0), second(a, xs)); }},
+    {"remainder", [](const OpAttrs& a, const Xs& xs) { return at::remainder(xs.at(0), second_operand(a, xs)); }},
     {"repeat", [](const OpAttrs& a, const Xs& xs) { return xs.at(0).repeat(a.sizes).contiguous(); }},
     {"repeat_interleave", [](const OpAttrs& a, const Xs& xs) { return repeat_interleave(xs.at(0), a); }},
     {"reshape", [](const OpAttrs& a, const Xs& xs) { return reshaped("reshape", a, xs); }},
@@ -484,7 +483,7 @@ const KernelRow kRows[] = {
     {"sqrt", [](const OpAttrs&, const Xs& xs) { return at::sqrt(xs.at(0)); }},
     {"squeeze", [](const OpAttrs& a, const Xs& xs) { return reshaped("squeeze", a, xs); }},
     {"stack", [](const OpAttrs& a, const Xs& xs) { return at::stack(xs, a.dim.value_or(0)); }},
-    {"sub", [](const OpAttrs& a, const Xs& xs) { return at::sub(xs.at(0), second(a, xs)); }},
+    {"sub", [](const OpAttrs& a, const Xs& xs) { return at::sub(xs.at(0), second_operand(a, xs)); }},
     {"sum", [](const OpAttrs& a, const Xs& xs) { return reduce_sum(xs.at(0), a); }},
     {"tanh", [](const OpAttrs&, const Xs& xs) { return at::tanh(xs.at(0)); }},
     // A copy always (a node of its own, ToCopyBackward casting the gradient back); in the float64

@@ -28,6 +28,9 @@ bool has_kernel(OpId op);
 // (none given, or an empty list), wrapped into [0, rank).
 std::vector<int64_t> reduced_dims(const at::Tensor& x, const OpAttrs& attrs);
 
+// The second operand of a binary op: the tensor, or (its scalar form: one operand) the scalar
+// `value` as a 0-d tensor of the first's options.
+at::Tensor second_operand(const OpAttrs& attrs, const std::vector<at::Tensor>& xs);
 // The normalized (trailing) dims of a norm (layer_norm, rms_norm) of `x`.
 std::vector<int64_t> normalized_dims(const at::Tensor& x, const OpAttrs& attrs);
 // rms_norm's eps: the attribute, else the dtype's machine epsilon (torch.nn.functional.rms_norm

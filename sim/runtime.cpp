@@ -532,13 +532,14 @@ DTensor Runtime::apply_op(const std::string& op, const OpAttrs& attrs, const std
   // An op whose VJP has a closed form (sim/vjps.h) keeps no graphs: its calls, its operands and,
   // where the VJP reads it, its result, and its backward writes each rank's gradient out.
   std::vector<Locals> operand_locals;
-  std::vector<at::Tensor> first_rank;
-  for (const auto& t : ready) {
-    operand_locals.push_back(t.locals);
-    first_rank.push_back(t.locals.at(0));
-  }
+  for (const auto& t : ready) operand_locals.push_back(t.locals);
   const OpId id = op_id(op);
-  const bool closed = any && has_closed_vjp(id, attrs, first_rank);
+  bool closed = false;
+  if (any) {  // the ranks' operands share their dtypes: rank 0's decide
+    std::vector<at::Tensor> first_rank;
+    for (const auto& l : operand_locals) first_rank.push_back(l.at(0));
+    closed = has_closed_vjp(id, first_rank);
+  }
   const bool small = largest <= kSmallOpElements;
   const bool keep = any && !closed && (!small || kept_small_graphs_ < kKeptSmallGraphs);
   if (keep && small) kept_small_graphs_ += static_cast<int64_t>(R);

@@ -29,12 +29,6 @@ at::Tensor to_operand(at::Tensor grad, const at::Tensor& x) {
   return grad;
 }
 
-// The second operand of a binary op: the tensor, or the scalar `value` (the kernel's second()).
-at::Tensor other(const OpAttrs& a, const Xs& xs) {
-  if (xs.size() > 1) return xs[1];
-  return at::scalar_tensor(a.value, xs.at(0).options());
-}
-
 // g expanded back over the dims a reduction removed (or kept as 1), to x's shape.
 at::Tensor unreduce(const at::Tensor& g, const at::Tensor& x, const OpAttrs& a) {
   if (x.dim() == 0) return g;
@@ -110,6 +104,11 @@ at::Tensor narrow_vjp(const OpAttrs& a, const at::Tensor& x, const at::Tensor& g
   return out;
 }
 
+// The views that keep the elements' order: g read back in the operand's shape.
+at::Tensor reshape_vjp(const OpAttrs&, const Xs& xs, const at::Tensor&, const at::Tensor& g, size_t) {
+  return g.reshape(xs[0].sizes());
+}
+
 at::Tensor permute_vjp(const OpAttrs& a, const at::Tensor& g) {
   std::vector<int64_t> inverse(a.dims.size());
   const auto rank = static_cast<int64_t>(a.dims.size());
@@ -133,7 +132,7 @@ const VjpRow kRows[] = {
     {"abs", [](const OpAttrs&, const Xs& xs, const at::Tensor&, const at::Tensor& g, size_t) { return g * xs[0].sgn(); }},
     {"add",
      [](const OpAttrs& a, const Xs& xs, const at::Tensor&, const at::Tensor& g, size_t i) {
-       return to_operand(g, i == 0 ? xs[0] : other(a, xs));
+       return to_operand(g, i == 0 ? xs[0] : second_operand(a, xs));
      }},
     {"bmm",
      [](const OpAttrs&, const Xs& xs, const at::Tensor&, const at::Tensor& g, size_t i) {
@@ -142,7 +141,7 @@ const VjpRow kRows[] = {
     {"cos", [](const OpAttrs&, const Xs& xs, const at::Tensor&, const at::Tensor& g, size_t) { return g * xs[0].sin().neg(); }},
     {"div",
      [](const OpAttrs& a, const Xs& xs, const at::Tensor&, const at::Tensor& g, size_t i) {
-       const at::Tensor d = other(a, xs);
+       const at::Tensor d = second_operand(a, xs);
        if (i == 0) return to_operand(g / d, xs[0]);
        return to_operand(g.neg() * ((xs[0] / d) / d), d);
      }},
@@ -151,7 +150,7 @@ const VjpRow kRows[] = {
     {"exp", [](const OpAttrs&, const Xs&, const at::Tensor& y, const at::Tensor& g, size_t) { return g * y; }, true},
     {"expand",
      [](const OpAttrs&, const Xs& xs, const at::Tensor&, const at::Tensor& g, size_t) { return at::sum_to(g, xs[0].sizes()); }},
-    {"flatten", [](const OpAttrs&, const Xs& xs, const at::Tensor&, const at::Tensor& g, size_t) { return g.reshape(xs[0].sizes()); }},
+    {"flatten", reshape_vjp},
     {"gelu",
      [](const OpAttrs& a, const Xs& xs, const at::Tensor&, const at::Tensor& g, size_t) {
        return at::gelu_backward(g.contiguous(), xs[0], a.tanh ? "tanh" : "none");  // contiguous: sim/kernels.cpp's gelu
@@ -182,7 +181,7 @@ const VjpRow kRows[] = {
      }},
     {"mul",
      [](const OpAttrs& a, const Xs& xs, const at::Tensor&, const at::Tensor& g, size_t i) {
-       const at::Tensor z = other(a, xs);
+       const at::Tensor z = second_operand(a, xs);
        return i == 0 ? to_operand(g * z, xs[0]) : to_operand(g * xs[0], z);
      }},
     {"narrow", [](const OpAttrs& a, const Xs& xs, const at::Tensor&, const at::Tensor& g, size_t) { return narrow_vjp(a, xs[0], g); }},
@@ -198,7 +197,7 @@ const VjpRow kRows[] = {
     {"relu",
      [](const OpAttrs&, const Xs&, const at::Tensor& y, const at::Tensor& g, size_t) { return at::threshold_backward(g, y, 0); },
      true},
-    {"reshape", [](const OpAttrs&, const Xs& xs, const at::Tensor&, const at::Tensor& g, size_t) { return g.reshape(xs[0].sizes()); }},
+    {"reshape", reshape_vjp},
     {"rms_norm", nullptr, false, rms_norm_vjp},
     {"rsqrt",
      [](const OpAttrs&, const Xs&, const at::Tensor& y, const at::Tensor& g, size_t) { return g * y.pow(3) * -0.5; }, true},
@@ -214,10 +213,10 @@ const VjpRow kRows[] = {
      },
      true},
     {"sqrt", [](const OpAttrs&, const Xs&, const at::Tensor& y, const at::Tensor& g, size_t) { return g / (y * 2); }, true},
-    {"squeeze", [](const OpAttrs&, const Xs& xs, const at::Tensor&, const at::Tensor& g, size_t) { return g.reshape(xs[0].sizes()); }},
+    {"squeeze", reshape_vjp},
     {"sub",
      [](const OpAttrs& a, const Xs& xs, const at::Tensor&, const at::Tensor& g, size_t i) {
-       return i == 0 ? to_operand(g, xs[0]) : to_operand(g.neg(), other(a, xs));
+       return i == 0 ? to_operand(g, xs[0]) : to_operand(g.neg(), second_operand(a, xs));
      }},
     {"sum", [](const OpAttrs& a, const Xs& xs, const at::Tensor&, const at::Tensor& g, size_t) { return unreduce(g, xs[0], a); }},
     {"tanh",
@@ -227,9 +226,9 @@ const VjpRow kRows[] = {
      [](const OpAttrs& a, const Xs&, const at::Tensor&, const at::Tensor& g, size_t) { return g.transpose(a.dim0, a.dim1); }},
     {"tril", [](const OpAttrs& a, const Xs&, const at::Tensor&, const at::Tensor& g, size_t) { return g.tril(a.diagonal); }},
     {"triu", [](const OpAttrs& a, const Xs&, const at::Tensor&, const at::Tensor& g, size_t) { return g.triu(a.diagonal); }},
-    {"unflatten", [](const OpAttrs&, const Xs& xs, const at::Tensor&, const at::Tensor& g, size_t) { return g.reshape(xs[0].sizes()); }},
-    {"unsqueeze", [](const OpAttrs&, const Xs& xs, const at::Tensor&, const at::Tensor& g, size_t) { return g.reshape(xs[0].sizes()); }},
-    {"view", [](const OpAttrs&, const Xs& xs, const at::Tensor&, const at::Tensor& g, size_t) { return g.reshape(xs[0].sizes()); }},
+    {"unflatten", reshape_vjp},
+    {"unsqueeze", reshape_vjp},
+    {"view", reshape_vjp},
     {"where",
      [](const OpAttrs&, const Xs& xs, const at::Tensor&, const at::Tensor& g, size_t i) {
        const at::Tensor none = at::zeros({}, g.options());
@@ -260,7 +259,7 @@ const VjpRow* row_of(OpId op) {
 
 }  // namespace
 
-bool has_closed_vjp(OpId op, const OpAttrs&, const std::vector<at::Tensor>& xs) {
+bool has_closed_vjp(OpId op, const std::vector<at::Tensor>& xs) {
   const VjpRow* row = row_of(op);
   if (!row) return false;
   for (const auto& x : xs)

@@ -20,7 +20,7 @@ namespace meshsim {
 // operand float32 or float64 (half precision runs its kernels widened: its gradient stays
 // autograd's), the operands' shapes of a form the row handles (matmul: no 1-D operand), and no
 // planted bug that acts through the kernel's autograd (gelu_tanh_derivative).
-bool has_closed_vjp(OpId op, const OpAttrs& attrs, const std::vector<at::Tensor>& xs);
+bool has_closed_vjp(OpId op, const std::vector<at::Tensor>& xs);
 
 // Whether the row reads the op's result (the ops whose derivative is written with it: exp,
 // softmax, ...); the others need the operands only.
