@@ -68,6 +68,12 @@ CheckedRun check_scenario(const Scenario& sc, const RunOptions& options, bool ke
 // it writes is run again, and localized then. Per thread.
 bool& localization_enabled();
 
+// Whether a failed comparison is described in numbers by describe_mismatch (the result's
+// `mismatches`: the worst element, wrong ranks, a constant factor): true but for a scope that
+// expects the run to fail and reads its status alone (ScopedOverride): a property case whose
+// program is wrong on purpose. There a failure says the value, its error and the tolerance. Per thread.
+bool& mismatch_numbers_enabled();
+
 // How far the mesh's values and gradients may differ from the oracle's, relative to the largest
 // finite magnitude of the oracle's (at least 1): 0 (bit for bit) for float64 integer data on meshes
 // whose axis sizes are powers of two when every op of the program, local_map bodies and references

@@ -7,6 +7,7 @@
 #include <limits>
 #include <tuple>
 
+#include <ATen/Dispatch.h>
 #include <torch/csrc/autograd/custom_function.h>
 
 #include "core/error.h"
@@ -203,9 +204,43 @@ at::Tensor rms_norm(const Xs& xs, const OpAttrs& attrs) {
   return xs.size() > 1 ? y * xs[1] : y;
 }
 
+// embedding's rows copied in one pass where no autograd graph records the call (the forward of
+// its closed-form VJP, a forward without gradients): a float table and int64 ids, contiguous, on
+// the CPU. libtorch's embedding runs index_select (a select and an as_strided per call: half of an
+// embedding's time) and the vocab mask four calls more (local_ids, where). Nothing where it does
+// not apply, or where an id is outside the table (libtorch's own then raises, in its words).
+std::optional<at::Tensor> copied_rows(const at::Tensor& ids, const at::Tensor& weight, const OpAttrs& attrs) {
+  const auto type = weight.scalar_type();
+  if ((type != at::kFloat && type != at::kDouble) || ids.scalar_type() != at::kLong || weight.dim() != 2 ||
+      !weight.device().is_cpu() || !ids.device().is_cpu() || !weight.is_contiguous() || !ids.is_contiguous() ||
+      (at::GradMode::is_enabled() && weight.requires_grad()) || mutant_on(Mutant::VocabLookupUnmasked))
+    return std::nullopt;
+  const int64_t n = ids.numel(), rows = weight.size(0), width = weight.size(1);
+  // The rank's range of ids ([lo, hi): the table's rows less its offset); every id, unranged.
+  const int64_t lo = attrs.range ? attrs.range->offset : 0;
+  const int64_t hi = attrs.range ? attrs.range->offset + attrs.range->size : rows;
+  const int64_t* id = ids.data_ptr<int64_t>();
+  for (int64_t k = 0; k < n; ++k)
+    if ((!attrs.range && (id[k] < 0 || id[k] >= rows)) || (id[k] >= lo && id[k] < hi && id[k] - lo >= rows))
+      return std::nullopt;
+  auto shape = ids.sizes().vec();
+  shape.push_back(width);
+  at::Tensor out = at::empty(shape, weight.options());
+  AT_DISPATCH_FLOATING_TYPES(type, "copied_rows", [&] {
+    const scalar_t* w = weight.data_ptr<scalar_t>();
+    scalar_t* o = out.data_ptr<scalar_t>();
+    for (int64_t k = 0; k < n; ++k, o += width) {
+      if (id[k] >= lo && id[k] < hi) std::copy_n(w + (id[k] - lo) * width, width, o);
+      else std::fill_n(o, width, scalar_t(0));  // another rank's id (range only)
+    }
+  });
+  return out;
+}
+
 // embedding(ids, weight): the rows of the weight at the ids; on a vocab-sharded rank (range), the
 // ids in its range and zeros for the others (PyTorch's _MaskPartial).
 at::Tensor embedding(const at::Tensor& ids, const at::Tensor& weight, const OpAttrs& attrs) {
+  if (auto rows = copied_rows(ids, weight, attrs)) return *rows;
   if (!attrs.range) return at::embedding(weight, ids);
   auto [local, in] = local_ids(ids, *attrs.range);
   if (weight.size(0) == 0) {  // an empty vocab shard (uneven split): every id is another rank's

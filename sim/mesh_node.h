@@ -5,6 +5,9 @@
 // from autograd. libtorch's engine scans a node's inputs every time it hands the node a gradient
 // (libtorch 1.x: `Node::stream`, for a CUDA stream), so a node with one input per rank, receiving
 // one gradient per rank, cost ranks^2 per op: 20 to 30% of a 4096-rank run (issue #35 item 5).
+// On a mesh of at most kDirectRanks ranks that scan costs less than the RankGrads' own runs (each
+// node the engine runs sets its thread-local state: 6 to 10% of a property run went to the engine),
+// so there the MeshNode takes its outputs' gradients as its own inputs.
 #pragma once
 
 #include <functional>
@@ -24,16 +27,18 @@ namespace meshsim {
 class MeshNode : public torch::autograd::Node {
  public:
   using Fn = std::function<torch::autograd::variable_list(torch::autograd::variable_list&&)>;
-  MeshNode(std::string name, Fn fn, size_t n_outputs)
-      : name_(std::move(name)), fn_(std::move(fn)), grads_(n_outputs) {
-    add_input_metadata(Node::undefined_input());  // the RankGrads' edge: no gradient flows through it
+  // direct: the outputs' gradients are the node's inputs (one per local); else RankGrads hand them over.
+  MeshNode(std::string name, Fn fn, size_t n_outputs, bool direct)
+      : name_(std::move(name)), fn_(std::move(fn)), grads_(direct ? 0 : n_outputs), direct_(direct) {
+    if (!direct) add_input_metadata(Node::undefined_input());  // the RankGrads' edge: no gradient flows through it
   }
-  // The gradients of the node's outputs, one per local, as their RankGrads handed them over (an
-  // output no gradient reached stays undefined); the engine runs this node after all of them.
-  torch::autograd::variable_list apply(torch::autograd::variable_list&& /*none*/) override {
+  // The gradients of the node's outputs, one per local, as the engine or their RankGrads handed them
+  // over (an output no gradient reached stays undefined); the engine runs this node after all of them.
+  torch::autograd::variable_list apply(torch::autograd::variable_list&& inputs) override {
     if (!fn_)
       throw std::runtime_error(name_ + ": its backward ran already and its graph was freed (a second backward "
                                "needs the first to keep the graph)");
+    if (direct_) return fn_(std::move(inputs));
     torch::autograd::variable_list grads(grads_.size());
     grads.swap(grads_);
     return fn_(std::move(grads));
@@ -49,6 +54,7 @@ class MeshNode : public torch::autograd::Node {
   std::string name_;
   Fn fn_;
   torch::autograd::variable_list grads_;
+  bool direct_;
 };
 
 // The node of one local a MeshNode made: one input (the local's gradient, which libtorch's engine
@@ -84,11 +90,20 @@ auto make_node(Args&&... args) {
   }
 }
 
+// The most ranks whose MeshNodes take their gradients directly (see above): at 64 the engine's scan
+// of a node's inputs is 4096 steps per op, less than 64 RankGrads' runs.
+constexpr size_t kDirectRanks = 64;
+
 // Makes `outputs` the results of a new MeshNode whose next edges are `inputs`.
 inline void connect(const std::string& name, const std::vector<at::Tensor>& inputs, Locals& outputs,
                     MeshNode::Fn backward) {
-  auto node = make_node<MeshNode>(name, std::move(backward), outputs.size());
+  const bool direct = outputs.size() <= kDirectRanks;
+  auto node = make_node<MeshNode>(name, std::move(backward), outputs.size(), direct);
   node->set_next_edges(torch::autograd::collect_next_edges(inputs));
+  if (direct) {
+    for (auto& o : outputs) torch::autograd::create_gradient_edge(o, node);
+    return;
+  }
   for (size_t k = 0; k < outputs.size(); ++k) {
     auto rank = make_node<RankGrad>(node.get(), k);
     rank->add_next_edge(torch::autograd::Edge(node, 0));

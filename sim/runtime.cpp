@@ -111,6 +111,11 @@ bool& local_hashes_enabled() {
   return enabled;
 }
 
+bool& result_detail_enabled() {
+  static thread_local bool enabled = true;
+  return enabled;
+}
+
 Event Runtime::make_event(const std::string& kind, const std::string& name, const std::string& value,
                           const Locals& locals) const {
   Event e;
@@ -500,7 +505,8 @@ DTensor Runtime::apply_op(const std::string& op, const OpAttrs& attrs, const std
     if (!recorder_.algorithm) {
       ImplicitMove m{recorder_.program_op, op, out_name, args[i].name, static_cast<int>(i), "forward",
                      args[i].spec, d.in_specs[i], d.rows, "", {}};
-      m.alternatives = alternatives_of(op, mesh_, given, shapes, attrs, args[i].spec, d.in_specs[i]);
+      if (result_detail_enabled())
+        m.alternatives = alternatives_of(op, mesh_, given, shapes, attrs, args[i].spec, d.in_specs[i]);
       why = implicit_move(std::move(m));
     }
     operand_why[i] = why;

@@ -102,6 +102,12 @@ struct OpApplication {
 // hashing every local of a long program costs time and memory for nothing. Per thread.
 bool& local_hashes_enabled();
 
+// Whether a run keeps what only a person reads of its result: each implicit move's alternatives (the
+// op's other legal rows and their cost) and the communication table. On, but in the property
+// search (ScopedOverride), whose cases read the verdict, the values and the collectives; the
+// counterexample it writes runs again with them. Per thread.
+bool& result_detail_enabled();
+
 class Runtime {
  public:
   Runtime(Mesh mesh, RunOptions options);
