@@ -717,11 +717,15 @@ void kernels_match_definitions() {
     MutantScope planted(parse_mutant(planted_mutant()));
     y = local_op(schema.id, a, ts);
   }
-  const Nd want = def.value(xs), got = of(y);
-  if (got.shape != want.shape)
-    RC_FAIL(name + ": the kernel's result has shape " + dims_str(got.shape) + ", the definition's " + dims_str(want.shape));
-  if (!(relative_error(got, want) <= tol))
-    RC_FAIL(name + ": the kernel's value differs from the definition " + where(got, want));
+  const Nd want = def.value(xs);
+  auto check_value = [&](const Nd& got, const std::string& kernel) {
+    if (got.shape != want.shape)
+      RC_FAIL(name + ": " + kernel + "'s result has shape " + dims_str(got.shape) + ", the definition's " +
+              dims_str(want.shape));
+    if (!(relative_error(got, want) <= tol))
+      RC_FAIL(name + ": " + kernel + "'s value differs from the definition " + where(got, want));
+  };
+  check_value(of(y), "the kernel");
   {
     // As the runtime runs an op whose gradient it writes in closed form (sim/vjps.h): without
     // autograd, where a kernel may take a path of its own (embedding's row copy).
@@ -729,10 +733,7 @@ void kernels_match_definitions() {
     MutantScope planted(parse_mutant(planted_mutant()));
     std::vector<at::Tensor> detached_ts;
     for (const auto& t : ts) detached_ts.push_back(t.detach());
-    const Nd bare = of(local_op(schema.id, a, detached_ts));
-    if (bare.shape != want.shape || !(relative_error(bare, want) <= tol))
-      RC_FAIL(name + ": the kernel run without autograd differs from the definition " +
-              (bare.shape == want.shape ? where(bare, want) : "(shape " + dims_str(bare.shape) + ")"));
+    check_value(of(local_op(schema.id, a, detached_ts)), "the kernel run without autograd");
   }
   if (floats.empty() || !y.requires_grad()) return;  // count_targets: no gradient
   at::Tensor gt = tensor_of(draw_values(want.shape, false)).to(y.scalar_type());

@@ -216,13 +216,13 @@ std::optional<at::Tensor> copied_rows(const at::Tensor& ids, const at::Tensor& w
       (at::GradMode::is_enabled() && weight.requires_grad()) || mutant_on(Mutant::VocabLookupUnmasked))
     return std::nullopt;
   const int64_t n = ids.numel(), rows = weight.size(0), width = weight.size(1);
-  // The rank's range of ids ([lo, hi): the table's rows less its offset); every id, unranged.
+  // A range longer than the table: libtorch's lookup (which raises where an id falls past it).
+  if (attrs.range && attrs.range->size > rows) return std::nullopt;
+  // The ids this rank looks up, [lo, hi) (the table's row: id - lo); unranged, every id must be one.
   const int64_t lo = attrs.range ? attrs.range->offset : 0;
   const int64_t hi = attrs.range ? attrs.range->offset + attrs.range->size : rows;
   const int64_t* id = ids.data_ptr<int64_t>();
-  for (int64_t k = 0; k < n; ++k)
-    if ((!attrs.range && (id[k] < 0 || id[k] >= rows)) || (id[k] >= lo && id[k] < hi && id[k] - lo >= rows))
-      return std::nullopt;
+  if (!attrs.range && !std::all_of(id, id + n, [rows](int64_t i) { return i >= 0 && i < rows; })) return std::nullopt;
   auto shape = ids.sizes().vec();
   shape.push_back(width);
   at::Tensor out = at::empty(shape, weight.options());
